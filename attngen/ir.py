@@ -1,0 +1,500 @@
+"""The typed, validated intermediate representation of attention variants.
+
+Everything downstream of `lower` (the reference, the interval classifier, the CUDA renderer, the
+runtime) reads only these types; nothing downstream re-reads spec text. Nodes are frozen, slotted
+dataclasses, so a `Variant` is hashable and its hash is its identity for caches. Source spans ride
+along for diagnostics but take no part in equality or hashing.
+
+Semantics of one variant (the numerics contract, implemented by `attngen.reference`):
+
+    s[b,h,q,kv]  = scale * dot(Q'[b,h,q,:], K'[b,hk,kv,:])      hk = h // (H // Hkv)
+    s            = scores[-1](... scores[0](s))                  each score expr reads `s`
+    visible      = mask[b,h,q,kv]                                 boolean expression
+    P            = softmax over kv of s where visible             fp32 or wider
+    O[b,h,q,:]   = sum_kv P * V[b,hk,kv,:]                        0 for a row with nothing visible
+    LSE[b,h,q]   = log(sum_kv exp(s) over visible kv)             -inf for a row with nothing visible
+    O            = post_norm(O) if an `o` norm is given; O = x + O if residual (x = the q input)
+
+Q' and K' are the q and k inputs after their pre-norms (if any), rounded to the spec dtype.
+Accumulation is always at least fp32.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Union
+
+
+# --------------------------------------------------------------------------------------------
+# Source locations
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A half-open region of a source file, 1-based line/column (columns count characters)."""
+
+    path: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+
+def _span() -> Span | None:
+    # Spans never take part in equality or hashing: two specs that differ only in layout or
+    # comments lower to equal IR.
+    return field(default=None, compare=False, hash=False, repr=False)  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------------
+# Closed sets
+
+
+class DType(enum.Enum):
+    """Element types: the first three for Q/K/V/O, all of them for declared runtime inputs."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    I32 = "i32"
+    U8 = "u8"
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.FP32, DType.FP16, DType.BF16)
+
+    @property
+    def itemsize(self) -> int:
+        return {"fp32": 4, "fp16": 2, "bf16": 2, "i32": 4, "u8": 1}[self.value]
+
+
+ATTENTION_DTYPES = (DType.FP32, DType.FP16, DType.BF16)
+
+
+class Layout(enum.Enum):
+    """Memory layout of Q/K/V/O. `bshd` is the natural view of a [B, L, H*D] hidden state."""
+
+    BHSD = "bhsd"
+    BSHD = "bshd"
+
+
+class AttnKind(enum.Enum):
+    SELF = "self"  # Lq == Lk is required at run time
+    CROSS = "cross"  # Lq and Lk are independent
+
+
+class NormKind(enum.Enum):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class NormScope(enum.Enum):
+    HEAD = "head"  # statistics over head_dim (QK-norm)
+    TOKEN = "token"  # statistics over the whole H*D hidden row (pre-LN block); q only, layout bshd
+
+
+class NormTarget(enum.Enum):
+    Q = "q"  # pre-norm on the q input
+    K = "k"  # pre-norm on the k input
+    O = "o"  # post-norm on the attention output (head scope only)
+
+
+class ScalarType(enum.Enum):
+    """Types of expression values. TENSOR is only the type of a tensor-name argument to a builtin."""
+
+    BOOL = "bool"
+    INT = "int"
+    FLOAT = "float"
+    TENSOR = "tensor"
+
+
+class IndexVar(enum.Enum):
+    """The free index variables of mask and score expressions."""
+
+    B = "b"
+    H = "h"
+    Q = "q"
+    KV = "kv"
+
+
+class SizeSym(enum.Enum):
+    """Sizes usable in expressions and in declared tensor shapes. B, Lq, Lk are run-time values;
+    the others are fixed by the spec."""
+
+    B = "B"
+    H = "H"
+    HKV = "Hkv"
+    LQ = "Lq"
+    LK = "Lk"
+    D = "D"
+    DV = "Dv"
+
+
+class UnOp(enum.Enum):
+    NEG = "-"
+    NOT = "!"
+
+
+class BinOp(enum.Enum):
+    # Integer `/` and `%` are floor division and floor modulo (Python's), and x / 0 == x % 0 == 0.
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"
+    MOD = "%"
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
+    AND = "&&"
+    OR = "||"
+
+
+ARITH_OPS = frozenset({BinOp.ADD, BinOp.SUB, BinOp.MUL, BinOp.DIV, BinOp.MOD})
+COMPARE_OPS = frozenset({BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE, BinOp.EQ, BinOp.NE})
+LOGIC_OPS = frozenset({BinOp.AND, BinOp.OR})
+
+
+class Func(enum.Enum):
+    """Elementwise functions. `where(c, a, b)` selects; min/max take two arguments."""
+
+    TANH = "tanh"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    ABS = "abs"
+    MIN = "min"
+    MAX = "max"
+    WHERE = "where"
+
+
+class BuiltinName(enum.Enum):
+    """Sugar kept in the IR (see `Builtin`): masks first, then score modifications."""
+
+    CAUSAL = "causal"
+    WINDOW = "window"
+    PADDING = "padding"
+    DOCUMENT = "document"
+    PREFIX = "prefix"
+    BLOCK_SPARSE = "block_sparse"
+    SOFTCAP = "softcap"
+    ALIBI = "alibi"
+    BIAS = "bias"
+    REL_BIAS = "rel_bias"
+
+
+MASK_BUILTINS = frozenset(
+    {
+        BuiltinName.CAUSAL,
+        BuiltinName.WINDOW,
+        BuiltinName.PADDING,
+        BuiltinName.DOCUMENT,
+        BuiltinName.PREFIX,
+        BuiltinName.BLOCK_SPARSE,
+    }
+)
+SCORE_BUILTINS = frozenset({BuiltinName.SOFTCAP, BuiltinName.ALIBI, BuiltinName.BIAS, BuiltinName.REL_BIAS})
+
+# Names of runtime inputs that builtins and norms imply (they are part of the kernel ABI, listed by
+# `Variant.runtime_inputs()`, and may not be declared again by the user).
+PADDING_Q_LENS = "q_lens"
+PADDING_KV_LENS = "kv_lens"
+ALIBI_SLOPES = "alibi_slopes"  # only when `alibi(slopes)` is not given a tensor: standard slopes are
+# computed at compile time and are not an input.
+
+
+def norm_weight_name(target: NormTarget) -> str:
+    return f"{target.value}_norm_weight"
+
+
+def norm_bias_name(target: NormTarget) -> str:
+    return f"{target.value}_norm_bias"
+
+
+# --------------------------------------------------------------------------------------------
+# Expressions
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    value: Union[bool, int, float]
+    type: ScalarType
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """One of the index variables b, h, q, kv (type INT)."""
+
+    var: IndexVar
+    span: Span | None = _span()
+
+    @property
+    def type(self) -> ScalarType:
+        return ScalarType.INT
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    """A size symbol: B, H, Hkv, Lq, Lk, D, Dv (type INT)."""
+
+    sym: SizeSym
+    span: Span | None = _span()
+
+    @property
+    def type(self) -> ScalarType:
+        return ScalarType.INT
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """The score `s`: scale * q.k after the previous score modifications (type FLOAT)."""
+
+    span: Span | None = _span()
+
+    @property
+    def type(self) -> ScalarType:
+        return ScalarType.FLOAT
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """A runtime tensor named as a builtin's argument (`document(ids)`); not a value on its own."""
+
+    name: str
+    span: Span | None = _span()
+
+    @property
+    def type(self) -> ScalarType:
+        return ScalarType.TENSOR
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A lookup `t[i, j, ...]` into a runtime tensor. Out-of-range indices read as 0 (never memory
+    outside the tensor); the type is INT for integer tensors and FLOAT for float ones."""
+
+    tensor: str
+    indices: tuple["Expr", ...]
+    type: ScalarType
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Unary:
+    op: UnOp
+    operand: "Expr"
+    type: ScalarType
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Binary:
+    op: BinOp
+    lhs: "Expr"
+    rhs: "Expr"
+    type: ScalarType
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    func: Func
+    args: tuple["Expr", ...]
+    type: ScalarType
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Builtin:
+    """Sugar: `name(args)` as the user wrote it, and `body`, the plain expression it means.
+
+    Everything that computes (reference, classifier, renderer) may simply evaluate `body`; `name`
+    and `args` serve the printer, `explain`, and fast paths that recognise a builtin."""
+
+    name: BuiltinName
+    args: tuple["Expr", ...]
+    body: "Expr"
+    span: Span | None = _span()
+
+    @property
+    def type(self) -> ScalarType:
+        return self.body.type
+
+
+Expr = Union[Const, Index, Size, Score, TensorRef, Load, Unary, Binary, Call, Builtin]
+
+TRUE = Const(True, ScalarType.BOOL)
+
+
+# --------------------------------------------------------------------------------------------
+# Declarations and the variant
+
+
+# A dimension of a declared tensor: a fixed integer, a size symbol, or a free symbol (any other
+# identifier) that is bound at run time from the array that is passed and must agree across inputs.
+Dim = Union[int, SizeSym, str]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDecl:
+    """A runtime input: `input ids: i32[B, Lk] sorted`. `sorted` promises that values never
+    decrease along the last dimension, which lets tile classification read only a tile's ends."""
+
+    name: str
+    dtype: DType
+    shape: tuple[Dim, ...]
+    sorted: bool = False
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Norm:
+    target: NormTarget
+    kind: NormKind
+    scope: NormScope
+    eps: float
+    affine: bool = True  # gamma (and beta for layernorm) are runtime inputs
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class TileConfig:
+    """Schedule only: never changes what is computed."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    name: str
+    dtype: DType
+    head_dim: int
+    value_head_dim: int
+    heads: int
+    kv_heads: int
+    kind: AttnKind
+    layout: Layout
+    scale: float | None  # None: 1/sqrt(head_dim)
+    mask: Expr  # BOOL; TRUE when the spec has no mask
+    scores: tuple[Expr, ...]  # FLOAT each, applied in order, each reading the previous as `s`
+    norms: tuple[Norm, ...]  # at most one per target
+    residual: bool
+    nan_check: bool
+    lse: bool
+    inputs: tuple[TensorDecl, ...]  # declared by the user, in source order
+    tile: TileConfig | None  # None: `tile auto`
+    span: Span | None = _span()
+
+    @property
+    def effective_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def group_size(self) -> int:
+        return self.heads // self.kv_heads
+
+    def norm(self, target: NormTarget) -> Norm | None:
+        for n in self.norms:
+            if n.target == target:
+                return n
+        return None
+
+    def runtime_inputs(self) -> tuple[TensorDecl, ...]:
+        """Every runtime input beyond q, k, v, in ABI order: declared inputs first, then those
+        implied by builtins and norms (sorted by name so the order is stable)."""
+        implied: dict[str, TensorDecl] = {}
+        for e in (self.mask, *self.scores):
+            for node in walk(e):
+                if isinstance(node, Builtin) and node.name == BuiltinName.PADDING:
+                    implied[PADDING_Q_LENS] = TensorDecl(PADDING_Q_LENS, DType.I32, (SizeSym.B,))
+                    implied[PADDING_KV_LENS] = TensorDecl(PADDING_KV_LENS, DType.I32, (SizeSym.B,))
+        for n in self.norms:
+            if not n.affine:
+                continue
+            width: Dim = SizeSym.D if n.target != NormTarget.O else SizeSym.DV
+            if n.scope == NormScope.TOKEN:
+                width = self.heads * self.head_dim
+            implied[norm_weight_name(n.target)] = TensorDecl(norm_weight_name(n.target), DType.FP32, (width,))
+            if n.kind == NormKind.LAYERNORM:
+                implied[norm_bias_name(n.target)] = TensorDecl(norm_bias_name(n.target), DType.FP32, (width,))
+        declared = {d.name for d in self.inputs}
+        extra = tuple(implied[k] for k in sorted(implied) if k not in declared)
+        return self.inputs + extra
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """All variants of one .attn file, in source order."""
+
+    variants: tuple[Variant, ...]
+    path: str = field(default="<string>", compare=False, hash=False)
+
+    def get(self, name: str | None = None) -> Variant:
+        """The variant called `name`, or the only one when `name` is None."""
+        if name is None:
+            if len(self.variants) != 1:
+                names = ", ".join(v.name for v in self.variants)
+                raise KeyError(f"{self.path} defines {len(self.variants)} variants ({names}); pick one by name")
+            return self.variants[0]
+        for v in self.variants:
+            if v.name == name:
+                return v
+        names = ", ".join(v.name for v in self.variants)
+        raise KeyError(f"no variant {name!r} in {self.path}; it defines: {names}")
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, Load):
+        return e.indices
+    if isinstance(e, Unary):
+        return (e.operand,)
+    if isinstance(e, Binary):
+        return (e.lhs, e.rhs)
+    if isinstance(e, Call):
+        return e.args
+    if isinstance(e, Builtin):
+        return (*e.args, e.body)
+    return ()
+
+
+def walk(e: Expr):
+    """Pre-order traversal, including builtin arguments and bodies."""
+    yield e
+    for c in children(e):
+        yield from walk(c)
+
+
+def strip_sugar(e: Expr) -> Expr:
+    """The same expression with every `Builtin` replaced by its body."""
+    if isinstance(e, Builtin):
+        return strip_sugar(e.body)
+    if isinstance(e, Load):
+        return Load(e.tensor, tuple(strip_sugar(i) for i in e.indices), e.type)
+    if isinstance(e, Unary):
+        return Unary(e.op, strip_sugar(e.operand), e.type)
+    if isinstance(e, Binary):
+        return Binary(e.op, strip_sugar(e.lhs), strip_sugar(e.rhs), e.type)
+    if isinstance(e, Call):
+        return Call(e.func, tuple(strip_sugar(a) for a in e.args), e.type)
+    return e
+
+
+def uses_score(e: Expr) -> bool:
+    return any(isinstance(n, Score) for n in walk(strip_sugar(e)))
+
+
+def tensors_used(e: Expr) -> frozenset[str]:
+    return frozenset(n.tensor for n in walk(strip_sugar(e)) if isinstance(n, Load))
