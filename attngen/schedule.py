@@ -37,14 +37,33 @@ SUPPORTED_WARPS = (1, 2, 4, 8)
 MAX_STAGES = 4
 
 
-def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig) -> int:
-    """Shared memory the kernel template allocates: the Q tile plus a ring of K/V tiles.
+def uses_tensor_cores(dtype: DType) -> bool:
+    """fp16/bf16 run on mma.sync tensor cores; fp32 runs on the exact FFMA path."""
+    return dtype in (DType.FP16, DType.BF16)
 
-    fp32 variants run on the FFMA path, which stages fp32 tiles (4 bytes an element)."""
-    es = dtype.itemsize
-    q_tile = tile.block_m * head_dim * es
-    kv_ring = tile.stages * tile.block_n * (head_dim + value_head_dim) * es
-    return q_tile + kv_ring
+
+def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig) -> int:
+    """Dynamic shared memory the kernel template allocates for this tile (bytes).
+
+    Tensor-core path: the Q tile plus a ring of `stages` K/V tiles, rows padded by 8 elements; the
+    fp32 epilogue staging of O reuses the same space. FFMA path: fp32 Q, K, V and P tiles (one
+    stage), rows padded by 4 floats (P by 1)."""
+    d, dv, bm, bn = head_dim, value_head_dim, tile.block_m, tile.block_n
+    if uses_tensor_cores(dtype):
+        tiles = (bm * (d + 8) + tile.stages * bn * ((d + 8) + (dv + 8))) * dtype.itemsize
+        return max(tiles, bm * (dv + 8) * 4)
+    tiles = (bm * (d + 4) + bn * (d + 4) + bn * (dv + 4) + bm * (bn + 1)) * 4
+    return max(tiles, bm * (dv + 4) * 4)
+
+
+def min_blocks_per_sm(dtype: DType, tile: TileConfig) -> int:
+    """The `__launch_bounds__` occupancy hint: with one 16-row MMA tile per warp, cap registers at
+    128 so that 2048 threads' worth of registers can be resident; with two, let the O accumulators
+    have up to 255."""
+    threads = 32 * tile.warps
+    if uses_tensor_cores(dtype) and tile.block_m // tile.warps == 32:
+        return 1
+    return max(1, 65536 // (threads * 128))
 
 
 def validate_tile(
@@ -60,15 +79,29 @@ def validate_tile(
         errs.append(f"block_m and block_n are at most 256, got {tile.block_m} and {tile.block_n}")
     if tile.warps not in SUPPORTED_WARPS:
         errs.append(f"warps must be one of {', '.join(map(str, SUPPORTED_WARPS))}, got {tile.warps}")
-    elif tile.block_m % 16 == 0 and tile.block_m > 0:
-        per_warp = tile.block_m // tile.warps
-        if tile.block_m % tile.warps or per_warp % 16 or per_warp > 64:
-            errs.append(
-                f"each warp owns block_m / warps query rows, which must be 16, 32, 48 or 64; "
-                f"block_m {tile.block_m} with {tile.warps} warps gives {tile.block_m / tile.warps:g}"
-            )
     if not 1 <= tile.stages <= MAX_STAGES:
         errs.append(f"stages must be between 1 and {MAX_STAGES}, got {tile.stages}")
+    if errs:
+        return errs
+    threads = 32 * tile.warps
+    if uses_tensor_cores(dtype):
+        per_warp = tile.block_m / tile.warps
+        if per_warp not in (16, 32):
+            errs.append(
+                f"on the tensor-core path each warp owns block_m / warps query rows, which must be 16 or 32; "
+                f"block_m {tile.block_m} with {tile.warps} warps gives {per_warp:g}"
+            )
+    else:
+        tpr = threads // tile.block_m if threads % tile.block_m == 0 else 0
+        if tpr == 0 or tpr > 32 or tpr & (tpr - 1):
+            errs.append(
+                f"on the fp32 path 32 * warps / block_m threads share a query row and must be a power of "
+                f"two up to 32; block_m {tile.block_m} with {tile.warps} warps gives {threads / tile.block_m:g}"
+            )
+        elif tile.block_n % tpr or value_head_dim % tpr:
+            errs.append(f"on the fp32 path block_n and the value head dim must be multiples of {tpr} (threads per row)")
+        if tile.stages != 1:
+            errs.append("the fp32 path is single-stage: use stages 1")
     if not errs:
         need = smem_bytes(dtype, head_dim, value_head_dim, tile)
         if need > arch.smem_budget:
@@ -81,13 +114,10 @@ def validate_tile(
 
 def auto_tile(dtype: DType, head_dim: int, value_head_dim: int, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     """The tile `tile auto` resolves to: tuned on the H200 for bf16/fp16; fp32 uses small tiles."""
-    if dtype == DType.FP32:
-        return TileConfig(block_m=64, block_n=32, warps=4, stages=1)
-    d = max(head_dim, value_head_dim)
-    if d <= 64:
-        t = TileConfig(block_m=128, block_n=128, warps=4, stages=2)
-    else:
-        t = TileConfig(block_m=128, block_n=64, warps=4, stages=2)
+    if not uses_tensor_cores(dtype):
+        return TileConfig(block_m=16, block_n=32, warps=4, stages=1)
+    # One 16-row MMA tile per warp keeps the kernel at 128 registers (two CTAs of 8 warps per SM).
+    t = TileConfig(block_m=128, block_n=64, warps=8, stages=2)
     while validate_tile(dtype, head_dim, value_head_dim, t, arch) and t.block_n > 16:
         t = TileConfig(t.block_m, t.block_n // 2, t.warps, t.stages)
     return t

@@ -1,0 +1,7 @@
+"""`python -m attngen ...`: the same as the `attngen` console script."""
+
+import sys
+
+from attngen.cli import main
+
+sys.exit(main())

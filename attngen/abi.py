@@ -1,0 +1,202 @@
+"""The runtime shape contract of a variant: what arrays a caller passes and how sizes bind.
+
+The reference, the CUDA runtime and the fuzzer all validate through `bind_sizes` before they
+compute anything, so a wrong array is reported once, in the same words, before any launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from attngen.ir import AttnKind, DType, Layout, NormScope, NormTarget, SizeSym, TensorDecl, Variant
+
+Shape = tuple[int, ...]
+
+# numpy dtype names (as `np.dtype(x).name` and ml_dtypes spell them) for each IR element type.
+DTYPE_NAMES: dict[DType, str] = {
+    DType.FP32: "float32",
+    DType.FP16: "float16",
+    DType.BF16: "bfloat16",
+    DType.I32: "int32",
+    DType.U8: "uint8",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """The run-time sizes of one call: B, Lq, Lk and the free dims bound from runtime inputs."""
+
+    B: int
+    Lq: int
+    Lk: int
+    symbols: tuple[tuple[str, int], ...] = ()
+
+    def symbol(self, name: str) -> int:
+        """The value bound to free dim `name`; ValueError when it is not bound."""
+        for k, val in self.symbols:
+            if k == name:
+                return val
+        bound = ", ".join(k for k, _ in self.symbols) or "none"
+        raise ValueError(f"free dim {name!r} is not bound (bound: {bound})")
+
+
+def size_value(v: Variant, sym: SizeSym, sizes: Sizes) -> int:
+    """The value of a size symbol for this variant and call."""
+    return {
+        SizeSym.B: sizes.B,
+        SizeSym.H: v.heads,
+        SizeSym.HKV: v.kv_heads,
+        SizeSym.LQ: sizes.Lq,
+        SizeSym.LK: sizes.Lk,
+        SizeSym.D: v.head_dim,
+        SizeSym.DV: v.value_head_dim,
+    }[sym]
+
+
+def q_shape(v: Variant, B: int, Lq: int) -> Shape:
+    """Shape of q (and of x for the residual) in the variant's layout."""
+    return (B, v.heads, Lq, v.head_dim) if v.layout == Layout.BHSD else (B, Lq, v.heads, v.head_dim)
+
+
+def kv_shape(v: Variant, B: int, Lk: int, value: bool) -> Shape:
+    """Shape of k (value=False) or v (value=True): Hkv heads, D or Dv wide."""
+    d = v.value_head_dim if value else v.head_dim
+    return (B, v.kv_heads, Lk, d) if v.layout == Layout.BHSD else (B, Lk, v.kv_heads, d)
+
+
+def o_shape(v: Variant, B: int, Lq: int) -> Shape:
+    """Shape of the output O: H heads, Dv wide, in the variant's layout."""
+    d = v.value_head_dim
+    return (B, v.heads, Lq, d) if v.layout == Layout.BHSD else (B, Lq, v.heads, d)
+
+
+def lse_shape(v: Variant, B: int, Lq: int) -> Shape:
+    """Shape of the LSE output (fp32), always [B, H, Lq]."""
+    return (B, v.heads, Lq)
+
+
+def q_token_flat(v: Variant) -> bool:
+    """Whether q may also be passed as a flat [B, Lq, H*D] hidden state (token-scope q norm)."""
+    n = v.norm(NormTarget.Q)
+    return n is not None and n.scope == NormScope.TOKEN and v.layout == Layout.BSHD
+
+
+def input_shape(v: Variant, decl: TensorDecl, sizes: Sizes) -> Shape:
+    """The concrete shape of a declared or implied runtime input for this call."""
+    out = []
+    for d in decl.shape:
+        if isinstance(d, SizeSym):
+            out.append(size_value(v, d, sizes))
+        elif isinstance(d, int):
+            out.append(d)
+        elif isinstance(d, str):
+            out.append(sizes.symbol(d))
+        else:
+            raise ValueError(f"{decl.name}: expected a dim of int, SizeSym or str, got {d!r}")
+    return tuple(out)
+
+
+def check_dtype(name: str, expected: DType, got: str) -> None:
+    """Raise ValueError unless `got` (a numpy dtype name) is the element type `expected`."""
+    want = DTYPE_NAMES[expected]
+    if got != want:
+        raise ValueError(f"{name}: expected dtype {want} ({expected.value}), got {got}")
+
+
+def _fmt_shape(s: Sequence[int]) -> str:
+    return "(" + ", ".join(str(x) for x in s) + ("," if len(s) == 1 else "") + ")"
+
+
+def _check(name: str, layout: str, dims: list[tuple[str, int | None]], got: Sequence[int]) -> list[int]:
+    """Match `got` against named dims (None = free); return got as ints or raise with a picture."""
+    got = tuple(int(x) for x in got)
+    ok = len(got) == len(dims) and all(val is None or val == g for (_, val), g in zip(dims, got))
+    if not ok:
+        names = ", ".join(n if val is None or n == str(val) else f"{n}={val}" for n, val in dims)
+        vals = ", ".join("*" if val is None else str(val) for _, val in dims)
+        if len(dims) == 1:
+            vals += ","
+        where = f" for layout {layout}" if layout else ""
+        raise ValueError(f"{name}: expected shape ({names}) = ({vals}){where}, got {_fmt_shape(got)}")
+    return list(got)
+
+
+def bind_sizes(
+    v: Variant,
+    q_shape: Sequence[int],
+    k_shape: Sequence[int],
+    v_shape: Sequence[int],
+    inputs: Mapping[str, tuple[Sequence[int], str]] | None = None,
+    *,
+    check_dtypes: bool = True,
+) -> Sizes:
+    """Validate every array of one call and bind B, Lq, Lk and the free dims.
+
+    `inputs` maps each runtime input name to (shape, numpy dtype name). With check_dtypes=False the
+    element types of runtime inputs are not compared (the reference rounds whatever it is given)."""
+    lay = v.layout.value
+    bhsd = v.layout == Layout.BHSD
+    H, Hkv, D, Dv = v.heads, v.kv_heads, v.head_dim, v.value_head_dim
+
+    q_shape = tuple(int(x) for x in q_shape)
+    if q_token_flat(v) and len(q_shape) == 3:
+        B, Lq, _ = _check("q", lay + " (flat hidden state)", [("B", None), ("Lq", None), ("H*D", H * D)], q_shape)
+    elif bhsd:
+        B, _, Lq, _ = _check("q", lay, [("B", None), ("H", H), ("Lq", None), ("D", D)], q_shape)
+    else:
+        B, Lq, _, _ = _check("q", lay, [("B", None), ("Lq", None), ("H", H), ("D", D)], q_shape)
+    if B < 1:
+        raise ValueError(f"q: expected a batch B >= 1, got B={B}")
+    if Lq < 1:
+        raise ValueError(f"q: expected a query length Lq >= 1, got Lq={Lq}")
+
+    lk_fixed = Lq if v.kind == AttnKind.SELF else None
+
+    def kv_dims(width_name: str, width: int, lk: int | None) -> list[tuple[str, int | None]]:
+        if bhsd:
+            return [("B", B), ("Hkv", Hkv), ("Lk", lk), (width_name, width)]
+        return [("B", B), ("Lk", lk), ("Hkv", Hkv), (width_name, width)]
+
+    k = _check("k", lay, kv_dims("D", D, lk_fixed), k_shape)
+    Lk = k[2] if bhsd else k[1]
+    if Lk < 1:
+        raise ValueError(f"k: expected a key length Lk >= 1, got Lk={Lk}")
+    _check("v", lay, kv_dims("Dv", Dv, Lk), v_shape)
+
+    given = dict(inputs or {})
+    decls = v.runtime_inputs()
+    expected_names = [d.name for d in decls]
+    missing = [n for n in expected_names if n not in given]
+    unexpected = sorted(n for n in given if n not in expected_names)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join(missing))
+        if unexpected:
+            parts.append("unexpected " + ", ".join(unexpected))
+        exp = ", ".join(expected_names) or "none"
+        raise ValueError(f"runtime inputs: expected {exp}; got {'; '.join(parts)}")
+
+    partial = Sizes(B, Lq, Lk)
+    symbols: dict[str, int] = {}
+    for decl in decls:
+        shape, dtype_name = given[decl.name]
+        if check_dtypes:
+            check_dtype(decl.name, decl.dtype, str(dtype_name))
+        dims: list[tuple[str, int | None]] = []
+        for d in decl.shape:
+            if isinstance(d, SizeSym):
+                dims.append((d.value, size_value(v, d, partial)))
+            elif isinstance(d, int):
+                dims.append((str(d), d))
+            else:
+                dims.append((d, symbols.get(d)))
+        got = _check(decl.name, "", dims, shape)
+        for d, g in zip(decl.shape, got):
+            if isinstance(d, str):
+                if g < 1:
+                    raise ValueError(f"{decl.name}: expected free dim {d} >= 1, got {g}")
+                symbols.setdefault(d, g)
+    return Sizes(B, Lq, Lk, tuple(sorted(symbols.items())))
+

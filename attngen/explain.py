@@ -1,0 +1,519 @@
+"""`attngen explain` and `attngen check`'s summary: a variant described in plain words.
+
+Reads only the IR (and, for shapes and density, the ABI, workload and interval modules, imported
+lazily so that explain still says what it can while those are missing or fail).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Any, Iterable
+
+from attngen.ir import (
+    AttnKind,
+    Binary,
+    BinOp,
+    Builtin,
+    BuiltinName,
+    Call,
+    Const,
+    Expr,
+    Index,
+    Layout,
+    Load,
+    NormKind,
+    NormScope,
+    NormTarget,
+    Score,
+    Size,
+    SizeSym,
+    TensorDecl,
+    TensorRef,
+    TileConfig,
+    Unary,
+    UnOp,
+    Variant,
+    tensors_used,
+)
+from attngen.schedule import DEFAULT_ARCH, Arch, auto_tile, smem_bytes, validate_tile
+
+DEFAULT_SHAPE = (1, 4096, 4096)  # B, Lq, Lk used for sample shapes and density
+
+
+def _try_import(name: str) -> Any | None:
+    # Sibling stages are optional here: explain says what it can without them.
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+# --------------------------------------------------------------------------------------------
+# Expressions as readable text (for display only; `attngen fmt` owns the canonical form)
+
+_PREC = {
+    BinOp.OR: 1,
+    BinOp.AND: 2,
+    BinOp.EQ: 3,
+    BinOp.NE: 3,
+    BinOp.LT: 4,
+    BinOp.LE: 4,
+    BinOp.GT: 4,
+    BinOp.GE: 4,
+    BinOp.ADD: 5,
+    BinOp.SUB: 5,
+    BinOp.MUL: 6,
+    BinOp.DIV: 6,
+    BinOp.MOD: 6,
+}
+_BARE_BUILTINS = {BuiltinName.CAUSAL, BuiltinName.PADDING, BuiltinName.ALIBI}
+
+
+def _const(c: Const) -> str:
+    if isinstance(c.value, bool):
+        return "true" if c.value else "false"
+    if isinstance(c.value, float):
+        r = repr(c.value)
+        return r if ("." in r or "e" in r or "inf" in r or "nan" in r) else r + ".0"
+    return str(c.value)
+
+
+def expr_text(e: Expr) -> str:
+    """`e` as canonical .attn text (the front end's printer; a local one while that is missing)."""
+    fe = _try_import("attngen.frontend")
+    if fe is not None and hasattr(fe, "print_expr"):
+        try:
+            return fe.print_expr(e)
+        except Exception:  # a printer mid-change must not break explain
+            pass
+    return _expr_text(e)
+
+
+def _expr_text(e: Expr, parent: int = 0) -> str:
+    """`e` as .attn-like text with the fewest parentheses."""
+    if isinstance(e, Const):
+        return _const(e)
+    if isinstance(e, Index):
+        return e.var.value
+    if isinstance(e, Size):
+        return e.sym.value
+    if isinstance(e, Score):
+        return "s"
+    if isinstance(e, TensorRef):
+        return e.name
+    if isinstance(e, Load):
+        return f"{e.tensor}[{', '.join(_expr_text(i) for i in e.indices)}]"
+    if isinstance(e, Call):
+        return f"{e.func.value}({', '.join(_expr_text(a) for a in e.args)})"
+    if isinstance(e, Builtin):
+        if not e.args and e.name in _BARE_BUILTINS:
+            return e.name.value
+        return f"{e.name.value}({', '.join(_expr_text(a) for a in e.args)})"
+    if isinstance(e, Unary):
+        text = e.op.value + _expr_text(e.operand, 7)
+        return f"({text})" if parent > 7 else text
+    if isinstance(e, Binary):
+        p = _PREC[e.op]
+        # Left-associative: the right operand needs parentheses at equal precedence.
+        text = f"{_expr_text(e.lhs, p)} {e.op.value} {_expr_text(e.rhs, p + 1)}"
+        return f"({text})" if p < parent else text
+    return str(e)
+
+
+# --------------------------------------------------------------------------------------------
+# Plain words for masks and scores
+
+
+def _builtin_words(b: Builtin, v: Variant) -> str:
+    a = [expr_text(x) for x in b.args]
+    aligned = "q" if v.kind == AttnKind.SELF else "q + (Lk - Lq)"
+    n = b.name
+    if n == BuiltinName.CAUSAL:
+        if v.kind == AttnKind.SELF:
+            return "causal: a query sees keys at or before its own position (kv <= q)"
+        return "causal: kv <= q + (Lk - Lq), aligned bottom-right (the last query sees the last key)"
+    if n == BuiltinName.WINDOW:
+        left, right = (a + ["?", "?"])[:2]
+        return f"sliding window: keys from {left} before to {right} after the query ({aligned} - {left} <= kv <= {aligned} + {right})"
+    if n == BuiltinName.PADDING:
+        return (
+            "padding: only the first q_lens[b] queries and kv_lens[b] keys of each batch row take part; "
+            "query rows past q_lens[b] see nothing and give O = 0"
+        )
+    if n == BuiltinName.DOCUMENT:
+        if len(a) == 1:
+            return f"document: a query sees only keys of its own document ({a[0]}[b, q] == {a[0]}[b, kv])"
+        return f"document: a query sees only keys of its own document ({a[0]}[b, q] == {a[1]}[b, kv])"
+    if n == BuiltinName.PREFIX:
+        return f"prefix: every query sees the first {a[0] if a else 'n'} keys (kv < {a[0] if a else 'n'})"
+    if n == BuiltinName.BLOCK_SPARSE:
+        bq, bk = (a[1], a[2]) if len(a) >= 3 else ("128", "128")
+        t = a[0] if a else "t"
+        return f"block-sparse: the map {t} (one entry per {bq} x {bk} block of queries x keys) marks visible blocks (!= 0)"
+    if n == BuiltinName.SOFTCAP:
+        c = a[0] if a else "c"
+        return f"softcap: s -> {c} * tanh(s / {c}), which bounds scores to (-{c}, {c})"
+    if n == BuiltinName.ALIBI:
+        if a:
+            return f"ALiBi: s - {a[0]}[h] * |{aligned} - kv| (slopes given as an input)"
+        return f"ALiBi: s - slope[h] * |{aligned} - kv| with the standard geometric slopes for {v.heads} heads (compile-time constants)"
+    if n == BuiltinName.BIAS:
+        return f"bias: s + {a[0] if a else 't'}[...] (indexed by its rank: [q, kv], [h, q, kv] or [b, h, q, kv])"
+    if n == BuiltinName.REL_BIAS:
+        t, m = (a + ["t", "m"])[:2]
+        return f"relative-position bias: s + {t}[h, clamp(kv - ({aligned}), -{m}, {m}) + {m}]"
+    return f"{n.value}: {expr_text(b)}"
+
+
+def _flatten(e: Expr, op: BinOp) -> list[Expr]:
+    if isinstance(e, Binary) and e.op == op:
+        return _flatten(e.lhs, op) + _flatten(e.rhs, op)
+    return [e]
+
+
+def _mask_lines(e: Expr, v: Variant, indent: str) -> list[str]:
+    if isinstance(e, Const) and e.value is True:
+        return [indent + "none: every query sees every key"]
+    if isinstance(e, Binary) and e.op in (BinOp.AND, BinOp.OR):
+        parts = _flatten(e, e.op)
+        head = "visible where ALL of these hold:" if e.op == BinOp.AND else "visible where ANY of these holds:"
+        out = [indent + head]
+        for p in parts:
+            out += _mask_lines(p, v, indent + "  ")
+        return out
+    if isinstance(e, Unary) and e.op == UnOp.NOT:
+        return [indent + "NOT the following:"] + _mask_lines(e.operand, v, indent + "  ")
+    if isinstance(e, Builtin):
+        return [indent + "- " + _builtin_words(e, v)]
+    return [indent + f"- custom: {expr_text(e)}"]
+
+
+def _score_line(e: Expr, v: Variant) -> str:
+    if isinstance(e, Builtin):
+        return _builtin_words(e, v)
+    return f"custom: s -> {expr_text(e)}"
+
+
+def is_data_dependent(v: Variant) -> bool:
+    """True when the mask reads runtime tensors, so its density depends on the inputs given."""
+    return bool(tensors_used(v.mask))
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes
+
+
+def _local_shapes(v: Variant, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, ...]]:
+    # Only used while attngen.abi is missing: bhsd is [B, H, L, D]; bshd is the [B, L, H*D] hidden
+    # state seen as [B, L, H, D].
+    def shape(h: int, L: int, d: int) -> tuple[int, ...]:
+        return (B, h, L, d) if v.layout == Layout.BHSD else (B, L, h, d)
+
+    return {
+        "q": shape(v.heads, Lq, v.head_dim),
+        "k": shape(v.kv_heads, Lk, v.head_dim),
+        "v": shape(v.kv_heads, Lk, v.value_head_dim),
+        "o": shape(v.heads, Lq, v.value_head_dim),
+        "lse": (B, v.heads, Lq),
+    }
+
+
+def io_shapes(v: Variant, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of q, k, v, o and lse at the given sizes (from attngen.abi when it is there)."""
+    abi = _try_import("attngen.abi")
+    if abi is None:
+        return _local_shapes(v, B, Lq, Lk)
+    try:
+        return {
+            "q": tuple(abi.q_shape(v, B, Lq)),
+            "k": tuple(abi.kv_shape(v, B, Lk, False)),
+            "v": tuple(abi.kv_shape(v, B, Lk, True)),
+            "o": tuple(abi.o_shape(v, B, Lq)),
+            "lse": tuple(abi.lse_shape(v, B, Lq)),
+        }
+    except Exception:  # an ABI module mid-change must not break explain
+        return _local_shapes(v, B, Lq, Lk)
+
+
+def _symbolic(v: Variant, name: str) -> str:
+    # Sizes fixed by the spec are shown as numbers; B, Lq, Lk stay symbols.
+    shapes = io_shapes(v, _SB, _SLQ, _SLK)
+    return _dims_text(shapes[name])
+
+
+_SB, _SLQ, _SLK = 1000003, 1000033, 1000037  # distinct primes no fixed size can equal
+
+
+def _dims_text(dims: Iterable[Any]) -> str:
+    out = []
+    for d in dims:
+        if isinstance(d, SizeSym):
+            out.append(d.value)
+        elif d == _SB:
+            out.append("B")
+        elif d == _SLQ:
+            out.append("Lq")
+        elif d == _SLK:
+            out.append("Lk")
+        else:
+            out.append(str(d))
+    return "[" + ", ".join(out) + "]"
+
+
+def _decl_symbolic(v: Variant, d: TensorDecl) -> str:
+    fixed = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
+    parts = []
+    for dim in d.shape:
+        if isinstance(dim, SizeSym) and dim in fixed:
+            parts.append(f"{dim.value}={fixed[dim]}")
+        elif isinstance(dim, SizeSym):
+            parts.append(dim.value)
+        else:
+            parts.append(str(dim))
+    return "[" + ", ".join(parts) + "]"
+
+
+def _input_role(v: Variant, d: TensorDecl) -> str:
+    users = []
+    if d.name in tensors_used(v.mask):
+        users.append("mask")
+    if any(d.name in tensors_used(s) for s in v.scores):
+        users.append("score")
+    if d.name.endswith("_norm_weight"):
+        return "norm weight (gamma)"
+    if d.name.endswith("_norm_bias"):
+        return "norm bias (beta)"
+    role = "read by the " + " and ".join(users) if users else "declared, unused"
+    if d.sorted:
+        role += "; sorted (never decreases along the last dim)"
+    return role
+
+
+# --------------------------------------------------------------------------------------------
+# Density
+
+
+def _pick(d: dict, *names: str) -> Any | None:
+    for n in names:
+        if n in d:
+            return d[n]
+    return None
+
+
+def sample_sizes(v: Variant, B: int, Lq: int, Lk: int) -> Any | None:
+    """abi.Sizes at the sample shape, free dims bound as the workload would bind them."""
+    abi = _try_import("attngen.abi")
+    if abi is None:
+        return None
+    workload = _try_import("attngen.workload")
+    syms: dict[str, int] = {}
+    if workload is not None and hasattr(workload, "default_symbols"):
+        try:
+            syms = dict(workload.default_symbols(v, Lq, Lk))
+        except Exception:
+            syms = {}
+    return abi.Sizes(B, Lq, Lk, tuple(sorted(syms.items())))
+
+
+def _mask_inputs(v: Variant, B: int, Lq: int, Lk: int, sizes: Any, seed: int) -> dict:
+    """Random contents for the tensors the mask reads (none for an index-only mask)."""
+    used = tensors_used(v.mask)
+    if not used:
+        return {}
+    import dataclasses
+
+    import numpy as np
+
+    workload = importlib.import_module("attngen.workload")
+    # make_inputs also draws q, k and v; at a sample shape such as H112 L4096 D128 those would
+    # cost gigabytes, so they are drawn one element wide. Mask tensors never depend on D or norms.
+    slim = dataclasses.replace(v, head_dim=1, value_head_dim=1, norms=(), residual=False)
+    drawn = workload.make_inputs(slim, B, Lq, Lk, np.random.default_rng(seed), symbols=dict(sizes.symbols))
+    return {n: drawn[n] for n in used if n in drawn}
+
+
+def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, seed: int) -> list[str]:
+    """Lines about the mask's density at `shape` and its tile classification."""
+    B, Lq, Lk = shape
+    intervals = _try_import("attngen.intervals")
+    sizes = sample_sizes(v, B, Lq, Lk)
+    if intervals is None or sizes is None:
+        return ["  (not available: attngen.intervals is not installed in this build)"]
+    try:
+        inputs = _mask_inputs(v, B, Lq, Lk, sizes, seed)
+        d = intervals.density(v, sizes, inputs, tile.block_m, tile.block_n)
+    except Exception as e:  # explain reports; it never crashes on a backend module's limits
+        return [f"  (not available for this variant: {type(e).__name__}: {e})"]
+    lines = []
+    frac = _pick(d, "visible", "visible_fraction", "density")
+    if frac is not None:
+        lines.append(f"  visible fraction: {100.0 * float(frac):.2f}% of the {Lq} x {Lk} score matrix")
+    never, always, maybe = _pick(d, "never"), _pick(d, "always"), _pick(d, "maybe")
+    if None not in (never, always, maybe):
+        total = int(_pick(d, "tiles") or (never + always + maybe))
+        lines.append(
+            f"  tiles of {tile.block_m} x {tile.block_n} over all (b, h): {int(never)} skipped (nothing visible), "
+            f"{int(always)} full (no per-element mask), {int(maybe)} partial of {total}"
+        )
+        if total:
+            lines.append(f"  work done: {100.0 * (total - never) / total:.1f}% of the dense tiles")
+    if is_data_dependent(v):
+        used = ", ".join(sorted(tensors_used(v.mask)))
+        lines.append(f"  depends on runtime inputs ({used}); shown for random inputs (seed {seed})")
+    return lines or [f"  {d}"]
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def resolved_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[TileConfig, bool]:
+    """The tile the kernel uses and whether it came from `tile auto`."""
+    if v.tile is not None:
+        return v.tile, False
+    return auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch), True
+
+
+def _heads_text(v: Variant) -> str:
+    if v.kv_heads == v.heads:
+        return f"H{v.heads}"
+    return f"H{v.heads}/Hkv{v.kv_heads}" + (" (MQA)" if v.kv_heads == 1 else " (GQA)")
+
+
+def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
+    """One line: name, dtype, kind, layout, heads, dims, mask, scores, norms, tile."""
+    d = f"D{v.head_dim}" + (f"/Dv{v.value_head_dim}" if v.value_head_dim != v.head_dim else "")
+    parts = [f"{v.name}: {v.dtype.value} {v.kind.value} {v.layout.value} {_heads_text(v)} {d}"]
+    parts.append("mask " + (expr_text(v.mask) if not (isinstance(v.mask, Const) and v.mask.value is True) else "none"))
+    if v.scores:
+        parts.append("score " + "; ".join(expr_text(s) for s in v.scores))
+    for n in v.norms:
+        parts.append(f"norm {n.target.value} {n.kind.value} {n.scope.value}")
+    if v.residual:
+        parts.append("residual")
+    tile, auto = resolved_tile(v, arch)
+    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile)
+    parts.append(
+        f"tile {tile.block_m}x{tile.block_n} w{tile.warps} s{tile.stages}{' (auto)' if auto else ''} "
+        f"{smem / 1024:.0f} KiB smem on {arch.value}"
+    )
+    rt = v.runtime_inputs()
+    if rt:
+        parts.append("inputs " + ", ".join(f"{d.name}: {d.dtype.value}{_decl_symbolic(v, d)}" for d in rt))
+    return ", ".join(parts)
+
+
+def explain(
+    v: Variant,
+    shape: tuple[int, int, int] | None = None,
+    arch: Arch = DEFAULT_ARCH,
+    seed: int = 0,
+) -> str:
+    """A multi-line plain-words description of `v`; `shape` = (B, Lq, Lk) for sample shapes."""
+    B, Lq, Lk = shape or DEFAULT_SHAPE
+    if v.kind == AttnKind.SELF and Lq != Lk:
+        Lk = Lq  # self attention requires Lq == Lk: keep the sample meaningful
+    out: list[str] = []
+    kind = "self attention (Lq == Lk)" if v.kind == AttnKind.SELF else "cross attention (Lq and Lk independent)"
+    out.append(f"attention {v.name}: {kind}")
+    out.append(
+        f"  {v.dtype.value} Q/K/V/O, fp32 accumulation; layout {v.layout.value}"
+        + (" (a [B, L, H*D] hidden state)" if v.layout == Layout.BSHD else " ([B, H, L, D])")
+    )
+    heads = f"  {v.heads} query heads"
+    if v.kv_heads == v.heads:
+        heads += ", each with its own key/value head (MHA)"
+    elif v.kv_heads == 1:
+        heads += " share one key/value head (MQA)"
+    else:
+        heads += f" share {v.kv_heads} key/value heads (GQA: {v.group_size} query heads a group)"
+    heads += f"; head_dim {v.head_dim}" + (f", value head_dim {v.value_head_dim}" if v.value_head_dim != v.head_dim else "")
+    out.append(heads)
+
+    out.append("")
+    out.append("What is computed, for each batch row b, head h, query q and key kv:")
+    step = 1
+    for n in v.norms:
+        if n.target == NormTarget.O:
+            continue
+        what = "LayerNorm" if n.kind == NormKind.LAYERNORM else "RMSNorm"
+        over = (f"the whole {v.heads * v.head_dim}-wide hidden row (all heads; token scope)"
+                if n.scope == NormScope.TOKEN else f"each head's {v.head_dim} values (head scope, QK-norm)")
+        aff = "with learned weights" if n.affine else "without weights"
+        out.append(f"  {step}. {n.target.value} = {what}({n.target.value}) over {over}, eps {n.eps:g}, {aff}; rounded to {v.dtype.value}")
+        step += 1
+    scale_words = f"{v.effective_scale:.6g}" + (f" (1/sqrt({v.head_dim}))" if v.scale is None else " (given)")
+    hk = "h" if v.kv_heads == v.heads else f"h // {v.group_size}"
+    out.append(f"  {step}. s = {scale_words} * dot(q[b, h, q, :], k[b, {hk}, kv, :])")
+    step += 1
+    for sc in v.scores:
+        out.append(f"  {step}. score: {_score_line(sc, v)}")
+        step += 1
+    out.append(f"  {step}. mask:")
+    out += _mask_lines(v.mask, v, "       ")
+    step += 1
+    out.append(f"  {step}. P = softmax over the visible keys of s (running max, fp32); a row with no visible key gives O = 0, LSE = -inf")
+    step += 1
+    out.append(f"  {step}. o = P @ v[b, {hk}, :, :]")
+    step += 1
+    on = v.norm(NormTarget.O)
+    if on is not None:
+        what = "LayerNorm" if on.kind == NormKind.LAYERNORM else "RMSNorm"
+        out.append(f"  {step}. o = {what}(o) over each head's {v.value_head_dim} values, eps {on.eps:g}"
+                   + (" with learned weights" if on.affine else ""))
+        step += 1
+    if v.residual:
+        out.append(f"  {step}. o = x + o, x the q input before any norm (residual)")
+        step += 1
+    if v.nan_check:
+        out.append(f"  {step}. nan_check: the kernel raises a flag if o holds NaN or Inf")
+
+    # Inputs and outputs
+    out.append("")
+    out.append(f"Inputs and outputs (shapes at B={B}, Lq={Lq}, Lk={Lk}):")
+    io = io_shapes(v, B, Lq, Lk)
+    rows: list[tuple[str, str, str, str, str]] = []
+    rows.append(("q", v.dtype.value, _symbolic(v, "q"), _dims_text(io["q"]), "queries" + (" (also x, the residual)" if v.residual else "")))
+    rows.append(("k", v.dtype.value, _symbolic(v, "k"), _dims_text(io["k"]), "keys"))
+    rows.append(("v", v.dtype.value, _symbolic(v, "v"), _dims_text(io["v"]), "values"))
+
+    tile, auto = resolved_tile(v, arch)
+    dens_lines = _density_lines(v, (B, Lq, Lk), tile, seed)
+    abi = _try_import("attngen.abi")
+    sizes = sample_sizes(v, B, Lq, Lk)
+    for d in v.runtime_inputs():
+        concrete = "-"
+        if abi is not None and sizes is not None:
+            try:
+                concrete = _dims_text(abi.input_shape(v, d, sizes))
+            except ValueError:
+                concrete = "bound at run time"
+        rows.append((d.name, d.dtype.value, _decl_symbolic(v, d), concrete, _input_role(v, d)))
+    rows.append(("o", v.dtype.value, _symbolic(v, "o"), _dims_text(io["o"]), "output"))
+    if v.lse:
+        rows.append(("lse", "fp32", _symbolic(v, "lse"), _dims_text(io["lse"]), "output: log-sum-exp per row (natural log)"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        out.append("  " + "  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
+
+    # Tile plan
+    out.append("")
+    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile)
+    out.append(f"Tile plan on {arch.value}{' (tile auto)' if auto else ''}:")
+    out.append(
+        f"  block_m {tile.block_m}, block_n {tile.block_n}, warps {tile.warps} ({tile.warps * 32} threads), "
+        f"stages {tile.stages}"
+    )
+    out.append(
+        f"  shared memory {smem} bytes ({smem / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB: "
+        f"a {tile.block_m} x {v.head_dim} Q tile and {tile.stages} stage(s) of {tile.block_n}-key K/V tiles"
+    )
+    for msg in validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch):
+        out.append(f"  warning: {msg}")
+    grid_m = math.ceil(Lq / tile.block_m)
+    out.append(f"  grid {grid_m} x {v.heads} x {B} CTAs (query tiles x heads x batch); {math.ceil(Lk / tile.block_n)} key tiles per query tile at most")
+
+    out.append("")
+    out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")
+    out += dens_lines
+    return "\n".join(out)

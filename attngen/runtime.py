@@ -1,0 +1,280 @@
+"""Compiled kernels called from Python (stage: load + launch).
+
+`compile(spec)` renders, compiles (cached) and loads one variant; the returned `Kernel` accepts
+CuPy arrays or torch CUDA tensors without copies, checks every array before launch, and launches on
+the caller's current stream. One compiled kernel serves every batch size and sequence length.
+
+CuPy has no bfloat16 dtype: with CuPy, pass bf16 data as a uint16 array holding the bit patterns
+(`x.view(cupy.uint16)`); outputs come back the same way. torch tensors keep their own dtypes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from attngen import abi
+from attngen.compile_cuda import compile_source
+from attngen.ir import DType, Layout, NormScope, NormTarget, Program, TileConfig, Variant
+from attngen.render_cuda import KernelPlan, render_with_plan
+from attngen.schedule import Arch, uses_tensor_cores
+
+
+class NaNCheckError(FloatingPointError):
+    """A `nan_check` variant found NaN or Inf in its output."""
+
+
+_CC_TO_ARCH = {80: Arch.SM80, 86: Arch.SM86, 87: Arch.SM86, 89: Arch.SM89, 90: Arch.SM90A}
+
+
+def device_arch(device_id: int | None = None) -> Arch:
+    """The attngen target for a CUDA device (newer chips run the closest older target's code)."""
+    import cupy
+
+    dev = cupy.cuda.Device(device_id) if device_id is not None else cupy.cuda.Device()
+    cc = int(dev.compute_capability)
+    if cc in _CC_TO_ARCH:
+        return _CC_TO_ARCH[cc]
+    if cc < 80:
+        raise RuntimeError(f"attngen kernels need compute capability 8.0 or newer; device {dev.id} is {cc // 10}.{cc % 10}")
+    # Later chips (sm_100, sm_120): sm_90a code does not run there, sm_80 code does.
+    return Arch.SM80
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays: a uniform view of CuPy arrays and torch tensors
+
+
+_TORCH_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
+                "torch.int32": "int32", "torch.uint8": "uint8", "torch.int64": "int64", "torch.bool": "bool"}
+
+
+@dataclass(frozen=True)
+class _Arr:
+    obj: Any
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # elements
+    dtype: str  # numpy-style name; "uint16" CuPy arrays may stand for bfloat16
+    itemsize: int
+    device: int
+    is_torch: bool
+
+
+def _view(x: Any, name: str) -> _Arr:
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        if not x.is_cuda:
+            raise ValueError(f"{name}: expected a CUDA tensor, got a tensor on {x.device}")
+        dt = _TORCH_NAMES.get(str(x.dtype), str(x.dtype))
+        return _Arr(x, x.data_ptr(), tuple(x.shape), tuple(x.stride()), dt, x.element_size(), x.device.index, True)
+    if mod.startswith("cupy"):
+        size = x.dtype.itemsize
+        return _Arr(x, x.data.ptr, tuple(x.shape), tuple(s // size for s in x.strides), x.dtype.name, size, x.device.id, False)
+    if mod.startswith("numpy"):
+        raise ValueError(f"{name}: expected a device array (CuPy or torch CUDA), got a NumPy array on the host")
+    raise ValueError(f"{name}: expected a CuPy array or torch CUDA tensor, got {type(x).__name__}")
+
+
+def _dtype_ok(a: _Arr, want: DType) -> bool:
+    name = abi.DTYPE_NAMES[want]
+    if a.dtype == name:
+        return True
+    return want == DType.BF16 and not a.is_torch and a.dtype == "uint16"
+
+
+def _check_dtype(a: _Arr, want: DType, name: str) -> None:
+    if not _dtype_ok(a, want):
+        extra = " (with CuPy, bf16 travels as uint16 bit patterns)" if want == DType.BF16 and not a.is_torch else ""
+        raise ValueError(f"{name}: expected dtype {abi.DTYPE_NAMES[want]}{extra}, got {a.dtype}")
+
+
+def _dtype_name_for_abi(a: _Arr, want: DType) -> str:
+    return abi.DTYPE_NAMES[want] if _dtype_ok(a, want) else a.dtype
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Kernel:
+    """One variant, compiled for one device architecture; call it like a function."""
+
+    variant: Variant
+    source: str
+    plan: KernelPlan
+    compile_seconds: float
+    compiler: str
+    cached: bool
+    _module: Any = None
+    _function: Any = None
+
+    @property
+    def tile(self) -> TileConfig:
+        return self.plan.tile
+
+    def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None, **inputs: Any) -> Any:
+        """Runs the kernel; returns `o`, or `(o, lse)` when the spec asks for the LSE."""
+        import cupy
+        import numpy as np
+
+        var = self.variant
+        aq, ak, av = _view(q, "q"), _view(k, "k"), _view(v, "v")
+        for a, n in ((aq, "q"), (ak, "k"), (av, "v")):
+            _check_dtype(a, var.dtype, n)
+        given = {name: _view(x, name) for name, x in inputs.items()}
+        sizes = abi.bind_sizes(
+            var, aq.shape, ak.shape, av.shape,
+            {n: (a.shape, _dtype_name_for_abi(a, next((d.dtype for d in var.runtime_inputs() if d.name == n), DType.I32)))
+             for n, a in given.items()},
+        )
+        dev = cupy.cuda.Device().id
+        for name, a in (("q", aq), ("k", ak), ("v", av), *given.items()):
+            if a.device != dev:
+                raise ValueError(f"{name}: expected an array on the current device cuda:{dev}, got cuda:{a.device}")
+        B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
+        align = 8 if uses_tensor_cores(var.dtype) else 4  # elements per 16 bytes
+
+        def strides4(a: _Arr, name: str) -> tuple[int, int, int]:
+            if a.strides[-1] != 1:
+                raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got strides {a.strides}")
+            if len(a.shape) == 3:  # flat [B, L, H*D] hidden state
+                sb, ss = a.strides[0], a.strides[1]
+                sh = var.head_dim
+            elif var.layout == Layout.BHSD:
+                sb, sh, ss = a.strides[0], a.strides[1], a.strides[2]
+            else:
+                sb, ss, sh = a.strides[0], a.strides[1], a.strides[2]
+            for s, what in ((sb, "batch"), (sh, "head"), (ss, "sequence")):
+                if s % align:
+                    raise ValueError(f"{name}: expected every stride to be a multiple of {align} elements (16 bytes); the {what} stride is {s}")
+            if a.ptr % 16:
+                raise ValueError(f"{name}: expected a 16-byte aligned data pointer")
+            return sb, sh, ss
+
+        qs, ks, vs = strides4(aq, "q"), strides4(ak, "k"), strides4(av, "v")
+        qn = var.norm(NormTarget.Q)
+        if qn is not None and qn.scope == NormScope.TOKEN and qs[1] != var.head_dim:
+            raise ValueError(f"q: a token-scope norm reads whole hidden rows, so heads must be contiguous (head stride {var.head_dim}), got {qs[1]}")
+
+        xp_torch = aq.is_torch
+        o_shape = abi.o_shape(var, B, Lq)
+        if out is None:
+            out = _empty(o_shape, var.dtype, xp_torch, aq.obj)
+        ao = _view(out, "out")
+        _check_dtype(ao, var.dtype, "out")
+        if ao.shape != o_shape:
+            raise ValueError(f"out: expected shape {o_shape}, got {ao.shape}")
+        os_ = strides4(ao, "out")
+        lse_ptr = 0
+        if var.lse or lse is not None:
+            if lse is None:
+                lse = _empty(abi.lse_shape(var, B, Lq), DType.FP32, xp_torch, aq.obj)
+            al = _view(lse, "lse")
+            if al.dtype != "float32" or al.shape != (B, var.heads, Lq) or al.strides != (var.heads * Lq, Lq, 1):
+                raise ValueError(f"lse: expected a contiguous float32 array of shape {(B, var.heads, Lq)}, got {al.dtype} {al.shape} strides {al.strides}")
+            lse_ptr = al.ptr
+            if not var.lse:
+                raise ValueError("lse: this variant does not compute the LSE (add `output lse` to the spec)")
+        flag = None
+        if var.nan_check:
+            flag = cupy.zeros(1, dtype=cupy.int32)
+
+        args: list[Any] = [
+            np.uint64(aq.ptr), np.uint64(ak.ptr), np.uint64(av.ptr), np.uint64(ao.ptr), np.uint64(lse_ptr),
+            np.uint64(flag.data.ptr if flag is not None else 0),
+            np.int32(B), np.int32(Lq), np.int32(Lk),
+            *(np.int64(s) for s in (*qs, *ks, *vs, *os_)),
+        ]
+        for d in var.runtime_inputs():
+            a = given[d.name]
+            _check_dtype(a, d.dtype, d.name)
+            args.append(np.uint64(a.ptr))
+            args.extend(np.int32(n) for n in a.shape)
+            args.extend(np.int64(s) for s in a.strides)
+
+        if stream is None:
+            if xp_torch:
+                import torch
+
+                stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+            else:
+                stream = cupy.cuda.get_current_stream()
+        elif not isinstance(stream, cupy.cuda.Stream) and not isinstance(stream, cupy.cuda.ExternalStream):
+            ptr = getattr(stream, "cuda_stream", stream)
+            stream = cupy.cuda.ExternalStream(int(ptr))
+        grid = (math.ceil(Lq / self.plan.tile.block_m), var.heads, B)
+        self._function(grid, (self.plan.threads,), tuple(args), shared_mem=self.plan.smem_bytes, stream=stream)
+        if flag is not None:
+            if int(flag.get(stream=stream)[0]) != 0:
+                raise NaNCheckError(f"variant {var.name}: the output holds NaN or Inf (nan_check)")
+        return (out, lse) if var.lse else out
+
+
+def _empty(shape: tuple[int, ...], d: DType, torch_like: bool, like: Any) -> Any:
+    if torch_like:
+        import torch
+
+        tdt = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}[d]
+        return torch.empty(shape, dtype=tdt, device=like.device)
+    import cupy
+
+    cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[d]
+    return cupy.empty(shape, dtype=cdt)
+
+
+_KERNELS: dict[tuple[Variant, Arch, int], Kernel] = {}
+_KERNELS_LOCK = threading.Lock()
+
+
+def _resolve(spec: Any, variant: str | None) -> Variant:
+    if isinstance(spec, Variant):
+        return spec
+    if isinstance(spec, Program):
+        return spec.get(variant)
+    from attngen.frontend import load, loads
+
+    if isinstance(spec, os.PathLike) or (isinstance(spec, str) and "{" not in spec):
+        return load(spec).get(variant)
+    return loads(str(spec)).get(variant)
+
+
+def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = None, verbose: bool = False) -> Kernel:
+    """Parse (if needed), render, compile and load one variant for the current CUDA device.
+
+    `spec` is a Variant, a Program, a path to a `.attn` file, or `.attn` source text."""
+    import cupy
+
+    v = _resolve(spec, variant)
+    a = Arch(arch) if isinstance(arch, str) else (arch or device_arch())
+    dev = cupy.cuda.Device().id
+    key = (v, a, dev)
+    with _KERNELS_LOCK:
+        if key in _KERNELS:
+            return _KERNELS[key]
+    t0 = time.perf_counter()
+    src, kp = render_with_plan(v, a)
+    binary = compile_source(src, a)
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(binary.cubin)
+        path = f.name
+    try:
+        module = cupy.RawModule(path=path)
+        fn = module.get_function(kp.kernel_name)
+    finally:
+        Path(path).unlink(missing_ok=True)
+    if kp.smem_bytes > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = kp.smem_bytes
+    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn)
+    if verbose:
+        what = "cache hit" if binary.cached else f"compiled in {binary.seconds:.2f} s"
+        print(f"attngen: {v.name} for {a.value} with {binary.compiler}: {what}; load {time.perf_counter() - t0:.3f} s total")
+    with _KERNELS_LOCK:
+        _KERNELS.setdefault(key, k)
+        return _KERNELS[key]

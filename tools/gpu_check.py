@@ -1,0 +1,206 @@
+"""Device harness: correctness spot checks and timings of generated kernels in one process.
+
+Run on the GPU machine (see tools/device_run.sh): prints one line per case and a short table last.
+Writes JSON lines to $OUT/gpu_check.jsonl when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import attngen
+from attngen import reference, tolerance
+from attngen.frontend import loads
+from attngen.intervals import density
+from attngen.abi import Sizes
+from attngen.workload import make_inputs
+
+OUT = os.environ.get("OUT")
+LOG = open(os.path.join(OUT, "gpu_check.jsonl"), "w") if OUT else None
+
+
+def emit(**kw):
+    if LOG:
+        LOG.write(json.dumps(kw) + "\n")
+        LOG.flush()
+
+
+def to_torch(x: np.ndarray) -> torch.Tensor:
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(x.view(np.uint16).copy()).view(torch.bfloat16).cuda()
+    return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+
+
+def to_numpy(t: torch.Tensor, like_dtype) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16).cpu().numpy().view(like_dtype)
+    return t.cpu().numpy()
+
+
+def spec(name, dtype="bf16", D=128, H=16, Hkv=None, mask=None, score=None, extra="", tile=None, kind="self", layout="bhsd"):
+    lines = [f"attention {name} {{", f"  dtype {dtype}", f"  head_dim {D}", f"  heads {H}" + (f" kv {Hkv}" if Hkv else ""),
+             f"  kind {kind}", f"  layout {layout}", "  output lse"]
+    if mask:
+        lines.append(f"  mask {mask}")
+    if score:
+        lines.append(f"  score {score}")
+    if extra:
+        lines.append(extra)
+    if tile:
+        lines.append(f"  tile block_m {tile[0]} block_n {tile[1]} warps {tile[2]} stages {tile[3]}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def check_case(text: str, B: int, Lq: int, Lk: int, seed: int, dist: str = "normal") -> dict:
+    v = loads(text).variants[0]
+    k = attngen.compile(v)
+    rng = np.random.default_rng(seed)
+    inp = make_inputs(v, B, Lq, Lk, rng, dist)
+    ref_o, ref_lse = reference.attention(v, inp["q"], inp["k"], inp["v"], {n: a for n, a in inp.items() if n not in ("q", "k", "v")})
+    dev = {n: to_torch(a) for n, a in inp.items()}
+    out = torch.full(ref_o.shape, float("nan"), dtype=dev["q"].dtype, device="cuda")
+    res = k(dev["q"], dev["k"], dev["v"], out=out, **{n: a for n, a in dev.items() if n not in ("q", "k", "v")})
+    o, lse = (res if v.lse else (res, None))
+    torch.cuda.synchronize()
+    o_np = to_numpy(o, ref_o.dtype)
+    rep = tolerance.check(o_np, ref_o, v.dtype)
+    ok = rep.ok
+    msg = str(rep) if hasattr(rep, "__str__") else ""
+    if v.lse and lse is not None:
+        rl = tolerance.check_lse(lse.cpu().numpy(), ref_lse, v.dtype)
+        ok = ok and rl.ok
+        msg += " | " + str(rl)
+    return dict(name=v.name, B=B, Lq=Lq, Lk=Lk, dist=dist, ok=bool(ok), detail=msg[:400], compile_s=k.compile_seconds)
+
+
+def bench(fn, rotate=3, warmup=5, reps=20) -> float:
+    for _ in range(warmup):
+        fn(0)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(i % rotate)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return float(np.median(times))
+
+
+def perf_case(text: str, B: int, L: int, causal_frac: float | None = None, Lk: int | None = None, peers=True) -> dict:
+    v = loads(text).variants[0]
+    k = attngen.compile(v)
+    Lk = Lk or L
+    H, D = v.heads, v.head_dim
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[v.dtype.value]
+    sets = []
+    for r in range(3):
+        g = torch.Generator(device="cuda").manual_seed(r)
+        if v.layout.value == "bhsd":
+            q = torch.randn(B, H, L, D, device="cuda", dtype=tdt, generator=g)
+            kk = torch.randn(B, v.kv_heads, Lk, D, device="cuda", dtype=tdt, generator=g)
+        else:
+            q = torch.randn(B, L, H, D, device="cuda", dtype=tdt, generator=g)
+            kk = torch.randn(B, Lk, v.kv_heads, D, device="cuda", dtype=tdt, generator=g)
+        vv = torch.randn_like(kk)
+        sets.append((q, kk, vv))
+    extra = {}
+    rng = np.random.default_rng(0)
+    if v.runtime_inputs():
+        inp = make_inputs(v, B, 1, 1, rng) if False else None
+    frac = causal_frac if causal_frac is not None else 1.0
+    flops = 4 * B * H * L * Lk * D * frac
+    ms = bench(lambda i: k(*sets[i], **extra))
+    row = dict(name=v.name, B=B, H=H, L=L, Lk=Lk, D=D, ms=ms, tflops=flops / ms / 1e9, tile=str(k.tile), regs=None)
+    if peers and v.layout.value == "bhsd" and v.dtype.value != "fp32":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        is_causal = "causal" in text and "window" not in text
+        for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                with sdpa_kernel(be):
+                    t = bench(lambda i: torch.nn.functional.scaled_dot_product_attention(*sets[i], is_causal=is_causal, enable_gqa=v.kv_heads != H))
+                row[name + "_tflops"] = flops / t / 1e9
+            except Exception as e:  # backend unavailable for this shape
+                row[name + "_tflops"] = None
+    emit(kind="perf", **row)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--perf", action="store_true")
+    ap.add_argument("--tiles", action="store_true")
+    args = ap.parse_args()
+    fails = 0
+    cases = [
+        (spec("dense_bf16"), 2, 300, 300),
+        (spec("causal_bf16", mask="causal"), 2, 517, 517),
+        (spec("causal_fp16", dtype="fp16", D=64, mask="causal"), 1, 1000, 1000),
+        (spec("gqa_bf16", H=8, Hkv=2, mask="causal"), 2, 129, 129),
+        (spec("cross_bf16", kind="cross", layout="bshd"), 2, 77, 333),
+        (spec("window_fp16", dtype="fp16", mask="causal && window(100, 0)"), 1, 700, 700),
+        (spec("softcap_bf16", mask="causal", score="softcap(30.0)"), 1, 400, 400),
+        (spec("pad_fp16", dtype="fp16", D=96, mask="padding"), 3, 200, 200),
+        (spec("seed_fp32", dtype="fp32", D=64, H=8, mask="padding"), 4, 128, 128),
+        (spec("fp32_causal", dtype="fp32", D=128, H=4, mask="causal"), 2, 333, 333),
+        (spec("d32_bf16", D=32, H=4, mask="causal"), 2, 1, 1),
+        (spec("d32_cross", D=32, H=4, kind="cross"), 2, 17, 1),
+        (spec("mt2", tile=(128, 64, 4, 2), mask="causal"), 1, 300, 300),
+        (spec("st1", tile=(64, 32, 4, 1), mask="causal"), 1, 300, 300),
+        (spec("st3", tile=(128, 64, 8, 3), mask="causal"), 1, 1000, 1000),
+    ]
+    ex_dir = os.path.join(os.path.dirname(__file__), "..", "examples")
+    for fn in sorted(os.listdir(ex_dir)):
+        if fn.endswith(".attn"):
+            try:
+                prog = attngen.load(os.path.join(ex_dir, fn))
+            except Exception as e:
+                print(f"LOAD FAIL {fn}: {e}")
+                fails += 1
+                continue
+            for v in prog.variants:
+                from attngen.frontend import print_program
+                from attngen.ir import Program
+                L = 200
+                cases.append((print_program(Program((v,))), 2, L, L if v.kind.value == "self" else 150))
+    for i, (text, B, Lq, Lk) in enumerate(cases):
+        try:
+            r = check_case(text, B, Lq, Lk, seed=i)
+        except Exception as e:
+            import traceback
+
+            r = dict(name=text.split()[1], ok=False, detail=f"{type(e).__name__}: {e}"[:600])
+            traceback.print_exc(limit=3)
+        emit(kind="check", **r)
+        fails += not r["ok"]
+        print(("PASS " if r["ok"] else "FAIL ") + f"{r['name']} B{B} Lq{Lq} Lk{Lk}: {r.get('detail', '')[:300]}", flush=True)
+    print(f"correctness: {len(cases) - fails} passed, {fails} failed", flush=True)
+    rows = []
+    if args.perf:
+        rows.append(perf_case(spec("dense128"), 2, 16384))
+        rows.append(perf_case(spec("causal128", mask="causal"), 2, 16384, causal_frac=0.5))
+        rows.append(perf_case(spec("dense64", D=64), 8, 4096))
+        rows.append(perf_case(spec("causal64", D=64, mask="causal"), 8, 4096, causal_frac=0.5))
+        if args.tiles:
+            for t in ((128, 64, 4, 2), (128, 64, 8, 3), (128, 32, 8, 2), (64, 64, 4, 2), (128, 128, 8, 2)):
+                rows.append(perf_case(spec("dense128_t", tile=t), 2, 16384, peers=False))
+        for r in rows:
+            print(f"{r['name']:14s} {r['tile']:60s} {r['ms']:8.3f} ms {r['tflops']:6.1f} TF/s "
+                  f"flash {r.get('flash_tflops') or 0:6.1f} cudnn {r.get('cudnn_tflops') or 0:6.1f}", flush=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
