@@ -201,7 +201,7 @@ def _delegate(module: str, what: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-cmd_compile = _delegate("attngen.compile_cuda", "compile")
+cmd_compile = _delegate("attngen.cmd_compile", "compile")
 cmd_fuzz = _delegate("attngen.fuzz", "fuzz")
 cmd_bench = _delegate("attngen.bench", "bench")
 

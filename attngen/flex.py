@@ -451,7 +451,8 @@ def prepare_flex(
     """Everything `run_flex` does, split so the block mask and mods are built once: returns a
     function that runs the whole computation (norms, flex, epilogue) and returns (O, LSE).
 
-    q/k/v are torch tensors (or CuPy/NumPy arrays) in the variant's layout; q may be the flat
+    The returned `run(q, k, v)` may be given other tensors of the same shapes (the benchmark's
+    rotating input sets). q/k/v are torch tensors (or CuPy/NumPy arrays) in the variant's layout; q may be the flat
     [B, Lq, H*D] hidden state of a token-scope pre-norm variant. O comes back in the variant's
     layout ([B, Lq, H, Dv] for bshd) and spec dtype; LSE fp32 [B, H, Lq], −inf on empty rows.
 
@@ -464,14 +465,13 @@ def prepare_flex(
     device = q.device
     ins = {n: _as_torch(x, device) for n, x in (inputs or {}).items()}
     dt = torch_dtype(variant.dtype)
-    H, Hkv, D, Dv = variant.heads, variant.kv_heads, variant.head_dim, variant.value_head_dim
+    H, Hkv, D = variant.heads, variant.kv_heads, variant.head_dim
     bshd = variant.layout == Layout.BSHD
     B = q.shape[0]
     Lq = q.shape[1] if bshd else q.shape[2]
     Lk = k.shape[1] if bshd else k.shape[2]
     if q.dim() == 3:  # flat hidden state [B, Lq, H*D]
         q = q.reshape(B, Lq, H, D)
-    x = q  # the residual input: the pre-norm q
     mask_mod, score_mod = to_flex(variant, inputs=ins, B=B, Lq=Lq, Lk=Lk, device=device)
     block_mask = make_block_mask(variant, mask_mod, B, Lq, Lk, device)
     fn = compiled_flex() if compiled else flex_attention
@@ -482,8 +482,13 @@ def prepare_flex(
         name = norm_bias_name(target) if bias else norm_weight_name(target)
         return ins.get(name)
 
-    def run() -> tuple[Any, Any]:
-        qq, kk, vv = q, k, v
+    def run(q_: Any = None, k_: Any = None, v_: Any = None) -> tuple[Any, Any]:
+        # Other q/k/v of the same shapes reuse the mods and block mask (and torch.compile's graph:
+        # new closures per input set would recompile Flex each time).
+        qq = q if q_ is None else _as_torch(q_).reshape(q.shape)
+        kk = k if k_ is None else _as_torch(k_)
+        vv = v if v_ is None else _as_torch(v_)
+        xq = qq
         if qn is not None:
             if qn.scope == NormScope.TOKEN:
                 flat = qq.reshape(B, Lq, H * D) if bshd else qq.transpose(1, 2).reshape(B, Lq, H * D)
@@ -514,7 +519,7 @@ def prepare_flex(
                 # spec dtype first, as an unfused pipeline would store it.
                 of = _norm(of.to(dt), on.kind, on.eps, w(NormTarget.O, False), w(NormTarget.O, True))
             if variant.residual:
-                xb = x.transpose(1, 2) if bshd else x
+                xb = xq.transpose(1, 2) if bshd else xq
                 of = of + xb.to(torch.float32)
             o = of.to(dt)
         else:

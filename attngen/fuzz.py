@@ -202,7 +202,16 @@ def case_strategy(v: Variant, *, max_len: int = 2048, max_work: int = MAX_SCORE_
     """A hypothesis strategy of `Case`s for a variant (shapes capped to `max_work` score elements)."""
     from hypothesis import strategies as st
 
-    lengths = st.one_of(st.sampled_from([x for x in BOUNDARY_LENGTHS if x <= max_len]), st.integers(1, max_len))
+    bounds = [x for x in BOUNDARY_LENGTHS if x <= max_len]
+
+    @st.composite
+    def lengths(draw) -> int:
+        # A flag picks a boundary value or any integer; it shrinks to False, so a failure shrinks
+        # to the smallest failing integer rather than the smallest failing boundary value.
+        if draw(st.booleans()):
+            return draw(st.sampled_from(bounds))
+        return draw(st.integers(1, max_len))
+
     names = {d.name for d in v.runtime_inputs()}
     roles = tensor_roles(v)
     has_docs = any(r == BuiltinName.DOCUMENT.value for r in roles.values())
@@ -211,8 +220,8 @@ def case_strategy(v: Variant, *, max_len: int = 2048, max_work: int = MAX_SCORE_
     @st.composite
     def build(draw) -> Case:
         B = draw(st.integers(1, 4))
-        Lq = draw(lengths)
-        Lk = Lq if v.kind == AttnKind.SELF else draw(lengths)
+        Lq = draw(lengths())
+        Lk = Lq if v.kind == AttnKind.SELF else draw(lengths())
         # Keep the reference cheap: shrink the batch first, then the key length (cross only).
         per = v.heads * Lq * Lk
         B = max(1, min(B, max_work // max(per, 1)))
@@ -1018,10 +1027,13 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
         return mutate(base, rng)
 
+    verdicts = {"loaded": 0, "SpecError": 0}
+
     def mut_body(text: str) -> None:
         prog, problem = check_front_end(text)
         if problem:
             raise AssertionError(f"{problem}\n--- spec ---\n{text}")
+        verdicts["loaded" if prog is not None else "SpecError"] += 1
         if prog is not None:
             rt = check_round_trip(prog)
             if rt:
@@ -1034,6 +1046,7 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
     finally:
         progress.close()
     mut.examples = n
+    mut.notes.append(f"mutated specs: {verdicts['loaded']} loaded, {verdicts['SpecError']} rejected with a SpecError")
     if exc is not None:
         mut.failure = _fmt_exc(exc)
         text = ex if isinstance(ex, str) else ""

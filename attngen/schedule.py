@@ -86,6 +86,8 @@ def validate_tile(
     threads = 32 * tile.warps
     if uses_tensor_cores(dtype):
         per_warp = tile.block_m / tile.warps
+        if tile.block_n > 128:
+            errs.append(f"on the tensor-core path block_n is at most 128, got {tile.block_n}")
         if per_warp not in (16, 32):
             errs.append(
                 f"on the tensor-core path each warp owns block_m / warps query rows, which must be 16 or 32; "

@@ -41,7 +41,7 @@ _GPU_SKIP = None
 
 def pytest_collection_modifyitems(config, items):
     global _GPU_SKIP
-    need_gpu = [it for it in items if "gpu" in it.keywords]
+    need_gpu = [it for it in items if it.get_closest_marker("gpu") is not None]
     if need_gpu:
         reason = _gpu_reason()
         if reason:
@@ -49,5 +49,5 @@ def pytest_collection_modifyitems(config, items):
                 it.add_marker(pytest.mark.skip(reason=reason))
     if shutil.which("nvcc") is None:
         for it in items:
-            if "nvcc" in it.keywords:
+            if it.get_closest_marker("nvcc") is not None:
                 it.add_marker(pytest.mark.skip(reason="nvcc is not on the PATH"))

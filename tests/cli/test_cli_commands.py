@@ -350,7 +350,7 @@ def test_explain_missing_file(capsys, tmp_path):
 
 @pytest.mark.parametrize(
     "command,module,extra",
-    [("compile", "attngen.compile_cuda", ["-o", "x.cu"]), ("fuzz", "attngen.fuzz", []), ("bench", "attngen.bench", [])],
+    [("compile", "attngen.cmd_compile", ["-o", "x.cu"]), ("fuzz", "attngen.fuzz", []), ("bench", "attngen.bench", [])],
 )
 def test_delegating_commands(capsys, monkeypatch, command, module, extra):
     seen = {}
@@ -366,7 +366,7 @@ def test_delegating_commands(capsys, monkeypatch, command, module, extra):
     assert seen["args"].file == "examples/llama3_gqa_causal.attn"
 
 
-@pytest.mark.parametrize("command,module", [("compile", "attngen.compile_cuda"), ("fuzz", "attngen.fuzz"), ("bench", "attngen.bench")])
+@pytest.mark.parametrize("command,module", [("compile", "attngen.cmd_compile"), ("fuzz", "attngen.fuzz"), ("bench", "attngen.bench")])
 def test_delegating_commands_when_missing(capsys, monkeypatch, command, module):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail as if absent
     rc, _, err = run(capsys, command, "examples/llama3_gqa_causal.attn")
