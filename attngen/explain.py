@@ -36,7 +36,7 @@ from attngen.ir import (
     Variant,
     tensors_used,
 )
-from attngen.schedule import DEFAULT_ARCH, Arch, auto_tile, smem_bytes, validate_tile
+from attngen.schedule import DEFAULT_ARCH, Arch, smem_bytes, validate_tile, variant_tile
 
 DEFAULT_SHAPE = (1, 4096, 4096)  # B, Lq, Lk used for sample shapes and density
 
@@ -371,7 +371,7 @@ def resolved_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[TileConfig, bo
     """The tile the kernel uses and whether it came from `tile auto`."""
     if v.tile is not None:
         return v.tile, False
-    return auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch), True
+    return variant_tile(v, arch), True
 
 
 def _heads_text(v: Variant) -> str:

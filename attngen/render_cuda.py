@@ -26,7 +26,7 @@ from attngen.ir import (
 )
 from attngen.lower_cuda import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.resources import cuda_template_dir
-from attngen.schedule import DEFAULT_ARCH, Arch, auto_tile, min_blocks_per_sm, smem_bytes, uses_tensor_cores, validate_tile
+from attngen.schedule import DEFAULT_ARCH, Arch, min_blocks_per_sm, smem_bytes, uses_tensor_cores, validate_tile, variant_tile
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,7 @@ def kernel_name(v: Variant) -> str:
 def resolve_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     """The variant's tile, or the auto choice; re-validated for `arch` (a spec checked against
     sm_90a may not fit an sm_86 budget)."""
-    tile = v.tile or auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch)
+    tile = variant_tile(v, arch)
     errs = validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     if errs:
         raise ValueError(f"variant {v.name}: tile {tile.block_m}x{tile.block_n} cannot be used on {arch.value}: " + "; ".join(errs))

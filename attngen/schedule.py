@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from attngen.ir import DType, TileConfig
+from attngen.ir import TRUE, DType, TileConfig, Variant
 
 
 class Arch(enum.Enum):
@@ -114,12 +114,39 @@ def validate_tile(
     return errs
 
 
-def auto_tile(dtype: DType, head_dim: int, value_head_dim: int, arch: Arch = DEFAULT_ARCH) -> TileConfig:
-    """The tile `tile auto` resolves to: tuned on the H200 for bf16/fp16; fp32 uses small tiles."""
+def auto_tile(
+    dtype: DType, head_dim: int, value_head_dim: int, arch: Arch = DEFAULT_ARCH, *, dense: bool = False
+) -> TileConfig:
+    """The tile `tile auto` resolves to, from H200 measurements (benchmarks/README.md).
+
+    Tensor cores: 4 warps of two 16-row MMA tiles (128 query rows) share every K/V fragment they
+    load from shared memory. For D > 64 an unmasked variant runs best with 48-key tiles, a masked
+    one with 64; for D <= 64, 128-key tiles unmasked, 64 masked. fp32 (FFMA): small tiles, many CTAs."""
     if not uses_tensor_cores(dtype):
         return TileConfig(block_m=16, block_n=32, warps=4, stages=1)
-    # One 16-row MMA tile per warp keeps the kernel at 128 registers (two CTAs of 8 warps per SM).
-    t = TileConfig(block_m=128, block_n=64, warps=8, stages=2)
+    if max(head_dim, value_head_dim) <= 64:
+        t = TileConfig(block_m=128, block_n=128 if dense else 64, warps=4, stages=2)
+    else:
+        t = TileConfig(block_m=128, block_n=48 if dense else 64, warps=4, stages=2)
     while validate_tile(dtype, head_dim, value_head_dim, t, arch) and t.block_n > 16:
-        t = TileConfig(t.block_m, t.block_n // 2, t.warps, t.stages)
+        t = TileConfig(t.block_m, max(16, t.block_n // 2 // 16 * 16), t.warps, t.stages)
     return t
+
+
+def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
+    """The variant's own tile, or the auto choice for it on `arch`."""
+    if v.tile is not None:
+        return v.tile
+    plain = v.mask == TRUE and not v.scores and not v.norms
+    return auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch, dense=plain)
+
+
+def spill_budget(dtype: DType, tile: TileConfig) -> int:
+    """Bytes of register spill ptxas may report for this tile and still be accepted by the tests.
+
+    Zero, except for two 16-row MMA tiles per warp: their 128 fp32 O accumulators (D = 128) leave
+    ptxas a few registers short at 255, and it spills up to ~100 bytes outside the MMA loops; on
+    the H200 these tiles still beat the spill-free one-tile-per-warp schedule by 10-15%."""
+    if uses_tensor_cores(dtype) and tile.block_m // tile.warps == 32:
+        return 128
+    return 0

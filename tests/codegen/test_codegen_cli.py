@@ -224,14 +224,20 @@ def test_emit_ptx_and_cubin(capsys, tmp_path):
 _ROW = re.compile(r"^(attngen_\w+)\s+(sm_\w+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$")
 
 
-def _check_table(text: str, arch: str, smem: int) -> None:
+def _check_table(text: str, arch: str, smem: int, threads: int | None = None) -> None:
     lines = text.strip().splitlines()
     assert re.match(r"^kernel\s+arch\s+regs\s+spill st\s+spill ld\s+stack\s+static smem\s+dyn smem\s+threads$", lines[0]), lines[0]
     m = _ROW.match(lines[1])
     assert m, lines[1]
     assert m.group(1) == "attngen_llama3_gqa_causal" and m.group(2) == arch
     assert 0 < int(m.group(3)) <= 255
-    assert int(m.group(8)) == smem and int(m.group(9)) == 256
+    if threads is None:
+        from attngen.frontend import load
+        from attngen.render_cuda import plan
+        from attngen.schedule import Arch
+
+        threads = plan(load(LLAMA).get(None), Arch(arch)).threads
+    assert int(m.group(8)) == smem and int(m.group(9)) == threads
     assert lines[2].startswith(f"dynamic shared memory {smem} of ")
 
 
