@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# One device call: environment, GPU test suite, spot checks + timings. Usage (device tool):
-#   source .whl/env.sh && bash tools/device_run.sh [quick|full]
+# The whole device check in one call (device tool, with .whl carried):
+#   source .whl/env.sh && bash tools/device_run.sh
+# GPU test suite, sanitizers on odd shapes, the benchmark suite, a fuzz pass; short summary last.
 set -uo pipefail
-mode=${1:-full}
-export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache
+export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache HYPOTHESIS_PROFILE=gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-python3 -c "import cupy, torch; print('cupy', cupy.__version__, 'torch', torch.__version__)"
-case "$mode" in
-  quick) python3 tools/gpu_check.py --perf --tiles 2>&1 | tee "$OUT/gpu_check.log" ;;
-  full)
-    HYPOTHESIS_PROFILE=gpu timeout 400 python3 -m pytest -q -m gpu tests/gpu -x -p no:cacheprovider 2>&1 | tail -30 | tee "$OUT/pytest_gpu.log"
-    python3 tools/gpu_check.py --perf 2>&1 | tee "$OUT/gpu_check.log" ;;
-esac
+FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/env.txt"
+mode=${1:-all}
+if [ "$mode" != fuzz ]; then
+timeout 330 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/pytest_gpu.txt"
+for tool in memcheck racecheck; do
+  timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_cases.py >"$OUT/san_$tool.txt" 2>&1
+  echo "compute-sanitizer $tool: exit $? ($(grep -c ERROR "$OUT/san_$tool.txt") error lines; $(tail -1 "$OUT/san_$tool.txt"))" | tee -a "$OUT/summary.txt"
+done
+timeout 300 python3 benchmarks/suite.py --out "$OUT/bench.jsonl" 2>&1 | tail -40 | tee "$OUT/bench.txt"
+fi
+if [ "$mode" != main ]; then
+for f in examples/*.attn; do
+  timeout 120 python3 -m attngen fuzz "$f" --seconds "$FUZZ_SECONDS" --out "$OUT/fuzz" 2>&1 | tail -1
+done | tee "$OUT/fuzz.txt"
+fi
+echo "=== summary"; cat "$OUT"/pytest_gpu.txt "$OUT"/summary.txt 2>/dev/null | grep -E "passed|failed|exit"

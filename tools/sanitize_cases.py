@@ -1,0 +1,61 @@
+"""Odd shapes for compute-sanitizer (memcheck / racecheck): L = 1, 17, 1000, padding length 0.
+
+    compute-sanitizer --tool memcheck python3 tools/sanitize_cases.py
+Exits non-zero if any output disagrees with the reference; the sanitizer reports access errors."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+import attngen
+from attngen import reference, tolerance
+from attngen.frontend import loads
+from attngen.workload import make_inputs
+
+SPECS = [
+    ("attention pad_bf16 { dtype bf16; head_dim 64; heads 4 kv 2; mask padding && causal; output lse }", "self"),
+    ("attention cross_fp16 { dtype fp16; head_dim 128; heads 2; kind cross; layout bshd; mask causal }", "cross"),
+    ("attention seed_fp32 { dtype fp32; head_dim 64; heads 2; mask padding }", "self"),
+    ("attention qk_norm { dtype bf16; head_dim 128; heads 2; norm q rmsnorm(1e-6); norm k rmsnorm(1e-6); residual }", "self"),
+]
+
+
+def dev(x: np.ndarray) -> torch.Tensor:
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(x.view(np.uint16).copy()).view(torch.bfloat16).cuda()
+    return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+
+
+def host(t: torch.Tensor, like) -> np.ndarray:
+    return t.view(torch.uint16).cpu().numpy().view(like) if t.dtype == torch.bfloat16 else t.cpu().numpy()
+
+
+def main() -> int:
+    bad = 0
+    rng = np.random.default_rng(7)
+    for text, kind in SPECS:
+        v = loads(text).variants[0]
+        k = attngen.compile(v)
+        for L in (1, 17, 1000):
+            Lk = L if kind == "self" else max(1, L // 3 + 5)
+            inp = make_inputs(v, 3, L, Lk, rng)
+            if "q_lens" in inp:
+                inp["q_lens"][0] = 0
+                inp["kv_lens"][0] = 0
+            rt = {n: a for n, a in inp.items() if n not in ("q", "k", "v")}
+            ref_o, _ = reference.attention(v, inp["q"], inp["k"], inp["v"], rt)
+            res = k(dev(inp["q"]), dev(inp["k"]), dev(inp["v"]), **{n: dev(a) for n, a in rt.items()})
+            o = res[0] if v.lse else res
+            torch.cuda.synchronize()
+            rep = tolerance.check(host(o, ref_o.dtype), ref_o, v.dtype)
+            print(("ok  " if rep.ok else "BAD ") + f"{v.name} L={L} Lk={Lk}", flush=True)
+            bad += not rep.ok
+    print(f"sanitize cases: {12 - bad} passed, {bad} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
