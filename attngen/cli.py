@@ -276,9 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="time a kernel, side by side with torch peers when available")
     b.add_argument("file", metavar="FILE")
     b.add_argument("--variant")
-    b.add_argument("--shape", action="append", default=None, help="B,H,L,D (repeatable)")
+    b.add_argument("--shape", action="append", default=None, help="B,H,L,D or B,H,Lq,Lk,D (repeatable)")
     b.add_argument("--json", default=None, help="write results as JSON here")
     b.add_argument("--plot", default=None, help="write a TFLOP/s plot here (needs matplotlib)")
+    b.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="time torch peers too")
+    b.add_argument("--repeats", type=int, default=30, help="timed launches per implementation")
     b.set_defaults(func=cmd_bench)
     return p
 

@@ -1,12 +1,11 @@
 """`attngen explain` and `attngen check`'s summary: a variant described in plain words.
 
-Reads only the IR (and, for shapes and density, the ABI, workload and interval modules, imported
-lazily so that explain still says what it can while those are missing or fail).
+Reads only the IR, with the ABI (shapes), the workload generator (sample inputs for data-dependent
+masks) and the interval classifier (density and tile counts).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from typing import Any, Iterable
 
@@ -16,108 +15,33 @@ from attngen.ir import (
     BinOp,
     Builtin,
     BuiltinName,
-    Call,
     Const,
     Expr,
-    Index,
     Layout,
-    Load,
     NormKind,
     NormScope,
     NormTarget,
-    Score,
-    Size,
     SizeSym,
     TensorDecl,
-    TensorRef,
     TileConfig,
     Unary,
     UnOp,
     Variant,
     tensors_used,
 )
+from attngen import abi, intervals, workload
+from attngen.printer import print_expr
 from attngen.schedule import DEFAULT_ARCH, Arch, smem_bytes, validate_tile, variant_tile
 
 DEFAULT_SHAPE = (1, 4096, 4096)  # B, Lq, Lk used for sample shapes and density
 
 
-def _try_import(name: str) -> Any | None:
-    # Sibling stages are optional here: explain says what it can without them.
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
 # --------------------------------------------------------------------------------------------
 # Expressions as readable text (for display only; `attngen fmt` owns the canonical form)
 
-_PREC = {
-    BinOp.OR: 1,
-    BinOp.AND: 2,
-    BinOp.EQ: 3,
-    BinOp.NE: 3,
-    BinOp.LT: 4,
-    BinOp.LE: 4,
-    BinOp.GT: 4,
-    BinOp.GE: 4,
-    BinOp.ADD: 5,
-    BinOp.SUB: 5,
-    BinOp.MUL: 6,
-    BinOp.DIV: 6,
-    BinOp.MOD: 6,
-}
-_BARE_BUILTINS = {BuiltinName.CAUSAL, BuiltinName.PADDING, BuiltinName.ALIBI}
-
-
-def _const(c: Const) -> str:
-    if isinstance(c.value, bool):
-        return "true" if c.value else "false"
-    if isinstance(c.value, float):
-        r = repr(c.value)
-        return r if ("." in r or "e" in r or "inf" in r or "nan" in r) else r + ".0"
-    return str(c.value)
-
-
 def expr_text(e: Expr) -> str:
-    """`e` as canonical .attn text (the front end's printer; a local one while that is missing)."""
-    fe = _try_import("attngen.frontend")
-    if fe is not None and hasattr(fe, "print_expr"):
-        try:
-            return fe.print_expr(e)
-        except Exception:  # a printer mid-change must not break explain
-            pass
-    return _expr_text(e)
-
-
-def _expr_text(e: Expr, parent: int = 0) -> str:
-    """`e` as .attn-like text with the fewest parentheses."""
-    if isinstance(e, Const):
-        return _const(e)
-    if isinstance(e, Index):
-        return e.var.value
-    if isinstance(e, Size):
-        return e.sym.value
-    if isinstance(e, Score):
-        return "s"
-    if isinstance(e, TensorRef):
-        return e.name
-    if isinstance(e, Load):
-        return f"{e.tensor}[{', '.join(_expr_text(i) for i in e.indices)}]"
-    if isinstance(e, Call):
-        return f"{e.func.value}({', '.join(_expr_text(a) for a in e.args)})"
-    if isinstance(e, Builtin):
-        if not e.args and e.name in _BARE_BUILTINS:
-            return e.name.value
-        return f"{e.name.value}({', '.join(_expr_text(a) for a in e.args)})"
-    if isinstance(e, Unary):
-        text = e.op.value + _expr_text(e.operand, 7)
-        return f"({text})" if parent > 7 else text
-    if isinstance(e, Binary):
-        p = _PREC[e.op]
-        # Left-associative: the right operand needs parentheses at equal precedence.
-        text = f"{_expr_text(e.lhs, p)} {e.op.value} {_expr_text(e.rhs, p + 1)}"
-        return f"({text})" if p < parent else text
-    return str(e)
+    """`e` as canonical .attn text."""
+    return print_expr(e)
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,36 +127,15 @@ def is_data_dependent(v: Variant) -> bool:
 # Shapes
 
 
-def _local_shapes(v: Variant, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, ...]]:
-    # Only used while attngen.abi is missing: bhsd is [B, H, L, D]; bshd is the [B, L, H*D] hidden
-    # state seen as [B, L, H, D].
-    def shape(h: int, L: int, d: int) -> tuple[int, ...]:
-        return (B, h, L, d) if v.layout == Layout.BHSD else (B, L, h, d)
-
-    return {
-        "q": shape(v.heads, Lq, v.head_dim),
-        "k": shape(v.kv_heads, Lk, v.head_dim),
-        "v": shape(v.kv_heads, Lk, v.value_head_dim),
-        "o": shape(v.heads, Lq, v.value_head_dim),
-        "lse": (B, v.heads, Lq),
-    }
-
-
 def io_shapes(v: Variant, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, ...]]:
-    """Shapes of q, k, v, o and lse at the given sizes (from attngen.abi when it is there)."""
-    abi = _try_import("attngen.abi")
-    if abi is None:
-        return _local_shapes(v, B, Lq, Lk)
-    try:
-        return {
-            "q": tuple(abi.q_shape(v, B, Lq)),
-            "k": tuple(abi.kv_shape(v, B, Lk, False)),
-            "v": tuple(abi.kv_shape(v, B, Lk, True)),
-            "o": tuple(abi.o_shape(v, B, Lq)),
-            "lse": tuple(abi.lse_shape(v, B, Lq)),
-        }
-    except Exception:  # an ABI module mid-change must not break explain
-        return _local_shapes(v, B, Lq, Lk)
+    """Shapes of q, k, v, o and lse at the given sizes."""
+    return {
+        "q": tuple(abi.q_shape(v, B, Lq)),
+        "k": tuple(abi.kv_shape(v, B, Lk, False)),
+        "v": tuple(abi.kv_shape(v, B, Lk, True)),
+        "o": tuple(abi.o_shape(v, B, Lq)),
+        "lse": tuple(abi.lse_shape(v, B, Lq)),
+    }
 
 
 def _symbolic(v: Variant, name: str) -> str:
@@ -300,18 +203,9 @@ def _pick(d: dict, *names: str) -> Any | None:
     return None
 
 
-def sample_sizes(v: Variant, B: int, Lq: int, Lk: int) -> Any | None:
+def sample_sizes(v: Variant, B: int, Lq: int, Lk: int) -> abi.Sizes:
     """abi.Sizes at the sample shape, free dims bound as the workload would bind them."""
-    abi = _try_import("attngen.abi")
-    if abi is None:
-        return None
-    workload = _try_import("attngen.workload")
-    syms: dict[str, int] = {}
-    if workload is not None and hasattr(workload, "default_symbols"):
-        try:
-            syms = dict(workload.default_symbols(v, Lq, Lk))
-        except Exception:
-            syms = {}
+    syms = dict(workload.default_symbols(v, Lq, Lk))
     return abi.Sizes(B, Lq, Lk, tuple(sorted(syms.items())))
 
 
@@ -324,7 +218,6 @@ def _mask_inputs(v: Variant, B: int, Lq: int, Lk: int, sizes: Any, seed: int) ->
 
     import numpy as np
 
-    workload = importlib.import_module("attngen.workload")
     # make_inputs also draws q, k and v; at a sample shape such as H112 L4096 D128 those would
     # cost gigabytes, so they are drawn one element wide. Mask tensors never depend on D or norms.
     slim = dataclasses.replace(v, head_dim=1, value_head_dim=1, norms=(), residual=False)
@@ -335,15 +228,12 @@ def _mask_inputs(v: Variant, B: int, Lq: int, Lk: int, sizes: Any, seed: int) ->
 def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, seed: int) -> list[str]:
     """Lines about the mask's density at `shape` and its tile classification."""
     B, Lq, Lk = shape
-    intervals = _try_import("attngen.intervals")
     sizes = sample_sizes(v, B, Lq, Lk)
-    if intervals is None or sizes is None:
-        return ["  (not available: attngen.intervals is not installed in this build)"]
     try:
         inputs = _mask_inputs(v, B, Lq, Lk, sizes, seed)
         d = intervals.density(v, sizes, inputs, tile.block_m, tile.block_n)
-    except Exception as e:  # explain reports; it never crashes on a backend module's limits
-        return [f"  (not available for this variant: {type(e).__name__}: {e})"]
+    except ValueError as e:  # a sample shape the variant cannot take (e.g. a fixed-size input)
+        return [f"  (not available at this shape: {e})"]
     lines = []
     frac = _pick(d, "visible", "visible_fraction", "density")
     if frac is not None:
@@ -479,15 +369,12 @@ def explain(
 
     tile, auto = resolved_tile(v, arch)
     dens_lines = _density_lines(v, (B, Lq, Lk), tile, seed)
-    abi = _try_import("attngen.abi")
     sizes = sample_sizes(v, B, Lq, Lk)
     for d in v.runtime_inputs():
-        concrete = "-"
-        if abi is not None and sizes is not None:
-            try:
-                concrete = _dims_text(abi.input_shape(v, d, sizes))
-            except ValueError:
-                concrete = "bound at run time"
+        try:
+            concrete = _dims_text(abi.input_shape(v, d, sizes))
+        except ValueError:
+            concrete = "bound at run time"
         rows.append((d.name, d.dtype.value, _decl_symbolic(v, d), concrete, _input_role(v, d)))
     rows.append(("o", v.dtype.value, _symbolic(v, "o"), _dims_text(io["o"]), "output"))
     if v.lse:

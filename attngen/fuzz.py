@@ -541,9 +541,13 @@ class Outcome:
 
 
 def _drive(test_body: Callable[[Any], None], strategy: Any, *, max_examples: int, seconds: float | None, seed: int,
-           progress: Progress) -> tuple[int, BaseException | None, Any]:
+           progress: Progress, first_failure_dir: str | None = None) -> tuple[int, BaseException | None, Any]:
     """Run `test_body(example)` under hypothesis in chunks until max_examples or the time budget.
-    Returns (examples run, the exception of the minimal failure or None, that example)."""
+    Returns (examples run, the exception of the minimal failure or None, that example).
+
+    The first failure is reported at once, before hypothesis shrinks it (on stderr, and as
+    FIRST_FAILURE.txt in `first_failure_dir`): shrinking recompiles kernels and can outlast a
+    time-limited run, which must still leave evidence behind."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
 
@@ -568,6 +572,8 @@ def _drive(test_body: Callable[[Any], None], strategy: Any, *, max_examples: int
             except Exception as e:
                 if type(e).__module__.startswith("hypothesis"):
                     raise  # hypothesis' own control flow (an assumption, an overrun), not a failure
+                if state["last_fail"] is None:
+                    _report_first_failure(e, first_failure_dir)
                 state["last_fail"] = example
                 progress.step(failed=True)
                 raise
@@ -584,6 +590,18 @@ def _drive(test_body: Callable[[Any], None], strategy: Any, *, max_examples: int
         if state["n"] == before:
             break  # the strategy is exhausted
     return state["n"], None, None
+
+
+def _report_first_failure(e: BaseException, out_dir: str | None) -> None:
+    text = _fmt_exc(e)
+    print(f"\nattngen fuzz: first failure (before shrinking):\n{text[:4000]}\n", file=sys.stderr, flush=True)
+    if out_dir:
+        try:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            with open(Path(out_dir) / "FIRST_FAILURE.txt", "a", encoding="utf-8") as f:
+                f.write(text + "\n\n")
+        except OSError:
+            pass
 
 
 def _fmt_exc(e: BaseException) -> str:
@@ -655,7 +673,7 @@ def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, se
     progress = Progress(max_examples, v.name, quiet)
     try:
         n, exc, example = _drive(body, strategy, max_examples=max_examples, seconds=seconds, seed=seed,
-                                 progress=progress)
+                                 progress=progress, first_failure_dir=out_dir)
     finally:
         progress.close()
     outcome.examples = n
@@ -998,7 +1016,7 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
     progress = Progress(max_examples, "generated specs", quiet)
     try:
         n, exc, ex = _drive(gen_body, st.tuples(spec_strategy(), st.data()), max_examples=max_examples,
-                            seconds=half, seed=seed, progress=progress)
+                            seconds=half, seed=seed, progress=progress, first_failure_dir=out_dir)
     finally:
         progress.close()
     gen.examples = n
@@ -1042,7 +1060,8 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
     n_mut = max_examples * 5 if not gpu else max_examples * 2
     progress = Progress(n_mut, "mutated specs", quiet)
     try:
-        n, exc, ex = _drive(mut_body, mutated(), max_examples=n_mut, seconds=half, seed=seed + 7919, progress=progress)
+        n, exc, ex = _drive(mut_body, mutated(), max_examples=n_mut, seconds=half, seed=seed + 7919, progress=progress,
+                            first_failure_dir=out_dir)
     finally:
         progress.close()
     mut.examples = n

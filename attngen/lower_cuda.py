@@ -30,7 +30,6 @@ from attngen.ir import (
     Expr,
     Func,
     Index,
-    IndexVar,
     Load,
     ScalarType,
     Score,

@@ -107,7 +107,7 @@ def test_reproducer_round_trips_inputs_and_its_cpu_test_passes(tmp_path) -> None
     mod.test_reference_is_sane()  # the CPU half of the reproducer runs as written
 
 
-def test_failures_shrink_and_write_a_reproducer(tmp_path, monkeypatch) -> None:
+def test_failures_shrink_and_write_a_reproducer(tmp_path, monkeypatch, capsys) -> None:
     """A planted bug (the 'reference' fails for Lq > 100) is found, shrunk to Lq = 101, written out."""
     v = frontend.load(EXAMPLES / "gpt2_causal_fp16.attn").get()
     real = fuzz.reference_invariants
@@ -125,6 +125,10 @@ def test_failures_shrink_and_write_a_reproducer(tmp_path, monkeypatch) -> None:
     assert out.reproducer is not None and (out.reproducer / "inputs.npz").exists()
     data = np.load(out.reproducer / "inputs.npz")
     assert data["q"].shape[2] == 101
+    # The first failure was reported before shrinking (a time-limited run keeps this evidence).
+    assert "first failure (before shrinking)" in capsys.readouterr().err
+    first = (tmp_path / "FIRST_FAILURE.txt").read_text()
+    assert "planted failure" in first
 
 
 def test_fuzz_command_on_cpu(tmp_path, capsys) -> None:
