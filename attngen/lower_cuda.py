@@ -84,9 +84,9 @@ class ElementEmitter:
         if isinstance(e, Const):
             if e.type == ScalarType.BOOL:
                 return "true" if e.value else "false"
-            if e.type == ScalarType.INT:
-                return str(int(e.value))
-            return float_literal(float(e.value))
+            # Negative literals are parenthesised: `-` applied to `-1` must not become `--1`.
+            text = str(int(e.value)) if e.type == ScalarType.INT else float_literal(float(e.value))
+            return f"({text})" if text.startswith("-") else text
         if isinstance(e, Index):
             return {"b": "b", "h": "h", "q": "q", "kv": "kv"}[e.var.value]
         if isinstance(e, Size):
@@ -218,6 +218,7 @@ class IntervalEmitter:
 
         if isinstance(e, Const):
             v = float_literal(float(e.value)) if as_float else str(int(e.value))
+            v = f"({v})" if v.startswith("-") else v
             return decl(v, v)
         if isinstance(e, Index):
             lo, hi = {"b": ("b", "b"), "h": ("h", "h"), "q": ("q0", "q1"), "kv": ("k0", "k1")}[e.var.value]
