@@ -19,7 +19,11 @@ timeout 300 python3 benchmarks/suite.py --out "$OUT/bench.jsonl" 2>&1 | tail -40
 fi
 if [ "$mode" != main ]; then
 for f in examples/*.attn; do
-  timeout 120 python3 -m attngen fuzz "$f" --seconds "$FUZZ_SECONDS" --out "$OUT/fuzz" 2>&1 | tail -1
+  timeout 120 python3 -m attngen fuzz "$f" --seconds "$FUZZ_SECONDS" --out /tmp/fuzz 2>&1 | tr '\r' '\n' | grep -v "ex/s" | tail -1
 done | tee "$OUT/fuzz.txt"
+timeout 300 python3 -m attngen fuzz --specs --seconds "$((FUZZ_SECONDS * 6))" --out /tmp/fuzz 2>&1 | tr '\r' '\n' | grep -v "ex/s" | tail -2 | tee -a "$OUT/fuzz.txt"
+# Reproducers sit three folders down, deeper than $OUT returns: bring back the first failures' text.
+cat /tmp/fuzz/FIRST_FAILURE.txt /tmp/fuzz/*/FAILURE.txt 2>/dev/null | head -c 200000 > "$OUT/fuzz_failures.txt"
+head -c 4000 "$OUT/fuzz_failures.txt"
 fi
 echo "=== summary"; cat "$OUT"/pytest_gpu.txt "$OUT"/summary.txt 2>/dev/null | grep -E "passed|failed|exit"
