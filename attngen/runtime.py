@@ -95,6 +95,26 @@ def _check_dtype(a: _Arr, want: DType, name: str) -> None:
         raise ValueError(f"{name}: expected dtype {abi.DTYPE_NAMES[want]}{extra}, got {a.dtype}")
 
 
+def _byte_range(a: _Arr) -> tuple[int, int]:
+    """[first, last) bytes an array view can touch (strides may be any sign; size-0 dims touch none)."""
+    if any(n == 0 for n in a.shape):
+        return a.ptr, a.ptr
+    lo = hi = 0
+    for n, s in zip(a.shape, a.strides):
+        if s >= 0:
+            hi += (n - 1) * s
+        else:
+            lo += (n - 1) * s
+    return a.ptr + lo * a.itemsize, a.ptr + (hi + 1) * a.itemsize
+
+
+def _overlaps(a: _Arr, b: _Arr) -> bool:
+    """Whether two views can share memory (conservative: by byte ranges)."""
+    a0, a1 = _byte_range(a)
+    b0, b1 = _byte_range(b)
+    return a0 < b1 and b0 < a1
+
+
 def _dtype_name_for_abi(a: _Arr, want: DType) -> str:
     return abi.DTYPE_NAMES[want] if _dtype_ok(a, want) else a.dtype
 
@@ -171,6 +191,11 @@ class Kernel:
         _check_dtype(ao, var.dtype, "out")
         if ao.shape != o_shape:
             raise ValueError(f"out: expected shape {o_shape}, got {ao.shape}")
+        # Other CTAs read q (whole hidden rows under a token-scope norm), k and v while this one
+        # writes: an output that shares memory with an input would be silently wrong.
+        for name, a in (("q", aq), ("k", ak), ("v", av)):
+            if _overlaps(ao, a):
+                raise ValueError(f"out: expected memory separate from the inputs, but it overlaps {name}")
         os_ = strides4(ao, "out")
         lse_ptr = 0
         if var.lse or lse is not None:
