@@ -114,10 +114,9 @@ def perf_case(text: str, B: int, L: int, causal_frac: float | None = None, Lk: i
             kk = torch.randn(B, Lk, v.kv_heads, D, device="cuda", dtype=tdt, generator=g)
         vv = torch.randn_like(kk)
         sets.append((q, kk, vv))
-    extra = {}
-    rng = np.random.default_rng(0)
     if v.runtime_inputs():
-        inp = make_inputs(v, B, 1, 1, rng) if False else None
+        raise ValueError(f"{v.name}: perf_case times variants without runtime inputs; use benchmarks/suite.py")
+    extra: dict = {}
     frac = causal_frac if causal_frac is not None else 1.0
     flops = 4 * B * H * L * Lk * D * frac
     ms = bench(lambda i: k(*sets[i], **extra))
