@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-import time
 
 import numpy as np
 import torch
@@ -19,8 +17,6 @@ import torch
 import attngen
 from attngen import reference, tolerance
 from attngen.frontend import loads
-from attngen.intervals import density
-from attngen.abi import Sizes
 from attngen.workload import make_inputs
 
 OUT = os.environ.get("OUT")
@@ -130,7 +126,7 @@ def perf_case(text: str, B: int, L: int, causal_frac: float | None = None, Lk: i
                 with sdpa_kernel(be):
                     t = bench(lambda i: torch.nn.functional.scaled_dot_product_attention(*sets[i], is_causal=is_causal, enable_gqa=v.kv_heads != H))
                 row[name + "_tflops"] = flops / t / 1e9
-            except Exception as e:  # backend unavailable for this shape
+            except Exception:  # backend unavailable for this shape
                 row[name + "_tflops"] = None
     emit(kind="perf", **row)
     return row
