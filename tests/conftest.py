@@ -36,11 +36,7 @@ def _gpu_reason() -> str | None:
     return None
 
 
-_GPU_SKIP = None
-
-
 def pytest_collection_modifyitems(config, items):
-    global _GPU_SKIP
     need_gpu = [it for it in items if it.get_closest_marker("gpu") is not None]
     if need_gpu:
         reason = _gpu_reason()
