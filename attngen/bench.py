@@ -477,7 +477,7 @@ def bench_shape(
         host = {"q": _to_np(first["q"], v.dtype), "k": _to_np(first["k"], v.dtype), "v": _to_np(first["v"], v.dtype)}
         ref_o, _ = reference.attention(v, host["q"], host["k"], host["v"], host_rt)
         rep = tolerance.check(o0, ref_o, v.dtype, "O vs reference",
-                              score_err=tolerance.score_error(host["q"], host["k"], v.effective_scale))
+                              score_err=reference.score_error(v, host["q"], host["k"], host_rt))
         row.agrees, row.check = rep.ok, rep.summary()
         if not rep.ok:
             log(f"WARNING {v.name} {B}x{Lq}x{Lk}: {rep.summary()}")

@@ -125,7 +125,9 @@ def render_header(v, arch) -> str:
         "",
         f"// Launches on `stream`: grid (ceil(Lq / {t.block_m}), {v.heads}, B), {kp.threads} threads, "
         f"{kp.smem_bytes} bytes of dynamic shared memory.",
-        "// Returns cudaErrorInvalidValue when B, Lq or Lk is not positive, else the launch error.",
+        *(f"// First launches {pr.kernel} ({pr.doc}), which writes {pr.workspace}." for pr in kp.preps),
+        "// Returns cudaErrorInvalidValue when B, Lq or Lk is not positive"
+        + (" or a workspace pointer is null" if kp.preps else "") + ", else the launch error.",
         f"cudaError_t {name}_launch(const {st}* params, cudaStream_t stream);",
         "",
         "#ifdef __cplusplus",
@@ -144,8 +146,11 @@ def render_header(v, arch) -> str:
 def resource_table(res, kp) -> str:
     """ptxas's figures per kernel plus the plan's dynamic shared memory, as aligned columns."""
     head = ("kernel", "arch", "regs", "spill st", "spill ld", "stack", "static smem", "dyn smem", "threads")
+    from attngen.render_cuda import PREP_THREADS
+
     rows = [
-        (r.kernel, kp.arch.value, str(r.registers), str(r.spill_stores), str(r.spill_loads), str(r.stack_bytes), str(r.static_smem), str(kp.smem_bytes), str(kp.threads))
+        (r.kernel, kp.arch.value, str(r.registers), str(r.spill_stores), str(r.spill_loads), str(r.stack_bytes), str(r.static_smem),
+         str(kp.smem_bytes if r.kernel == kp.kernel_name else 0), str(kp.threads if r.kernel == kp.kernel_name else PREP_THREADS))
         for r in res
     ]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]

@@ -308,7 +308,7 @@ def compare(v: Variant, arrays: Mapping[str, np.ndarray], out: np.ndarray, lse: 
     if ref is None:
         ref = reference.attention(v, q, k, vv, rest)
     o_ref, lse_ref = ref
-    se = tolerance.score_error(q, k, v.effective_scale)
+    se = reference.score_error(v, q, k, rest)
     reps = [tolerance.check(out, o_ref, v.dtype, "O", score_err=se)]
     if v.lse and lse is not None:
         reps.append(tolerance.check_lse(lse, lse_ref, v.dtype, "LSE", score_err=se))
@@ -364,7 +364,9 @@ def flex_crosscheck(v: Variant, arrays: Mapping[str, np.ndarray]) -> tolerance.R
         warnings.simplefilter("ignore")
         o, _ = flex.run_flex(v, q, k, vv, rest, compiled=False, upcast=True)
     o_np = to_host_cpu(o)
-    se = tolerance.score_error(q, k, v.effective_scale)
+    from attngen import reference
+
+    se = reference.score_error(v, q, k, rest)
     return tolerance.check(o_np, o_ref, v.dtype, "O (flex on CPU vs reference)", score_err=se)
 
 

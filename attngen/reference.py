@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from attngen import abi
+from attngen import abi, tolerance
 from attngen.abi import Sizes
 from attngen.ir import (
     Binary,
@@ -451,6 +451,39 @@ def attention(
     return out, lse
 
 
+def score_error(v: Variant, q: np.ndarray, k: np.ndarray, inputs: Mapping[str, np.ndarray] | None = None) -> float:
+    """The tolerance's score error estimate (`tolerance.score_error`) for a variant's inputs.
+
+    With a pre-norm on q or k the kernel computes the normalised operand in fp32 and the reference
+    in float64; both round it to the spec dtype, and an element whose exact value lies within fp32
+    error of a rounding midpoint rounds one ulp apart. One such flip moves a score by up to
+    |scale| * max|q'| * max|k'| * ulp (2^-7 relative for bf16, 2^-10 for fp16), which is added per
+    normalised operand. The fp32 accumulation part uses the normalised operands' magnitudes."""
+    qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
+    scale = v.effective_scale
+    if qn is None and kn is None:
+        return tolerance.score_error(q, k, scale)
+    tensors = prepare_tensors(v, inputs)
+    H, Hkv = v.heads, v.kv_heads
+    q4 = _as_bhsd(q, v.layout, H)
+    k4 = _as_bhsd(k, v.layout, Hkv)
+    with np.errstate(all="ignore"):
+        if qn is not None:
+            qq = np.concatenate([_queries(v, q4, tensors, b, np.arange(H), 0, q4.shape[2]) for b in range(q4.shape[0])])
+        else:
+            qq = round_to(q4, v.dtype)
+        kk = round_to(k4, v.dtype)
+        if kn is not None:
+            w, bias = _weights(tensors, NormTarget.K, kn.affine, kn.kind)
+            kk = round_to(_normalise(kk, kn.kind, kn.eps, w, bias), v.dtype)
+    err = tolerance.score_error(qq, kk, scale)
+    ulp = {DType.BF16: 2.0**-7, DType.FP16: 2.0**-10}.get(v.dtype, 0.0)
+    if ulp and qq.size and kk.size:
+        flips = (qn is not None) + (kn is not None)
+        err += flips * abs(scale) * float(np.abs(qq).max()) * float(np.abs(kk).max()) * ulp
+    return err if np.isfinite(err) else 0.0
+
+
 def _queries(v: Variant, q4: np.ndarray, tensors, b: int, heads: np.ndarray, q0: int, q1: int) -> np.ndarray:
     """Q' for heads × rows [q0, q1) of batch b: rounded input, pre-normed and rounded again."""
     qn = v.norm(NormTarget.Q)
@@ -468,6 +501,7 @@ def _queries(v: Variant, q4: np.ndarray, tensors, b: int, heads: np.ndarray, q0:
 
 
 __all__ = [
+    "score_error",
     "Env",
     "attention",
     "count_visible",

@@ -39,6 +39,25 @@ class Field:
 
 
 @dataclass(frozen=True, slots=True)
+class Prep:
+    """A kernel launched before the attention kernel (same arguments, same stream): per-row work
+    that would otherwise be repeated by every query tile's CTA."""
+
+    kernel: str
+    func: str  # the device function in the template
+    rows: str  # C++ expression over Params `p`: how many rows it covers
+    workspace: str  # the Params field it writes
+    doc: str
+
+
+# Prep kernels: PREP_THREADS threads a block, grid-stride over rows; launchers size the grid as
+# min(rows / PREP_ROWS_PER_BLOCK + 1, PREP_MAX_BLOCKS) (any grid is correct).
+PREP_THREADS = 256
+PREP_ROWS_PER_BLOCK = PREP_THREADS // 32
+PREP_MAX_BLOCKS = 4096
+
+
+@dataclass(frozen=True, slots=True)
 class KernelPlan:
     """What the runtime needs to launch a rendered kernel."""
 
@@ -48,6 +67,11 @@ class KernelPlan:
     threads: int
     smem_bytes: int
     arch: Arch
+    preps: tuple[Prep, ...] = ()
+
+    def prep_grid(self, rows: int) -> int:
+        """Blocks for a prep kernel covering `rows` rows (the launcher's formula)."""
+        return min(rows // PREP_ROWS_PER_BLOCK + 1, PREP_MAX_BLOCKS)
 
 
 def kernel_name(v: Variant) -> str:
@@ -80,6 +104,13 @@ def _fields(v: Variant) -> tuple[Field, ...]:
     for t in ("q", "k", "v", "o"):
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
             f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
+    qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
+    if qn is not None and qn.scope == NormScope.TOKEN:
+        f.append(Field("float* __restrict__", "ws_qstats",
+                       "workspace, B*Lq*2 floats, 8-byte aligned: (mean, rstd) of each hidden row, written by the prep kernel"))
+    if kn is not None:
+        f.append(Field("elem_t* __restrict__", "ws_k",
+                       "workspace, B*Hkv*Lk*D elements, 16-byte aligned: the pre-normalised keys, written by the prep kernel"))
     for d in v.runtime_inputs():
         f.append(Field(f"const {tensor_ctype(d.dtype)}* __restrict__", f"in_{d.name}", f"runtime input {d.name}: {d.dtype.value}"))
         for i in range(len(d.shape)):
@@ -89,7 +120,20 @@ def _fields(v: Variant) -> tuple[Field, ...]:
     return tuple(f)
 
 
+def _preps(v: Variant) -> tuple[Prep, ...]:
+    out = []
+    qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
+    if qn is not None and qn.scope == NormScope.TOKEN:
+        out.append(Prep(f"{kernel_name(v)}_prep_qstats", "ag_prep_qstats", "(long long)p.B * p.Lq", "ws_qstats",
+                        "token-scope q norm: statistics of each hidden row, once (not once per head)"))
+    if kn is not None:
+        out.append(Prep(f"{kernel_name(v)}_prep_k", "ag_prep_k", f"(long long)p.B * {v.kv_heads} * p.Lk", "ws_k",
+                        "k pre-norm: each key row once (not once per query tile)"))
+    return tuple(out)
+
+
 def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> KernelPlan:
+    """Kernel name, ABI fields, tile, block size, shared memory and prep kernels of a variant."""
     tile = resolve_tile(v, arch)
     return KernelPlan(
         kernel_name=kernel_name(v),
@@ -98,6 +142,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> KernelPlan:
         threads=32 * tile.warps,
         smem_bytes=smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile),
         arch=arch,
+        preps=_preps(v),
     )
 
 
@@ -140,6 +185,12 @@ def _header(v: Variant, kp: KernelPlan) -> str:
         f"dynamic shared memory {kp.smem_bytes} bytes (opt in with cudaFuncSetAttribute above 48 KiB).",
         f"Tile: block_m {t.block_m}, block_n {t.block_n}, warps {t.warps}, stages {t.stages}; "
         f"{'mma.sync tensor cores' if uses_tensor_cores(v.dtype) else 'fp32 FFMA'}; target {kp.arch.value}.",
+        *(
+            [f"Prep kernels, launched first on the same stream with the same arguments, {PREP_THREADS} threads a block,",
+             f"grid min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS}) (any grid is correct):",
+             *(f"  {pr.kernel}: rows = {pr.rows.replace('(long long)', '').replace('p.', '')}; {pr.doc}" for pr in kp.preps)]
+            if kp.preps else []
+        ),
         "Arguments, in order (also the fields of Params, for the host launcher):",
         *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(kp.fields)),
         "",
@@ -228,10 +279,14 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         residual=v.residual,
         nan_check=v.nan_check,
         lse=v.lse,
+        preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows, workspace=pr.workspace, doc=pr.doc) for pr in kp.preps],
+        prep_threads=PREP_THREADS,
+        prep_rows_per_block=PREP_ROWS_PER_BLOCK,
+        prep_max_blocks=PREP_MAX_BLOCKS,
         **_norm_ctx(v),
     )
     src = _environment().get_template("attention.cu.j2").render(**ctx)
     return src, kp
 
 
-__all__ = ["render", "render_with_plan", "plan", "KernelPlan", "Field", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]
+__all__ = ["render", "render_with_plan", "plan", "KernelPlan", "Field", "Prep", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]

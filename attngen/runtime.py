@@ -22,7 +22,7 @@ from typing import Any
 from attngen import abi
 from attngen.compile_cuda import compile_source
 from attngen.ir import DType, Layout, NormScope, NormTarget, Program, TileConfig, Variant
-from attngen.render_cuda import KernelPlan, render_with_plan
+from attngen.render_cuda import PREP_THREADS, KernelPlan, render_with_plan
 from attngen.schedule import Arch, uses_tensor_cores
 
 
@@ -134,6 +134,7 @@ class Kernel:
     cached: bool
     _module: Any = None
     _function: Any = None
+    _preps: tuple[Any, ...] = ()
 
     @property
     def tile(self) -> TileConfig:
@@ -217,6 +218,15 @@ class Kernel:
             np.int32(B), np.int32(Lq), np.int32(Lk),
             *(np.int64(s) for s in (*qs, *ks, *vs, *os_)),
         ]
+        # Workspace for the prep kernels (grows with B*L, never with Lq*Lk), in the caller's library.
+        workspace = []
+        for pr in self.plan.preps:
+            if pr.workspace == "ws_qstats":
+                ws = _empty((B, Lq, 2), DType.FP32, xp_torch, aq.obj)
+            else:
+                ws = _empty((B, var.kv_heads, Lk, var.head_dim), var.dtype, xp_torch, aq.obj)
+            workspace.append(ws)
+            args.append(np.uint64(_view(ws, pr.workspace).ptr))
         for d in var.runtime_inputs():
             a = given[d.name]
             _check_dtype(a, d.dtype, d.name)
@@ -234,6 +244,9 @@ class Kernel:
         elif not isinstance(stream, cupy.cuda.Stream) and not isinstance(stream, cupy.cuda.ExternalStream):
             ptr = getattr(stream, "cuda_stream", stream)
             stream = cupy.cuda.ExternalStream(int(ptr))
+        prep_rows = {"ws_qstats": B * Lq, "ws_k": B * var.kv_heads * Lk}
+        for pr, fn in zip(self.plan.preps, self._preps):
+            fn((self.plan.prep_grid(prep_rows[pr.workspace]),), (PREP_THREADS,), tuple(args), stream=stream)
         grid = (math.ceil(Lq / self.plan.tile.block_m), var.heads, B)
         self._function(grid, (self.plan.threads,), tuple(args), shared_mem=self.plan.smem_bytes, stream=stream)
         if flag is not None:
@@ -292,11 +305,12 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
     try:
         module = cupy.RawModule(path=path)
         fn = module.get_function(kp.kernel_name)
+        preps = tuple(module.get_function(pr.kernel) for pr in kp.preps)
     finally:
         Path(path).unlink(missing_ok=True)
     if kp.smem_bytes > 48 * 1024:
         fn.max_dynamic_shared_size_bytes = kp.smem_bytes
-    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn)
+    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn, preps)
     if verbose:
         what = "cache hit" if binary.cached else f"compiled in {binary.seconds:.2f} s"
         print(f"attngen: {v.name} for {a.value} with {binary.compiler}: {what}; load {time.perf_counter() - t0:.3f} s total")

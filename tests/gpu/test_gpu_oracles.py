@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from attngen import bench, flex, fuzz, tolerance
+from attngen import bench, flex, fuzz, reference, tolerance
 from gpu_helpers import kernel_for, spec_text, variant_of
 
 LONG = [
@@ -30,7 +30,7 @@ def test_kernel_matches_flex_on_long_sequences(text: str) -> None:
     q, k, vv, rest = fuzz.split_inputs(arrays)
     dev = {n: fuzz.to_device(a) for n, a in arrays.items()}
     fo, flse = flex.run_flex(v, dev["q"], dev["k"], dev["v"], {n: dev[n] for n in rest}, compiled=True)
-    se = tolerance.score_error(q, k, v.effective_scale)
+    se = reference.score_error(v, q, k, rest)
     # Flex rounds P like we do, so two bf16 kernels differ by up to twice one's error.
     rep = tolerance.check(out, fuzz.to_host(fo, v.dtype), v.dtype, "O vs flex", score_err=se + 2.0**-9)
     assert rep.ok, rep.summary()
