@@ -108,6 +108,9 @@ def _fields(v: Variant) -> tuple[Field, ...]:
     if qn is not None and qn.scope == NormScope.TOKEN:
         f.append(Field("float* __restrict__", "ws_qstats",
                        "workspace, B*Lq*2 floats, 8-byte aligned: (mean, rstd) of each hidden row, written by the prep kernel"))
+    if qn is not None and qn.scope == NormScope.HEAD:
+        f.append(Field("elem_t* __restrict__", "ws_q",
+                       "workspace, B*H*Lq*D elements, 16-byte aligned: the pre-normalised queries, written by the prep kernel"))
     if kn is not None:
         f.append(Field("elem_t* __restrict__", "ws_k",
                        "workspace, B*Hkv*Lk*D elements, 16-byte aligned: the pre-normalised keys, written by the prep kernel"))
@@ -126,6 +129,9 @@ def _preps(v: Variant) -> tuple[Prep, ...]:
     if qn is not None and qn.scope == NormScope.TOKEN:
         out.append(Prep(f"{kernel_name(v)}_prep_qstats", "ag_prep_qstats", "(long long)p.B * p.Lq", "ws_qstats",
                         "token-scope q norm: statistics of each hidden row, once (not once per head)"))
+    if qn is not None and qn.scope == NormScope.HEAD:
+        out.append(Prep(f"{kernel_name(v)}_prep_q", "ag_prep_q", f"(long long)p.B * {v.heads} * p.Lq", "ws_q",
+                        "q pre-norm: each query row once, outside the attention kernel's register budget"))
     if kn is not None:
         out.append(Prep(f"{kernel_name(v)}_prep_k", "ag_prep_k", f"(long long)p.B * {v.kv_heads} * p.Lk", "ws_k",
                         "k pre-norm: each key row once (not once per query tile)"))

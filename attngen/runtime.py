@@ -223,6 +223,8 @@ class Kernel:
         for pr in self.plan.preps:
             if pr.workspace == "ws_qstats":
                 ws = _empty((B, Lq, 2), DType.FP32, xp_torch, aq.obj)
+            elif pr.workspace == "ws_q":
+                ws = _empty((B, var.heads, Lq, var.head_dim), var.dtype, xp_torch, aq.obj)
             else:
                 ws = _empty((B, var.kv_heads, Lk, var.head_dim), var.dtype, xp_torch, aq.obj)
             workspace.append(ws)
@@ -244,7 +246,7 @@ class Kernel:
         elif not isinstance(stream, cupy.cuda.Stream) and not isinstance(stream, cupy.cuda.ExternalStream):
             ptr = getattr(stream, "cuda_stream", stream)
             stream = cupy.cuda.ExternalStream(int(ptr))
-        prep_rows = {"ws_qstats": B * Lq, "ws_k": B * var.kv_heads * Lk}
+        prep_rows = {"ws_qstats": B * Lq, "ws_q": B * var.heads * Lq, "ws_k": B * var.kv_heads * Lk}
         for pr, fn in zip(self.plan.preps, self._preps):
             fn((self.plan.prep_grid(prep_rows[pr.workspace]),), (PREP_THREADS,), tuple(args), stream=stream)
         grid = (math.ceil(Lq / self.plan.tile.block_m), var.heads, B)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The issue-5 fuzz campaign in one device call: every example with N shape cases, plus generated specs.
-#   source .whl/env.sh && N=1000 SPECS=200 bash tools/fuzz_all.sh
+#   source .whl/env.sh && N=1000 SPECS=200 bash tools/fuzz_all.sh   (EXAMPLES="a.attn b.attn" narrows it)
 # Examples run in parallel (one process each; the GPU is shared); BLAS is pinned to one thread so
 # the NumPy references do not fight over the cores. Writes $OUT/fuzz_*.txt and prints one line per run.
 set -uo pipefail
@@ -27,7 +27,7 @@ export -f one; export N FZ LIMIT
   timeout "$LIMIT" python3 -m attngen fuzz --specs --max-examples "$SPECS" --out "$FZ/specs" >"$FZ/specs.log" 2>&1
   echo "rc=$? $(tr '\r' '\n' <"$FZ/specs.log" | grep '^attngen fuzz: [0-9]' | tail -1)" >"$FZ/specs.line"
 } &
-ls examples/*.attn | xargs -P "$JOBS" -I{} bash -c 'one {}' | sort | tee "$OUT/fuzz_examples.txt"
+ls ${EXAMPLES:-examples/*.attn} | xargs -P "$JOBS" -I{} bash -c 'one {}' | sort | tee "$OUT/fuzz_examples.txt"
 wait
 cat "$FZ/specs.line" | tee "$OUT/fuzz_specs.txt"
 # Failure texts come back in $OUT (reproducer folders are deeper than $OUT returns).

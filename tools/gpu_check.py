@@ -201,6 +201,7 @@ def main() -> int:
     ap.add_argument("--tiles", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--seed", action="store_true")
+    ap.add_argument("--preln", action="store_true", help="tile sweep of the pre-LN cross attention workload")
     args = ap.parse_args()
     fails = 0
     cases = [
@@ -266,6 +267,14 @@ def main() -> int:
                 rows.append(perf_case(nolse(spec("d64_t", D=64, tile=t)), 8, 4096, peers=False))
             for t in ((128, 64, 4, 2), (128, 64, 4, 3), (128, 32, 4, 2)):
                 rows.append(perf_case(nolse(spec("c64_t", D=64, tile=t, mask="causal")), 8, 4096, causal_frac=0.5, peers=False))
+    if args.preln:
+        # B32 H16 Lq2048 Lk512 D64: plain cross attention, then with the token norm and residual.
+        rows.append(perf_case(spec("cross64", D=64, kind="cross", layout="bshd").replace("  output lse\n", ""), 32, 2048, Lk=512, peers=False))
+        for t in ((128, 64, 4, 2), (64, 64, 4, 2), (128, 128, 4, 2), (64, 64, 2, 2), (64, 32, 4, 2)):
+            text = spec("preln_t", D=64, kind="cross", layout="bshd", tile=t,
+                        extra="  norm q layernorm(1e-5) scope token affine false\n  residual\n").replace("  output lse\n", "")
+            rows.append(perf_case(text, 32, 2048, Lk=512, peers=False))
+    if rows:
         for r in rows:
             print(f"{r['name']:14s} {r['tile']:60s} {r['ms']:8.3f} ms {r['tflops']:6.1f} TF/s "
                   f"flash {r.get('flash_tflops') or 0:6.1f} cudnn {r.get('cudnn_tflops') or 0:6.1f}", flush=True)
