@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from attngen.ir import TRUE, DType, TileConfig, Variant
+from attngen.ir import TRUE, DType, NormScope, NormTarget, TileConfig, Variant
 
 
 class Arch(enum.Enum):
@@ -139,6 +139,15 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     if v.tile is not None:
         return v.tile
     plain = v.mask == TRUE and not v.scores and not v.norms
+    token_norm = any(n.target == NormTarget.Q and n.scope == NormScope.TOKEN for n in v.norms)
+    if token_norm and uses_tensor_cores(v.dtype) and max(v.head_dim, v.value_head_dim) <= 64:
+        # Pre-LN blocks (token-scope q norm, usually with a residual): 64-row tiles, four CTAs an
+        # SM, hide the norm's and residual's row traffic. H200, B32 H16 Lq2048 Lk512 D64 cross:
+        # 64x32 0.957 ms, 64x64 0.965, 128x128 0.996, 128x64 1.176 (benchmarks/README.md); 64x32
+        # also stays spill-free on sm_80 under the 128-register cap (64x64 spills 4 bytes there).
+        t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
+        if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch):
+            return t
     return auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch, dense=plain)
 
 
