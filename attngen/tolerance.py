@@ -19,6 +19,10 @@ Scores of large magnitude (the `large` input distribution) magnify the absolute 
 q·k, which the exponent turns into relative error of P: `score_error(q, k, scale)` estimates that
 error δ from the inputs and `check(..., score_err=δ)` adds 4δ to the relative L2 bound and 8δ to the
 max-abs factor (2δ to the LSE's absolute bound). For unit-normal inputs δ is ~1e-6: the table rules.
+With a pre-norm on q or k, `reference.score_error` adds the effect of one rounding flip per
+normalised operand: the kernel normalises in fp32, the reference in float64, and both round the
+result to the spec dtype, so an element near a rounding midpoint can land one ulp apart
+(tests/gpu/regressions/knorm_lse_rounding_*.attn are the fuzz cases that showed it).
 
 Rules that never bend: a NaN in the output (or the reference) never passes; an Inf in the output
 fails unless the reference has the same Inf at that place; an all-zero reference (every row fully
