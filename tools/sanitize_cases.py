@@ -20,6 +20,10 @@ SPECS = [
     ("attention cross_fp16 { dtype fp16; head_dim 128; heads 2; kind cross; layout bshd; mask causal }", "cross"),
     ("attention seed_fp32 { dtype fp32; head_dim 64; heads 2; mask padding }", "self"),
     ("attention qk_norm { dtype bf16; head_dim 128; heads 2; norm q rmsnorm(1e-6); norm k rmsnorm(1e-6); residual }", "self"),
+    # Prep kernels: token-scope q statistics, k layernorm with GQA, head-scope q layernorm in fp32.
+    ("attention preln { dtype bf16; head_dim 64; heads 4; kind cross; layout bshd; norm q layernorm(1e-5) scope token; residual }", "cross"),
+    ("attention knorm_gqa { dtype fp16; head_dim 96; heads 4 kv 2; norm k layernorm(1e-5); mask causal }", "self"),
+    ("attention qnorm_fp32 { dtype fp32; head_dim 64; heads 2; norm q layernorm(1e-5) }", "self"),
 ]
 
 
@@ -53,7 +57,7 @@ def main() -> int:
             rep = tolerance.check(host(o, ref_o.dtype), ref_o, v.dtype)
             print(("ok  " if rep.ok else "BAD ") + f"{v.name} L={L} Lk={Lk}", flush=True)
             bad += not rep.ok
-    print(f"sanitize cases: {12 - bad} passed, {bad} failed")
+    print(f"sanitize cases: {3 * len(SPECS) - bad} passed, {bad} failed")
     return 1 if bad else 0
 
 
