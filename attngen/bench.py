@@ -724,7 +724,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         print(e.render(), file=sys.stderr)
         return EXIT_FAIL
     try:
-        variants = [prog.get(args.variant)] if args.variant else list(prog.variants)
+        variants = list(prog.select(args.variant))
     except KeyError as e:
         return err(str(e.args[0]) if e.args else str(e))
     shapes_by_variant: dict[str, list[tuple[int, int, int]]] = {}

@@ -168,7 +168,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(e.render(), file=sys.stderr)
         return EXIT_SPEC
     try:
-        variants = [program.get(args.variant)] if args.variant else list(program.variants)
+        variants = list(program.select(args.variant))
     except KeyError as e:
         raise UsageError(str(e.args[0]) if e.args else str(e)) from None
     for v in variants:

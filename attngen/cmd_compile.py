@@ -125,7 +125,7 @@ def render_header(v, arch) -> str:
         "",
         f"// Launches on `stream`: grid (ceil(Lq / {t.block_m}), {v.heads}, B), {kp.threads} threads, "
         f"{kp.smem_bytes} bytes of dynamic shared memory.",
-        *(f"// First launches {pr.kernel} ({pr.doc}), which writes {pr.workspace}." for pr in kp.preps),
+        *(f"// First launches {pr.kernel} ({pr.doc}), which writes {pr.field.name}." for pr in kp.preps),
         "// Returns cudaErrorInvalidValue when B, Lq or Lk is not positive"
         + (" or a workspace pointer is null" if kp.preps else "") + ", else the launch error.",
         f"cudaError_t {name}_launch(const {st}* params, cudaStream_t stream);",

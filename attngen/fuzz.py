@@ -1131,7 +1131,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             print(e.render(), file=sys.stderr)
             return EXIT_FAIL
         try:
-            variants = [prog.get(args.variant)] if args.variant else list(prog.variants)
+            variants = list(prog.select(args.variant))
         except KeyError as e:
             print(f"attngen fuzz: error: {e.args[0] if e.args else e}", file=sys.stderr)
             return EXIT_USAGE

@@ -451,6 +451,10 @@ class Program:
         names = ", ".join(v.name for v in self.variants)
         raise KeyError(f"no variant {name!r} in {self.path}; it defines: {names}")
 
+    def select(self, name: str | None = None) -> tuple[Variant, ...]:
+        """The variant called `name`, or every variant when `name` is None (KeyError as `get`)."""
+        return (self.get(name),) if name else self.variants
+
 
 # --------------------------------------------------------------------------------------------
 # Helpers

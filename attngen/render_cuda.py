@@ -41,13 +41,29 @@ class Field:
 @dataclass(frozen=True, slots=True)
 class Prep:
     """A kernel launched before the attention kernel (same arguments, same stream): per-row work
-    that would otherwise be repeated by every query tile's CTA."""
+    that would otherwise be repeated by every query tile's CTA. It writes the workspace `field`,
+    laid out [B, heads, L, width] in `dtype` (L is Lq for query rows, Lk for key rows)."""
 
     kernel: str
     func: str  # the device function in the template
-    rows: str  # C++ expression over Params `p`: how many rows it covers
-    workspace: str  # the Params field it writes
+    field: Field  # the Params field of its workspace
+    heads: int  # rows per (batch, position): H or Hkv, or 1 for whole hidden rows
+    queries: bool  # rows run over Lq (else Lk)
+    width: int  # workspace elements per row
+    dtype: DType
     doc: str
+
+    @property
+    def rows_expr(self) -> str:
+        """How many rows it covers, as a C++ expression over Params `p`."""
+        heads = f" * {self.heads}" if self.heads != 1 else ""
+        return f"(long long)p.B{heads} * p.{'Lq' if self.queries else 'Lk'}"
+
+    def rows(self, B: int, Lq: int, Lk: int) -> int:
+        return B * self.heads * (Lq if self.queries else Lk)
+
+    def workspace_shape(self, B: int, Lq: int, Lk: int) -> tuple[int, int, int, int]:
+        return (B, self.heads, Lq if self.queries else Lk, self.width)
 
 
 # Prep kernels: PREP_THREADS threads a block, grid-stride over rows; launchers size the grid as
@@ -88,7 +104,7 @@ def resolve_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     return tile
 
 
-def _fields(v: Variant) -> tuple[Field, ...]:
+def _fields(v: Variant, preps: tuple[Prep, ...]) -> tuple[Field, ...]:
     e = "const elem_t* __restrict__"
     f = [
         Field(e, "q", "query (the hidden state x when q has a token-scope norm)"),
@@ -104,16 +120,7 @@ def _fields(v: Variant) -> tuple[Field, ...]:
     for t in ("q", "k", "v", "o"):
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
             f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
-    qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
-    if qn is not None and qn.scope == NormScope.TOKEN:
-        f.append(Field("float* __restrict__", "ws_qstats",
-                       "workspace, B*Lq*2 floats, 8-byte aligned: (mean, rstd) of each hidden row, written by the prep kernel"))
-    if qn is not None and qn.scope == NormScope.HEAD:
-        f.append(Field("elem_t* __restrict__", "ws_q",
-                       "workspace, B*H*Lq*D elements, 16-byte aligned: the pre-normalised queries, written by the prep kernel"))
-    if kn is not None:
-        f.append(Field("elem_t* __restrict__", "ws_k",
-                       "workspace, B*Hkv*Lk*D elements, 16-byte aligned: the pre-normalised keys, written by the prep kernel"))
+    f.extend(pr.field for pr in preps)
     for d in v.runtime_inputs():
         f.append(Field(f"const {tensor_ctype(d.dtype)}* __restrict__", f"in_{d.name}", f"runtime input {d.name}: {d.dtype.value}"))
         for i in range(len(d.shape)):
@@ -124,31 +131,39 @@ def _fields(v: Variant) -> tuple[Field, ...]:
 
 
 def _preps(v: Variant) -> tuple[Prep, ...]:
+    """The prep kernels a variant needs, in ABI order of their workspace fields."""
     out = []
+    name = kernel_name(v)
+    elem = "elem_t* __restrict__"
     qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
     if qn is not None and qn.scope == NormScope.TOKEN:
-        out.append(Prep(f"{kernel_name(v)}_prep_qstats", "ag_prep_qstats", "(long long)p.B * p.Lq", "ws_qstats",
-                        "token-scope q norm: statistics of each hidden row, once (not once per head)"))
+        out.append(Prep(f"{name}_prep_qstats", "ag_prep_qstats",
+                        Field("float* __restrict__", "ws_qstats",
+                              "workspace, B*Lq*2 floats, 8-byte aligned: (mean, rstd) of each hidden row, written by the prep kernel"),
+                        1, True, 2, DType.FP32, "token-scope q norm: statistics of each hidden row, once (not once per head)"))
     if qn is not None and qn.scope == NormScope.HEAD:
-        out.append(Prep(f"{kernel_name(v)}_prep_q", "ag_prep_q", f"(long long)p.B * {v.heads} * p.Lq", "ws_q",
-                        "q pre-norm: each query row once, outside the attention kernel's register budget"))
+        out.append(Prep(f"{name}_prep_q", "ag_prep_q",
+                        Field(elem, "ws_q", "workspace, B*H*Lq*D elements, 16-byte aligned: the pre-normalised queries, written by the prep kernel"),
+                        v.heads, True, v.head_dim, v.dtype, "q pre-norm: each query row once, outside the attention kernel's register budget"))
     if kn is not None:
-        out.append(Prep(f"{kernel_name(v)}_prep_k", "ag_prep_k", f"(long long)p.B * {v.kv_heads} * p.Lk", "ws_k",
-                        "k pre-norm: each key row once (not once per query tile)"))
+        out.append(Prep(f"{name}_prep_k", "ag_prep_k",
+                        Field(elem, "ws_k", "workspace, B*Hkv*Lk*D elements, 16-byte aligned: the pre-normalised keys, written by the prep kernel"),
+                        v.kv_heads, False, v.head_dim, v.dtype, "k pre-norm: each key row once (not once per query tile)"))
     return tuple(out)
 
 
 def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> KernelPlan:
     """Kernel name, ABI fields, tile, block size, shared memory and prep kernels of a variant."""
     tile = resolve_tile(v, arch)
+    preps = _preps(v)
     return KernelPlan(
         kernel_name=kernel_name(v),
-        fields=_fields(v),
+        fields=_fields(v, preps),
         tile=tile,
         threads=32 * tile.warps,
         smem_bytes=smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile),
         arch=arch,
-        preps=_preps(v),
+        preps=preps,
     )
 
 
@@ -194,7 +209,7 @@ def _header(v: Variant, kp: KernelPlan) -> str:
         *(
             [f"Prep kernels, launched first on the same stream with the same arguments, {PREP_THREADS} threads a block,",
              f"grid min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS}) (any grid is correct):",
-             *(f"  {pr.kernel}: rows = {pr.rows.replace('(long long)', '').replace('p.', '')}; {pr.doc}" for pr in kp.preps)]
+             *(f"  {pr.kernel}: rows = {pr.rows_expr.replace('(long long)', '').replace('p.', '')}; {pr.doc}" for pr in kp.preps)]
             if kp.preps else []
         ),
         "Arguments, in order (also the fields of Params, for the host launcher):",
@@ -285,7 +300,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         residual=v.residual,
         nan_check=v.nan_check,
         lse=v.lse,
-        preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows, workspace=pr.workspace, doc=pr.doc) for pr in kp.preps],
+        preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows_expr, workspace=pr.field.name, doc=pr.doc) for pr in kp.preps],
         prep_threads=PREP_THREADS,
         prep_rows_per_block=PREP_ROWS_PER_BLOCK,
         prep_max_blocks=PREP_MAX_BLOCKS,

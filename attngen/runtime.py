@@ -208,34 +208,6 @@ class Kernel:
             lse_ptr = al.ptr
             if not var.lse:
                 raise ValueError("lse: this variant does not compute the LSE (add `output lse` to the spec)")
-        flag = None
-        if var.nan_check:
-            flag = cupy.zeros(1, dtype=cupy.int32)
-
-        args: list[Any] = [
-            np.uint64(aq.ptr), np.uint64(ak.ptr), np.uint64(av.ptr), np.uint64(ao.ptr), np.uint64(lse_ptr),
-            np.uint64(flag.data.ptr if flag is not None else 0),
-            np.int32(B), np.int32(Lq), np.int32(Lk),
-            *(np.int64(s) for s in (*qs, *ks, *vs, *os_)),
-        ]
-        # Workspace for the prep kernels (grows with B*L, never with Lq*Lk), in the caller's library.
-        workspace = []
-        for pr in self.plan.preps:
-            if pr.workspace == "ws_qstats":
-                ws = _empty((B, Lq, 2), DType.FP32, xp_torch, aq.obj)
-            elif pr.workspace == "ws_q":
-                ws = _empty((B, var.heads, Lq, var.head_dim), var.dtype, xp_torch, aq.obj)
-            else:
-                ws = _empty((B, var.kv_heads, Lk, var.head_dim), var.dtype, xp_torch, aq.obj)
-            workspace.append(ws)
-            args.append(np.uint64(_view(ws, pr.workspace).ptr))
-        for d in var.runtime_inputs():
-            a = given[d.name]
-            _check_dtype(a, d.dtype, d.name)
-            args.append(np.uint64(a.ptr))
-            args.extend(np.int32(n) for n in a.shape)
-            args.extend(np.int64(s) for s in a.strides)
-
         if stream is None:
             if xp_torch:
                 import torch
@@ -246,9 +218,29 @@ class Kernel:
         elif not isinstance(stream, cupy.cuda.Stream) and not isinstance(stream, cupy.cuda.ExternalStream):
             ptr = getattr(stream, "cuda_stream", stream)
             stream = cupy.cuda.ExternalStream(int(ptr))
-        prep_rows = {"ws_qstats": B * Lq, "ws_q": B * var.heads * Lq, "ws_k": B * var.kv_heads * Lk}
+        flag = None
+        if var.nan_check:
+            with stream:  # zeroed in the launch stream's order, before the kernel can set it
+                flag = cupy.zeros(1, dtype=cupy.int32)
+        args: list[Any] = [
+            np.uint64(aq.ptr), np.uint64(ak.ptr), np.uint64(av.ptr), np.uint64(ao.ptr), np.uint64(lse_ptr),
+            np.uint64(flag.data.ptr if flag is not None else 0),
+            np.int32(B), np.int32(Lq), np.int32(Lk),
+            *(np.int64(s) for s in (*qs, *ks, *vs, *os_)),
+        ]
+        # Workspace for the prep kernels (grows with B*L, never with Lq*Lk), in the caller's library,
+        # allocated on the launch stream: both allocators reuse a freed block only in that stream's
+        # order, so dropping it when this call returns is safe while the kernels still run.
+        workspace = [_empty(pr.workspace_shape(B, Lq, Lk), pr.dtype, xp_torch, aq.obj, stream) for pr in self.plan.preps]
+        args.extend(np.uint64(_view(ws, pr.field.name).ptr) for ws, pr in zip(workspace, self.plan.preps))
+        for d in var.runtime_inputs():
+            a = given[d.name]
+            _check_dtype(a, d.dtype, d.name)
+            args.append(np.uint64(a.ptr))
+            args.extend(np.int32(n) for n in a.shape)
+            args.extend(np.int64(s) for s in a.strides)
         for pr, fn in zip(self.plan.preps, self._preps):
-            fn((self.plan.prep_grid(prep_rows[pr.workspace]),), (PREP_THREADS,), tuple(args), stream=stream)
+            fn((self.plan.prep_grid(pr.rows(B, Lq, Lk)),), (PREP_THREADS,), tuple(args), stream=stream)
         grid = (math.ceil(Lq / self.plan.tile.block_m), var.heads, B)
         self._function(grid, (self.plan.threads,), tuple(args), shared_mem=self.plan.smem_bytes, stream=stream)
         if flag is not None:
@@ -257,16 +249,24 @@ class Kernel:
         return (out, lse) if var.lse else out
 
 
-def _empty(shape: tuple[int, ...], d: DType, torch_like: bool, like: Any) -> Any:
+def _empty(shape: tuple[int, ...], d: DType, torch_like: bool, like: Any, stream: Any = None) -> Any:
+    """An uninitialised array in the caller's library; with `stream` (a CuPy stream object),
+    allocated in that stream's order."""
     if torch_like:
         import torch
 
         tdt = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}[d]
-        return torch.empty(shape, dtype=tdt, device=like.device)
+        if stream is None or stream.ptr == torch.cuda.current_stream(like.device).cuda_stream:
+            return torch.empty(shape, dtype=tdt, device=like.device)
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=like.device)):
+            return torch.empty(shape, dtype=tdt, device=like.device)
     import cupy
 
     cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[d]
-    return cupy.empty(shape, dtype=cdt)
+    if stream is None:
+        return cupy.empty(shape, dtype=cdt)
+    with stream:
+        return cupy.empty(shape, dtype=cdt)
 
 
 _KERNELS: dict[tuple[Variant, Arch, int], Kernel] = {}

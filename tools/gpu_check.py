@@ -133,30 +133,14 @@ def perf_case(text: str, B: int, L: int, causal_frac: float | None = None, Lk: i
 
 
 def graph_us(fn, n: int = 100) -> float:
-    """GPU time of one call: n calls captured in a CUDA graph, replayed between events (host
+    """GPU time of one call in µs: n calls captured in a CUDA graph, replayed between events (host
     overhead of the Python call is excluded, which is what a C++ engine or a graph sees)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / n)
-    return float(np.median(times))
+    from attngen import bench as _bench
+
+    t = _bench.time_graph(lambda i: fn(), 1, repeats=n)
+    if t is None:
+        raise RuntimeError("the call could not be captured in a CUDA graph")
+    return t.median_ms * 1000
 
 
 def seed_case(tiles=((16, 32, 4, 1), (16, 64, 4, 1), (16, 128, 4, 1), (32, 64, 8, 1))) -> dict:
