@@ -26,7 +26,18 @@ from attngen.ir import (
 )
 from attngen.lower_cuda import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.resources import cuda_template_dir
-from attngen.schedule import DEFAULT_ARCH, Arch, min_blocks_per_sm, smem_bytes, uses_tensor_cores, validate_tile, variant_tile
+from attngen.schedule import (
+    DEFAULT_ARCH,
+    Arch,
+    Engine,
+    engine,
+    min_blocks_per_sm,
+    smem_bytes,
+    threads,
+    validate_tile,
+    variant_tile,
+    wgmma_regs,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +94,7 @@ class KernelPlan:
     threads: int
     smem_bytes: int
     arch: Arch
+    engine: Engine
     preps: tuple[Prep, ...] = ()
 
     def prep_grid(self, rows: int) -> int:
@@ -160,9 +172,10 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> KernelPlan:
         kernel_name=kernel_name(v),
         fields=_fields(v, preps),
         tile=tile,
-        threads=32 * tile.warps,
-        smem_bytes=smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile),
+        threads=threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
+        smem_bytes=smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
         arch=arch,
+        engine=engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
         preps=preps,
     )
 
@@ -205,7 +218,7 @@ def _header(v: Variant, kp: KernelPlan) -> str:
         f"Kernel {kp.kernel_name}: grid (ceil(Lq / {t.block_m}), H={v.heads}, B), block {kp.threads} threads,",
         f"dynamic shared memory {kp.smem_bytes} bytes (opt in with cudaFuncSetAttribute above 48 KiB).",
         f"Tile: block_m {t.block_m}, block_n {t.block_n}, warps {t.warps}, stages {t.stages}; "
-        f"{'mma.sync tensor cores' if uses_tensor_cores(v.dtype) else 'fp32 FFMA'}; target {kp.arch.value}.",
+        f"{kp.engine.describe}; target {kp.arch.value}.",
         *(
             [f"Prep kernels, launched first on the same stream with the same arguments, {PREP_THREADS} threads a block,",
              f"grid min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS}) (any grid is correct):",
@@ -248,6 +261,25 @@ def _norm_ctx(v: Variant) -> dict:
     return ctx
 
 
+def _wgmma_shapes(kp: KernelPlan, v: Variant) -> list[dict]:
+    """Operand lists of the m64nNk16 wgmma wrappers the kernel uses (N = block_n for S, Dv for O):
+    N / 2 fp32 accumulators per thread, then the A and B operands and the accumulate flag."""
+    if kp.engine != Engine.WGMMA:
+        return []
+    out = []
+    for n in sorted({kp.tile.block_n, v.value_head_dim}):
+        regs = n // 2
+        out.append(dict(
+            n=n,
+            regs=regs,
+            d_list=", ".join(f"%{i}" for i in range(regs)),
+            d_operands=", ".join(f'"+f"(d[{i}])' for i in range(regs)),
+            ss_a=regs, ss_b=regs + 1, ss_flag=regs + 2,
+            rs_a_list=", ".join(f"%{regs + i}" for i in range(4)), rs_b=regs + 4, rs_flag=regs + 5,
+        ))
+    return out
+
+
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(cuda_template_dir())),
@@ -266,7 +298,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
     kp = plan(v, arch)
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
-    tc = uses_tensor_cores(v.dtype)
+    tc = kp.engine != Engine.FFMA
     elem = ElementEmitter(consts, fast_math=tc)
     classify_lines, classify_result = IntervalEmitter(consts, decls).classify(v.mask)
     ctx = dict(
@@ -275,7 +307,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         kernel_name=kp.kernel_name,
         elem_ctype=tensor_ctype(v.dtype),
         mma_type={"bf16": "bf16", "fp16": "f16"}.get(v.dtype.value, "none"),
-        path="mma" if tc else "simt",
+        path={Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
         D=v.head_dim,
         DV=v.value_head_dim,
         H=v.heads,
@@ -283,9 +315,13 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         scale=float_literal(v.effective_scale),
         block_m=kp.tile.block_m,
         block_n=kp.tile.block_n,
-        warps=kp.tile.warps,
+        warps=kp.threads // 32,
+        epi_warps=kp.tile.warps,
         stages=kp.tile.stages,
-        min_blocks=min_blocks_per_sm(v.dtype, kp.tile),
+        min_blocks=min_blocks_per_sm(v.dtype, kp.tile, arch, v.head_dim, v.value_head_dim),
+        wgmma_shapes=_wgmma_shapes(kp, v),
+        wgmma_producer_regs=wgmma_regs(kp.tile)[0],
+        wgmma_consumer_regs=wgmma_regs(kp.tile)[1],
         smem_bytes=kp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],
         tensors=_tensor_ctx(v),

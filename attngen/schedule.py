@@ -31,6 +31,22 @@ class Arch(enum.Enum):
 
 DEFAULT_ARCH = Arch.SM90A
 
+
+class Engine(enum.Enum):
+    """How the kernel computes (a consequence of dtype, head dims, tile and arch; see `engine`)."""
+
+    FFMA = "ffma"  # fp32: CUDA-core FMAs, exact
+    MMA_SYNC = "mma.sync"  # fp16/bf16: warp-level m16n8k16 tensor-core MMAs (sm_80 and up)
+    WGMMA = "wgmma"  # fp16/bf16 on sm_90a: warpgroup MMAs fed by a producer warpgroup
+
+    @property
+    def describe(self) -> str:
+        return {
+            "ffma": "fp32 FFMA",
+            "mma.sync": "mma.sync tensor cores",
+            "wgmma": "Hopper wgmma tensor cores, one producer warpgroup (cp.async + mbarriers) and BLOCK_M / 64 consumer warpgroups",
+        }[self.value]
+
 # Head dims the CUDA backend implements (multiples of 16 that keep the register budget).
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128)
 SUPPORTED_WARPS = (1, 2, 4, 8)
@@ -42,13 +58,64 @@ def uses_tensor_cores(dtype: DType) -> bool:
     return dtype in (DType.FP16, DType.BF16)
 
 
-def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig) -> int:
+# The wgmma engine: head dims made of whole 128-byte swizzle rows, and 64 query rows per consumer
+# warpgroup: 128 x N tiles of 8 warps, or for head dims of 64 also 192 x N tiles of 12. The producer
+# warpgroup comes on top of `warps`. (64 x N tiles of 4 warps, two CTAs an SM, were measured and
+# dropped: H200 causal D64 339 TFLOP/s against 355 for 192 x 128, pre-LN cross 1.03 ms against
+# 0.85 on mma.sync.)
+WGMMA_HEAD_DIMS = (64, 128)
+WGMMA_PRODUCER_WARPS = 4
+
+
+def wgmma_regs(tile: TileConfig) -> tuple[int, int]:
+    """setmaxnreg split of the SM's 64K registers (producer, consumer threads), one CTA an SM:
+    128 x 24 + 256 x 240 with two consumer warpgroups, 128 x 24 + 384 x 160 with three. (ptxas,
+    sm_90a, examples: 24/240 spills no more than 40/232 anywhere, and less for qwen3_qk_norm.)"""
+    return (24, 240) if tile.warps == 8 else (24, 160)
+
+
+def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
+    """Largest key tile whose registers fit a consumer thread: the S accumulators (block_n / 2),
+    the packed P of the tile before (block_n / 4) and O (Dv / 2) within the setmaxnreg budget,
+    with ~30 registers to spare for addressing and the softmax."""
+    budget = wgmma_regs(tile)[1] - 30 - value_head_dim // 2
+    return min(256, budget * 4 // 3 // 16 * 16)
+
+
+def engine(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> Engine:
+    """The engine a tile runs on. fp32 always uses FFMA. fp16/bf16 on sm_90a with head dims 64 or
+    128, at least two stages and 64 query rows per warpgroup (128 x N with 8 warps, or for head
+    dims 64 also 192 x N with 12) uses wgmma; every other 16-bit case mma.sync."""
+    if not uses_tensor_cores(dtype):
+        return Engine.FFMA
+    # The consumers hold two ring slots at once (K of tile i, V of tile i - 1): one stage would
+    # deadlock, so single-stage tiles stay on mma.sync.
+    if arch == Arch.SM90A and head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS and tile.stages >= 2:
+        if (tile.warps, tile.block_m) == (8, 128):
+            return Engine.WGMMA
+        if (tile.warps, tile.block_m) == (12, 192) and head_dim == value_head_dim == 64:
+            return Engine.WGMMA
+    return Engine.MMA_SYNC
+
+
+def threads(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> int:
+    """Threads a CTA: 32 per warp of the tile, plus the producer warpgroup on the wgmma engine."""
+    extra = WGMMA_PRODUCER_WARPS if engine(dtype, head_dim, value_head_dim, tile, arch) == Engine.WGMMA else 0
+    return 32 * (tile.warps + extra)
+
+
+def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> int:
     """Dynamic shared memory the kernel template allocates for this tile (bytes).
 
-    Tensor-core path: the Q tile plus a ring of `stages` K/V tiles, rows padded by 8 elements; the
-    fp32 epilogue staging of O reuses the same space. FFMA path: fp32 Q, K, V and P tiles (one
-    stage), rows padded by 4 floats (P by 1)."""
+    mma.sync: the Q tile plus a ring of `stages` K/V tiles, rows padded by 8 elements; the fp32
+    epilogue staging of O reuses the same space. wgmma: the same tiles unpadded (swizzled), the
+    staging of O over them, then 8-byte mbarriers (Q, and full/empty per stage). FFMA: fp32 Q,
+    K, V and P tiles (one stage), rows padded by 4 floats (P by 1)."""
     d, dv, bm, bn = head_dim, value_head_dim, tile.block_m, tile.block_n
+    if engine(dtype, d, dv, tile, arch) == Engine.WGMMA:
+        tiles = (bm * d + tile.stages * bn * (d + dv)) * dtype.itemsize
+        staged = bm * (dv + 8) * 4
+        return (max(tiles, staged) + 7) // 8 * 8 + 8 * (1 + 2 * tile.stages)
     if uses_tensor_cores(dtype):
         tiles = (bm * (d + 8) + tile.stages * bn * ((d + 8) + (dv + 8))) * dtype.itemsize
         return max(tiles, bm * (dv + 8) * 4)
@@ -56,10 +123,12 @@ def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfi
     return max(tiles, bm * (dv + 4) * 4)
 
 
-def min_blocks_per_sm(dtype: DType, tile: TileConfig) -> int:
+def min_blocks_per_sm(dtype: DType, tile: TileConfig, arch: Arch = DEFAULT_ARCH, head_dim: int = 0, value_head_dim: int = 0) -> int:
     """The `__launch_bounds__` occupancy hint: with one 16-row MMA tile per warp, cap registers at
     128 so that 2048 threads' worth of registers can be resident; with two, let the O accumulators
-    have up to 255."""
+    have up to 255. wgmma: one CTA an SM (setmaxnreg needs the cap at entry that this sets)."""
+    if engine(dtype, head_dim, value_head_dim, tile, arch) == Engine.WGMMA:
+        return 1
     threads = 32 * tile.warps
     if uses_tensor_cores(dtype) and tile.block_m // tile.warps == 32:
         return 1
@@ -77,35 +146,40 @@ def validate_tile(
         errs.append(f"block_n must be a positive multiple of 16, got {tile.block_n}")
     if tile.block_m > 256 or tile.block_n > 256:
         errs.append(f"block_m and block_n are at most 256, got {tile.block_m} and {tile.block_n}")
-    if tile.warps not in SUPPORTED_WARPS:
-        errs.append(f"warps must be one of {', '.join(map(str, SUPPORTED_WARPS))}, got {tile.warps}")
+    wg = engine(dtype, head_dim, value_head_dim, tile, arch) == Engine.WGMMA
+    if tile.warps not in SUPPORTED_WARPS and not wg:
+        errs.append(
+            f"warps must be one of {', '.join(map(str, SUPPORTED_WARPS))} (or 12 with block_m 192: the wgmma engine, "
+            f"fp16/bf16 with head dims 64 on sm_90a), got {tile.warps}"
+        )
     if not 1 <= tile.stages <= MAX_STAGES:
         errs.append(f"stages must be between 1 and {MAX_STAGES}, got {tile.stages}")
     if errs:
         return errs
-    threads = 32 * tile.warps
+    n_threads = 32 * tile.warps
     if uses_tensor_cores(dtype):
         per_warp = tile.block_m / tile.warps
-        if tile.block_n > 128:
-            errs.append(f"on the tensor-core path block_n is at most 128, got {tile.block_n}")
+        limit = wgmma_max_block_n(value_head_dim, tile) if wg else 128
+        if tile.block_n > limit:
+            errs.append(f"on the {'wgmma' if wg else 'mma.sync'} engine block_n is at most {limit} here, got {tile.block_n}")
         if per_warp not in (16, 32):
             errs.append(
                 f"on the tensor-core path each warp owns block_m / warps query rows, which must be 16 or 32; "
                 f"block_m {tile.block_m} with {tile.warps} warps gives {per_warp:g}"
             )
     else:
-        tpr = threads // tile.block_m if threads % tile.block_m == 0 else 0
+        tpr = n_threads // tile.block_m if n_threads % tile.block_m == 0 else 0
         if tpr == 0 or tpr > 32 or tpr & (tpr - 1):
             errs.append(
                 f"on the fp32 path 32 * warps / block_m threads share a query row and must be a power of "
-                f"two up to 32; block_m {tile.block_m} with {tile.warps} warps gives {threads / tile.block_m:g}"
+                f"two up to 32; block_m {tile.block_m} with {tile.warps} warps gives {n_threads / tile.block_m:g}"
             )
         elif tile.block_n % tpr or value_head_dim % tpr:
             errs.append(f"on the fp32 path block_n and the value head dim must be multiples of {tpr} (threads per row)")
         if tile.stages != 1:
             errs.append("the fp32 path is single-stage: use stages 1")
     if not errs:
-        need = smem_bytes(dtype, head_dim, value_head_dim, tile)
+        need = smem_bytes(dtype, head_dim, value_head_dim, tile, arch)
         if need > arch.smem_budget:
             errs.append(
                 f"this tile needs {need} bytes of shared memory ({need / 1024:.0f} KiB), over the "
@@ -122,6 +196,14 @@ def auto_tile(
     Tensor cores: 4 warps of two 16-row MMA tiles (128 query rows) share every K/V fragment they
     load from shared memory. For D > 64 an unmasked variant runs best with 48-key tiles, a masked
     one with 64; for D <= 64, 128-key tiles unmasked, 64 masked. fp32 (FFMA): small tiles, many CTAs."""
+    if arch == Arch.SM90A and uses_tensor_cores(dtype) and head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS:
+        # Hopper: the wgmma engine with three stages: the consumers hold two slots at once (K of
+        # tile i, V of tile i - 1), so two stages starve the producer (H200, bf16 D128 dense: 3
+        # stages 542 TFLOP/s, 2 stages 423). 128 x 128 tiles (two consumer warpgroups); masked
+        # head-dim-64 variants run best with three (causal D64: 192 x 128 355, 128 x 128 323).
+        if head_dim == value_head_dim == 64 and not dense:
+            return TileConfig(block_m=192, block_n=128, warps=12, stages=3)
+        return TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     if not uses_tensor_cores(dtype):
         # Seed case on the H200 (fp32 B4 H8 L128 D64): 16x64 15.5 us, 16x32 16.5, 32x64 18.9, 16x128 24.2.
         return TileConfig(block_m=16, block_n=64, warps=4, stages=1)
@@ -148,15 +230,26 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
         t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
         if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch):
             return t
-    return auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch, dense=plain)
+    t = auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch, dense=plain)
+    if t.warps == 12 and (v.scores or v.runtime_inputs()):
+        # Three consumer warpgroups leave 160 registers a thread: lookups in the mask or score
+        # mods spill there (ptxas, sm_90a: t5_relative_bias 1020 bytes), so two warpgroups.
+        t = TileConfig(block_m=128, block_n=128, warps=8, stages=3)
+    return t
 
 
-def spill_budget(dtype: DType, tile: TileConfig) -> int:
-    """Bytes of register spill ptxas may report for this tile and still be accepted by the tests.
+def spill_budget(eng: Engine, tile: TileConfig) -> int:
+    """Bytes of register spill ptxas may report for a kernel on `eng` with this tile and still be
+    accepted by the tests.
 
-    Zero, except for two 16-row MMA tiles per warp: their 128 fp32 O accumulators (D = 128) leave
-    ptxas a few registers short at 255, and it spills up to ~100 bytes outside the MMA loops; on
-    the H200 these tiles still beat the spill-free one-tile-per-warp schedule by 10-15%."""
-    if uses_tensor_cores(dtype) and tile.block_m // tile.warps == 32:
+    wgmma: 32. Per-element lookups of a data mask (document ids) in partial tiles leave ptxas a
+    few registers short of the 240 a consumer thread has (packed_documents spills 28 bytes).
+    mma.sync with two 16-row MMA tiles per warp: 128. Their 128 fp32 O accumulators (D = 128)
+    leave ptxas a few registers short at 255, and it spills up to ~100 bytes outside the MMA
+    loops; on the H200 these tiles still beat the spill-free one-tile-per-warp schedule by 10-15%.
+    Zero otherwise."""
+    if eng == Engine.WGMMA:
+        return 32
+    if eng == Engine.MMA_SYNC and tile.block_m // tile.warps == 32:
         return 128
     return 0

@@ -186,6 +186,7 @@ def main() -> int:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--seed", action="store_true")
     ap.add_argument("--preln", action="store_true", help="tile sweep of the pre-LN cross attention workload")
+    ap.add_argument("--wgmma", action="store_true", help="tile sweep of the Hopper wgmma engine against mma.sync tiles")
     args = ap.parse_args()
     fails = 0
     cases = [
@@ -204,6 +205,13 @@ def main() -> int:
         (spec("mt2", tile=(128, 64, 4, 2), mask="causal"), 1, 300, 300),
         (spec("st1", tile=(64, 32, 4, 1), mask="causal"), 1, 300, 300),
         (spec("st3", tile=(128, 64, 8, 3), mask="causal"), 1, 1000, 1000),
+        # wgmma engine edges: 12-warp D64 tiles, 176-key tiles, a token-scope norm on the swizzled Q tile, L = 1.
+        (spec("w12_causal", D=64, tile=(192, 128, 12, 2), mask="causal"), 2, 1000, 1000),
+        (spec("w12_cross", dtype="fp16", D=64, H=8, Hkv=2, kind="cross", tile=(192, 64, 12, 3)), 2, 333, 77),
+        (spec("n176_causal", tile=(128, 176, 8, 2), mask="causal"), 1, 700, 700),
+        (spec("preln_wg", D=64, kind="cross", layout="bshd", tile=(128, 128, 8, 2),
+              extra="  norm q layernorm(1e-5) scope token affine true\n  residual\n"), 2, 300, 200),
+        (spec("tiny_wg", D=64), 1, 1, 1),
     ]
     ex_dir = os.path.join(os.path.dirname(__file__), "..", "examples")
     for fn in sorted(os.listdir(ex_dir)):
@@ -251,10 +259,24 @@ def main() -> int:
                 rows.append(perf_case(nolse(spec("d64_t", D=64, tile=t)), 8, 4096, peers=False))
             for t in ((128, 64, 4, 2), (128, 64, 4, 3), (128, 32, 4, 2)):
                 rows.append(perf_case(nolse(spec("c64_t", D=64, tile=t, mask="causal")), 8, 4096, causal_frac=0.5, peers=False))
+    if args.wgmma:
+        def nolse(t):
+            return t.replace("  output lse\n", "")
+        # wgmma tiles: 128 x N with 8 consumer warps, 64 x N with 4 (two CTAs an SM), 192 x N with 12
+        # (head dim 64); the 4-warp 128-row tiles are mma.sync.
+        for t in ((128, 128, 8, 2), (128, 176, 8, 2), (128, 48, 4, 2)):
+            rows.append(perf_case(nolse(spec("d128_t", tile=t)), 2, 16384, peers=False))
+        for t in ((128, 128, 8, 2), (128, 64, 4, 2)):
+            rows.append(perf_case(nolse(spec("c128_t", tile=t, mask="causal")), 2, 16384, causal_frac=0.5, peers=False))
+        for t in ((64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 3), (192, 128, 12, 3), (128, 128, 4, 2)):
+            rows.append(perf_case(nolse(spec("d64_t", D=64, tile=t)), 8, 4096, peers=False))
+        for t in ((64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 3), (192, 128, 12, 3), (128, 64, 4, 2)):
+            rows.append(perf_case(nolse(spec("c64_t", D=64, tile=t, mask="causal")), 8, 4096, causal_frac=0.5, peers=False))
     if args.preln:
         # B32 H16 Lq2048 Lk512 D64: plain cross attention, then with the token norm and residual.
-        rows.append(perf_case(spec("cross64", D=64, kind="cross", layout="bshd").replace("  output lse\n", ""), 32, 2048, Lk=512, peers=False))
-        for t in ((128, 64, 4, 2), (64, 64, 4, 2), (128, 128, 4, 2), (64, 64, 2, 2), (64, 32, 4, 2)):
+        for t in ((128, 128, 8, 3), (64, 128, 4, 2)):
+            rows.append(perf_case(spec("cross64", D=64, kind="cross", layout="bshd", tile=t).replace("  output lse\n", ""), 32, 2048, Lk=512, peers=False))
+        for t in ((64, 128, 4, 2), (64, 64, 4, 3), (128, 128, 8, 3), (64, 32, 4, 2)):
             text = spec("preln_t", D=64, kind="cross", layout="bshd", tile=t,
                         extra="  norm q layernorm(1e-5) scope token affine false\n  residual\n").replace("  output lse\n", "")
             rows.append(perf_case(text, 32, 2048, Lk=512, peers=False))

@@ -24,6 +24,8 @@ SPECS = [
     ("attention preln { dtype bf16; head_dim 64; heads 4; kind cross; layout bshd; norm q layernorm(1e-5) scope token; residual }", "cross"),
     ("attention knorm_gqa { dtype fp16; head_dim 96; heads 4 kv 2; norm k layernorm(1e-5); mask causal }", "self"),
     ("attention qnorm_fp32 { dtype fp32; head_dim 64; heads 2; norm q layernorm(1e-5) }", "self"),
+    # The wgmma engine with three consumer warpgroups (pad_bf16, cross_fp16 and qk_norm use two).
+    ("attention causal_w12 { dtype bf16; head_dim 64; heads 2; mask causal }", "self"),
 ]
 
 

@@ -1,0 +1,113 @@
+"""The Hopper wgmma engine: which variants and tiles get it, what its plan promises (threads,
+shared memory, registers), and that ptxas neither serialises its wgmma chains nor ignores its
+setmaxnreg (marker `nvcc` for the latter: skipped where nvcc is absent)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from attngen import compile_cuda, render_cuda
+from attngen.diagnostics import SpecError
+from attngen.frontend import loads
+from attngen.ir import DType, TileConfig
+from attngen.schedule import Arch, Engine, engine, smem_bytes, validate_tile, wgmma_max_block_n, wgmma_regs
+
+
+def _v(body: str, name: str = "t"):
+    return loads(f"attention {name} {{ {body} }}").variants[0]
+
+
+@pytest.mark.parametrize(
+    "body,arch,want",
+    [
+        ("dtype bf16; head_dim 128; heads 16", Arch.SM90A, Engine.WGMMA),
+        ("dtype fp16; head_dim 64; heads 8 kv 2; mask causal", Arch.SM90A, Engine.WGMMA),
+        ("dtype bf16; head_dim 128; heads 16", Arch.SM80, Engine.MMA_SYNC),
+        ("dtype bf16; head_dim 96; heads 16", Arch.SM90A, Engine.MMA_SYNC),  # not whole 128-byte rows
+        ("dtype fp32; head_dim 64; heads 8", Arch.SM90A, Engine.FFMA),
+        # An explicit 4-warp tile stays on mma.sync; a single stage cannot feed the pipeline.
+        ("dtype bf16; head_dim 128; heads 16; tile block_m 128 block_n 64 warps 4 stages 2", Arch.SM90A, Engine.MMA_SYNC),
+        ("dtype bf16; head_dim 128; heads 16; tile block_m 128 block_n 64 warps 8 stages 1", Arch.SM90A, Engine.MMA_SYNC),
+        ("dtype bf16; head_dim 128; heads 16; tile block_m 128 block_n 64 warps 8 stages 2", Arch.SM90A, Engine.WGMMA),
+    ],
+)
+def test_engine_choice(body: str, arch: Arch, want: Engine) -> None:
+    v = _v(body)
+    assert render_cuda.plan(v, arch).engine == want
+
+
+def test_auto_tiles_on_hopper() -> None:
+    kp = render_cuda.plan(_v("dtype bf16; head_dim 128; heads 16; mask causal"), Arch.SM90A)
+    assert (kp.tile.block_m, kp.tile.block_n, kp.tile.warps, kp.tile.stages) == (128, 128, 8, 3)
+    assert kp.threads == 384  # the producer warpgroup on top of 8 consumer warps
+    # Masked D64 without lookups: three consumer warpgroups; with a score mod (registers): two.
+    kp = render_cuda.plan(_v("dtype bf16; head_dim 64; heads 16; mask causal"), Arch.SM90A)
+    assert (kp.tile.block_m, kp.tile.warps, kp.threads) == (192, 12, 512)
+    kp = render_cuda.plan(_v("dtype bf16; head_dim 64; heads 16; mask causal; score softcap(30.0)"), Arch.SM90A)
+    assert (kp.tile.block_m, kp.tile.warps) == (128, 8)
+    # Pre-LN blocks keep their measured mma.sync tile.
+    kp = render_cuda.plan(_v("dtype bf16; head_dim 64; heads 16; kind cross; layout bshd; "
+                             "norm q layernorm(1e-5) scope token; residual"), Arch.SM90A)
+    assert kp.engine == Engine.MMA_SYNC
+
+
+def test_register_split_fits_the_sm() -> None:
+    for warps, bm in ((8, 128), (12, 192)):
+        prod, cons = wgmma_regs(TileConfig(bm, 128, warps, 3))
+        assert prod % 8 == 0 and cons % 8 == 0 and 24 <= prod and cons <= 256
+        assert 128 * prod + 32 * warps * cons <= 65536
+
+
+def test_shared_memory_of_the_ring_and_barriers() -> None:
+    t = TileConfig(128, 128, 8, 3)
+    # Q 128x128 + 3 x (K + V) 128x128 bf16, then Q/full/empty mbarriers.
+    assert smem_bytes(DType.BF16, 128, 128, t, Arch.SM90A) == 2 * (128 * 128 + 3 * 128 * 256) + 8 * 7
+    # The fp32 staging of O is larger than a small ring: the barriers go past it.
+    t = TileConfig(128, 16, 8, 2)
+    assert smem_bytes(DType.BF16, 64, 64, t, Arch.SM90A) == 128 * 72 * 4 + 8 * 5
+
+
+def test_tile_errors_name_the_limits() -> None:
+    errs = validate_tile(DType.BF16, 128, 128, TileConfig(192, 64, 12, 3), Arch.SM90A)
+    assert any("12 with block_m 192" in e for e in errs)
+    big = wgmma_max_block_n(128, TileConfig(128, 128, 8, 3))
+    errs = validate_tile(DType.BF16, 128, 128, TileConfig(128, big + 16, 8, 2), Arch.SM90A)
+    assert any(f"block_n is at most {big}" in e for e in errs)
+    with pytest.raises(SpecError) as ei:
+        loads("attention t { dtype bf16; head_dim 128; heads 4; tile block_m 128 block_n 128 warps 8 stages 4 }")
+    assert "shared memory" in str(ei.value)
+
+
+def test_rendered_source_is_stable_and_names_the_engine() -> None:
+    v = _v("dtype bf16; head_dim 128; heads 16; mask causal; output lse")
+    a = render_cuda.render(v, Arch.SM90A)
+    assert a == render_cuda.render(v, Arch.SM90A)
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in a
+    assert "setmaxnreg.inc.sync.aligned.u32" in a
+    assert "Hopper wgmma" in a.split("namespace")[0]  # the header comment says which engine
+    assert "wgmma" not in render_cuda.render(v, Arch.SM80)
+
+
+WGMMA_SPECS = [
+    "dtype bf16; head_dim 128; heads 16; mask causal; output lse",
+    "dtype fp16; head_dim 64; heads 16 kv 4; mask causal",
+    "dtype bf16; head_dim 64; heads 8; tile block_m 128 block_n 192 warps 8 stages 2",
+    "dtype bf16; head_dim 128; heads 8; mask causal; score softcap(30.0)",
+    "dtype bf16; head_dim 64; heads 8; kind cross; layout bshd; norm q layernorm(1e-5) scope token; residual; "
+    "tile block_m 128 block_n 128 warps 8 stages 3",
+]
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("body", WGMMA_SPECS)
+def test_ptxas_keeps_wgmma_async_and_honours_setmaxnreg(body: str) -> None:
+    v = _v(body)
+    src, kp = render_cuda.render_with_plan(v, Arch.SM90A)
+    assert kp.engine == Engine.WGMMA
+    _, log = compile_cuda.nvcc(src, Arch.SM90A, "cubin", extra=("-Xptxas", "-v"))
+    # C7515/C7510: wgmma serialised (an accumulator touched mid-pipeline); C7508: setmaxnreg ignored.
+    for code in ("C7515", "C7510", "C7508", "C7509"):
+        assert code not in log, log
