@@ -31,7 +31,7 @@ from attngen.ir import (
 )
 from attngen import abi, intervals, workload
 from attngen.printer import print_expr
-from attngen.schedule import DEFAULT_ARCH, Arch, smem_bytes, validate_tile, variant_tile
+from attngen.schedule import DEFAULT_ARCH, Arch, Engine, engine, smem_bytes, threads, validate_tile, variant_tile
 
 DEFAULT_SHAPE = (1, 4096, 4096)  # B, Lq, Lk used for sample shapes and density
 
@@ -282,9 +282,10 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     if v.residual:
         parts.append("residual")
     tile, auto = resolved_tile(v, arch)
-    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile)
+    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     parts.append(
         f"tile {tile.block_m}x{tile.block_n} w{tile.warps} s{tile.stages}{' (auto)' if auto else ''} "
+        f"{engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch).value} "
         f"{smem / 1024:.0f} KiB smem on {arch.value}"
     )
     rt = v.runtime_inputs()
@@ -385,12 +386,15 @@ def explain(
 
     # Tile plan
     out.append("")
-    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile)
+    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
+    eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
+    n_threads = threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     out.append(f"Tile plan on {arch.value}{' (tile auto)' if auto else ''}:")
     out.append(
-        f"  block_m {tile.block_m}, block_n {tile.block_n}, warps {tile.warps} ({tile.warps * 32} threads), "
-        f"stages {tile.stages}"
+        f"  block_m {tile.block_m}, block_n {tile.block_n}, warps {tile.warps} ({n_threads} threads"
+        f"{', with the producer warpgroup' if eng == Engine.WGMMA else ''}), stages {tile.stages}"
     )
+    out.append(f"  engine: {eng.describe}")
     out.append(
         f"  shared memory {smem} bytes ({smem / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB: "
         f"a {tile.block_m} x {v.head_dim} Q tile and {tile.stages} stage(s) of {tile.block_n}-key K/V tiles"

@@ -193,9 +193,11 @@ def auto_tile(
 ) -> TileConfig:
     """The tile `tile auto` resolves to, from H200 measurements (benchmarks/README.md).
 
-    Tensor cores: 4 warps of two 16-row MMA tiles (128 query rows) share every K/V fragment they
-    load from shared memory. For D > 64 an unmasked variant runs best with 48-key tiles, a masked
-    one with 64; for D <= 64, 128-key tiles unmasked, 64 masked. fp32 (FFMA): small tiles, many CTAs."""
+    sm_90a, fp16/bf16, head dims 64/128: the wgmma engine, 128 x 128 x 8 warps x 3 stages (masked
+    D64: 192 x 128 x 12 warps). Other tensor-core cases (mma.sync): 4 warps of two 16-row MMA tiles
+    (128 query rows) share every K/V fragment they load from shared memory; for D > 64 an unmasked
+    variant runs best with 48-key tiles, a masked one with 64; for D <= 64, 128-key tiles
+    unmasked, 64 masked. fp32 (FFMA): small tiles, many CTAs."""
     if arch == Arch.SM90A and uses_tensor_cores(dtype) and head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS:
         # Hopper: the wgmma engine with three stages: the consumers hold two slots at once (K of
         # tile i, V of tile i - 1), so two stages starve the producer (H200, bf16 D128 dense: 3
