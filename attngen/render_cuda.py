@@ -229,6 +229,11 @@ def _header(v: Variant, kp: KernelPlan) -> str:
         *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(kp.fields)),
         "",
         f"Host: cudaError_t {kp.kernel_name}_launch(const Params* p, cudaStream_t stream) (nvcc builds only).",
+        *(
+            ["Build for sm_90a only: nvcc -gencode=arch=compute_90a,code=sm_90a (wgmma and setmaxnreg; nvcc 13.0's",
+             "-arch=sm_90a shorthand also runs a plain sm_90 pass, which stops at an #error naming this flag)."]
+            if kp.engine == Engine.WGMMA else []
+        ),
     ]
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
 

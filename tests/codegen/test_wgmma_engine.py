@@ -5,6 +5,7 @@ setmaxnreg (marker `nvcc` for the latter: skipped where nvcc is absent)."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import pytest
 
@@ -111,3 +112,15 @@ def test_ptxas_keeps_wgmma_async_and_honours_setmaxnreg(body: str) -> None:
     # C7515/C7510: wgmma serialised (an accumulator touched mid-pipeline); C7508: setmaxnreg ignored.
     for code in ("C7515", "C7510", "C7508", "C7509"):
         assert code not in log, log
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_a_plain_sm90_build_stops_at_a_clear_error(tmp_path) -> None:
+    src = render_cuda.render(_v("dtype bf16; head_dim 64; heads 4"), Arch.SM90A)
+    assert "-gencode=arch=compute_90a,code=sm_90a" in src.split("#include")[0]  # the header says how to build
+    cu = tmp_path / "k.cu"
+    cu.write_text(src)
+    r = subprocess.run(["nvcc", "-gencode=arch=compute_90,code=sm_90", "-c", str(cu), "-o", str(tmp_path / "k.o")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "build it with nvcc -gencode=arch=compute_90a,code=sm_90a" in r.stderr
