@@ -394,7 +394,7 @@ def explain(
         f"  block_m {tile.block_m}, block_n {tile.block_n}, warps {tile.warps} ({n_threads} threads"
         f"{', with the producer warpgroup' if eng == Engine.WGMMA else ''}), stages {tile.stages}"
     )
-    out.append(f"  engine: {eng.describe}")
+    out.append(f"  engine: {eng.describe(tile)}")
     out.append(
         f"  shared memory {smem} bytes ({smem / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB: "
         f"a {tile.block_m} x {v.head_dim} Q tile and {tile.stages} stage(s) of {tile.block_n}-key K/V tiles"

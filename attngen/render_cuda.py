@@ -218,7 +218,7 @@ def _header(v: Variant, kp: KernelPlan) -> str:
         f"Kernel {kp.kernel_name}: grid (ceil(Lq / {t.block_m}), H={v.heads}, B), block {kp.threads} threads,",
         f"dynamic shared memory {kp.smem_bytes} bytes (opt in with cudaFuncSetAttribute above 48 KiB).",
         f"Tile: block_m {t.block_m}, block_n {t.block_n}, warps {t.warps}, stages {t.stages}; "
-        f"{kp.engine.describe}; target {kp.arch.value}.",
+        f"{kp.engine.describe(t)}; target {kp.arch.value}.",
         *(
             [f"Prep kernels, launched first on the same stream with the same arguments, {PREP_THREADS} threads a block,",
              f"grid min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS}) (any grid is correct):",
@@ -323,7 +323,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         warps=kp.threads // 32,
         epi_warps=kp.tile.warps,
         stages=kp.tile.stages,
-        min_blocks=min_blocks_per_sm(v.dtype, kp.tile, arch, v.head_dim, v.value_head_dim),
+        min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch),
         wgmma_shapes=_wgmma_shapes(kp, v),
         wgmma_producer_regs=wgmma_regs(kp.tile)[0],
         wgmma_consumer_regs=wgmma_regs(kp.tile)[1],

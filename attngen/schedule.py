@@ -39,13 +39,12 @@ class Engine(enum.Enum):
     MMA_SYNC = "mma.sync"  # fp16/bf16: warp-level m16n8k16 tensor-core MMAs (sm_80 and up)
     WGMMA = "wgmma"  # fp16/bf16 on sm_90a: warpgroup MMAs fed by a producer warpgroup
 
-    @property
-    def describe(self) -> str:
-        return {
-            "ffma": "fp32 FFMA",
-            "mma.sync": "mma.sync tensor cores",
-            "wgmma": "Hopper wgmma tensor cores, one producer warpgroup (cp.async + mbarriers) and BLOCK_M / 64 consumer warpgroups",
-        }[self.value]
+    def describe(self, tile: TileConfig) -> str:
+        """One phrase for headers and `explain`."""
+        if self == Engine.WGMMA:
+            return (f"Hopper wgmma tensor cores, one producer warpgroup (cp.async + mbarriers) and "
+                    f"{tile.warps // 4} consumer warpgroups")
+        return {"ffma": "fp32 FFMA", "mma.sync": "mma.sync tensor cores"}[self.value]
 
 # Head dims the CUDA backend implements (multiples of 16 that keep the register budget).
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128)
@@ -123,7 +122,7 @@ def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfi
     return max(tiles, bm * (dv + 4) * 4)
 
 
-def min_blocks_per_sm(dtype: DType, tile: TileConfig, arch: Arch = DEFAULT_ARCH, head_dim: int = 0, value_head_dim: int = 0) -> int:
+def min_blocks_per_sm(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> int:
     """The `__launch_bounds__` occupancy hint: with one 16-row MMA tile per warp, cap registers at
     128 so that 2048 threads' worth of registers can be resident; with two, let the O accumulators
     have up to 255. wgmma: one CTA an SM (setmaxnreg needs the cap at entry that this sets)."""

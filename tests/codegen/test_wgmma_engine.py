@@ -124,3 +124,13 @@ def test_a_plain_sm90_build_stops_at_a_clear_error(tmp_path) -> None:
     r = subprocess.run(["nvcc", "-gencode=arch=compute_90,code=sm_90", "-c", str(cu), "-o", str(tmp_path / "k.o")],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "build it with nvcc -gencode=arch=compute_90a,code=sm_90a" in r.stderr
+
+
+def test_explain_names_the_engine_and_the_threads() -> None:
+    from attngen.explain import explain
+
+    v = _v("dtype bf16; head_dim 64; heads 4; mask causal")
+    text = explain(v, arch=Arch.SM90A)
+    assert "engine: Hopper wgmma tensor cores, one producer warpgroup (cp.async + mbarriers) and 3 consumer warpgroups" in text
+    assert "warps 12 (512 threads, with the producer warpgroup)" in text
+    assert "engine: mma.sync tensor cores" in explain(v, arch=Arch.SM80)
