@@ -70,7 +70,7 @@ def _c_layout(types: list[str]) -> tuple[list[int], int]:
 def render_header(v, arch) -> str:
     """A C header (C99/C++) for the launcher of `v` on `arch`: stable bytes, guards from the kernel name."""
     from attngen import __version__
-    from attngen.render_cuda import plan
+    from attngen.render_cuda import grid_text, plan
 
     kp = plan(v, arch)
     name = kp.kernel_name
@@ -123,11 +123,12 @@ def render_header(v, arch) -> str:
         f'_Static_assert(sizeof({st}) == {size}, "{st}: unexpected layout");',
         "#endif",
         "",
-        f"// Launches on `stream`: grid (ceil(Lq / {t.block_m}), {v.heads}, B), {kp.threads} threads, "
+        f"// Launches on `stream`: grid {grid_text(kp, v.heads)}, {kp.threads} threads, "
         f"{kp.smem_bytes} bytes of dynamic shared memory.",
         *(f"// First launches {pr.kernel} ({pr.doc}), which writes {pr.field.name}." for pr in kp.preps),
         "// Returns cudaErrorInvalidValue when B, Lq or Lk is not positive"
-        + (" or a workspace pointer is null" if kp.preps else "") + ", else the launch error.",
+        + (" or a workspace pointer is null" if kp.preps else "")
+        + (" or work_counter is null" if any(f.name == "work_counter" for f in kp.fields) else "") + ", else the launch error.",
         f"cudaError_t {name}_launch(const {st}* params, cudaStream_t stream);",
         "",
         "#ifdef __cplusplus",

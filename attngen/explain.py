@@ -31,7 +31,7 @@ from attngen.ir import (
 )
 from attngen import abi, intervals, workload
 from attngen.printer import print_expr
-from attngen.schedule import DEFAULT_ARCH, Arch, Engine, engine, smem_bytes, threads, validate_tile, variant_tile
+from attngen.schedule import DEFAULT_ARCH, Arch, Engine, engine, persistent, smem_bytes, threads, validate_tile, variant_tile, wgmma_q_buffers
 
 DEFAULT_SHAPE = (1, 4096, 4096)  # B, Lq, Lk used for sample shapes and density
 
@@ -395,14 +395,22 @@ def explain(
         f"{', with the producer warpgroup' if eng == Engine.WGMMA else ''}), stages {tile.stages}"
     )
     out.append(f"  engine: {eng.describe(tile)}")
+    q_tile = f"{tile.block_m} x {v.head_dim}"
+    two_q = eng == Engine.WGMMA and wgmma_q_buffers(v.dtype, v.head_dim, v.value_head_dim, tile, arch) == 2
+    q_what = f"two {q_tile} Q buffers" if two_q else f"a {q_tile} Q tile"
     out.append(
         f"  shared memory {smem} bytes ({smem / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB: "
-        f"a {tile.block_m} x {v.head_dim} Q tile and {tile.stages} stage(s) of {tile.block_n}-key K/V tiles"
+        f"{q_what} and {tile.stages} stage(s) of {tile.block_n}-key K/V tiles"
     )
     for msg in validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch):
         out.append(f"  warning: {msg}")
     grid_m = math.ceil(Lq / tile.block_m)
-    out.append(f"  grid {grid_m} x {v.heads} x {B} CTAs (query tiles x heads x batch); {math.ceil(Lk / tile.block_n)} key tiles per query tile at most")
+    key_tiles = f"{math.ceil(Lk / tile.block_n)} key tiles per query tile at most"
+    if persistent(eng):
+        out.append(f"  {grid_m * v.heads * B} work tiles ({grid_m} query tiles x {v.heads} heads x {B} batch) over persistent CTAs, "
+                   f"at most one an SM; {key_tiles}")
+    else:
+        out.append(f"  grid {grid_m} x {v.heads} x {B} CTAs (query tiles x heads x batch); {key_tiles}")
 
     out.append("")
     out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")

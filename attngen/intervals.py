@@ -40,6 +40,7 @@ from attngen.ir import (
     UnOp,
     Variant,
     walk,
+    fp32_literal,
 )
 
 INF = math.inf
@@ -352,7 +353,9 @@ def eval_interval(e: Expr, ctx: TileContext) -> Interval | Tri:
     if isinstance(e, Const):
         if e.type == ScalarType.BOOL:
             return Tri.of(bool(e.value))
-        return Interval.point(float(e.value) if e.type == ScalarType.FLOAT else int(e.value))
+        if e.type == ScalarType.FLOAT:  # the fp32 value the kernel and the reference use
+            return Interval.point(fp32_literal(e.value))
+        return Interval.point(int(e.value))
     if isinstance(e, Index):
         return ctx.index[e.var]
     if isinstance(e, Size):

@@ -23,8 +23,31 @@ from __future__ import annotations
 
 import enum
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import Union
+
+
+# --------------------------------------------------------------------------------------------
+# Float literals
+
+
+FP32_MAX = 3.4028234663852886e38
+FP32_MIN_NORMAL = 1.1754943508222875e-38
+
+
+def fp32_literal(x: float) -> float:
+    """A float literal's value in every backend: the nearest fp32, and 0 below fp32's normal range.
+
+    Kernels compute masks and scores in fp32 and hold literals as fp32 constants (FlexAttention
+    builds float32 tensors); the fast-math path flushes subnormals. Taking the fp64 value as
+    written would make `x < 1e-50` true at x == 0 in the reference and false in every kernel.
+    Beyond fp32's range the value is +-inf (the front end rejects such literals)."""
+    try:
+        v = struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+    return 0.0 if abs(v) < FP32_MIN_NORMAL else v
 
 
 # --------------------------------------------------------------------------------------------

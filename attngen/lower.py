@@ -56,6 +56,8 @@ from attngen.ir import (
     Variant,
     norm_bias_name,
     norm_weight_name,
+    FP32_MAX,
+    fp32_literal,
 )
 from attngen.schedule import DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, Arch, auto_tile, validate_tile
 
@@ -245,6 +247,10 @@ class _Lowerer:
             f = float(text)
             if not math.isfinite(f):
                 self.error(f"number `{text}` is not finite", span, "floats must be finite fp64 values")
+                return None
+            if not math.isfinite(fp32_literal(f)):
+                self.error(f"number `{text}` is beyond fp32's range", span,
+                           f"kernels hold float literals as fp32 constants: at most {FP32_MAX:.7g} in magnitude")
                 return None
             return f
         self.error(f"bad number `{text}`", span, "write an integer like `128` or a float like `0.5` or `1e-5`")

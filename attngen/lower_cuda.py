@@ -39,6 +39,7 @@ from attngen.ir import (
     TensorRef,
     Unary,
     UnOp,
+    fp32_literal,
 )
 
 NEVER, MAYBE, ALWAYS = 0, 1, 2
@@ -53,10 +54,17 @@ def tensor_ctype(d: DType) -> str:
 
 
 def float_literal(x: float) -> str:
-    """A float32 C++ literal; repr round-trips the value the IR holds."""
-    if not math.isfinite(x):
-        raise ValueError(f"non-finite constant {x!r} reached code generation")
-    r = repr(float(x))
+    """The C++ literal of the fp32 constant a float literal stands for (`ir.fp32_literal`): the
+    shortest decimal that reads back as that fp32 (`1e-05f`, `0.088388346f`; `1e-50` is `0.0f`)."""
+    v = fp32_literal(x)
+    if not math.isfinite(v):
+        raise ValueError(f"constant {x!r} is not a finite fp32 value and reached code generation")
+    r = repr(v)
+    for digits in range(1, 10):
+        shorter = repr(float(f"{v:.{digits}g}"))
+        if fp32_literal(float(shorter)) == v:
+            r = shorter
+            break
     if "e" not in r and "." not in r:
         r += ".0"
     return r + "f"

@@ -44,6 +44,7 @@ from attngen.ir import (
     norm_bias_name,
     norm_weight_name,
     uses_score,
+    fp32_literal,
 )
 
 # Largest float64 block (bytes) one step builds; a handful of these live at once.
@@ -144,6 +145,8 @@ def _load(e: Load, env: Env) -> np.ndarray:
 def evaluate(e: Expr, env: Env) -> np.ndarray:
     """Evaluate an IR expression, vectorised over the broadcast index arrays of `env`."""
     if isinstance(e, Const):
+        if e.type == ScalarType.FLOAT:
+            return np.asarray(fp32_literal(e.value), dtype=np.float64)
         return _as(np.asarray(e.value), e.type)
     if isinstance(e, Index):
         return np.asarray(env.index[e.var], dtype=np.int64)
@@ -507,6 +510,7 @@ __all__ = [
     "count_visible",
     "dtype_of",
     "evaluate",
+    "fp32_literal",
     "mask_matrix",
     "prepare_tensors",
     "round_to",

@@ -23,6 +23,7 @@ from attngen.ir import (
     Variant,
     norm_bias_name,
     norm_weight_name,
+    tensors_used,
 )
 from attngen.lower_cuda import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.resources import cuda_template_dir
@@ -31,11 +32,14 @@ from attngen.schedule import (
     Arch,
     Engine,
     engine,
+    grid,
     min_blocks_per_sm,
+    persistent,
     smem_bytes,
     threads,
     validate_tile,
     variant_tile,
+    wgmma_q_buffers,
     wgmma_regs,
 )
 
@@ -97,6 +101,10 @@ class KernelPlan:
     engine: Engine
     preps: tuple[Prep, ...] = ()
 
+    def grid(self, heads: int, B: int, Lq: int, sm_count: int) -> tuple[int, int, int]:
+        """The attention kernel's launch grid (the launcher's formula; see `schedule.grid`)."""
+        return grid(self.engine, self.tile, heads, B, Lq, sm_count)
+
     def prep_grid(self, rows: int) -> int:
         """Blocks for a prep kernel covering `rows` rows (the launcher's formula)."""
         return min(rows // PREP_ROWS_PER_BLOCK + 1, PREP_MAX_BLOCKS)
@@ -116,7 +124,7 @@ def resolve_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     return tile
 
 
-def _fields(v: Variant, preps: tuple[Prep, ...]) -> tuple[Field, ...]:
+def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple[Field, ...]:
     e = "const elem_t* __restrict__"
     f = [
         Field(e, "q", "query (the hidden state x when q has a token-scope norm)"),
@@ -125,6 +133,9 @@ def _fields(v: Variant, preps: tuple[Prep, ...]) -> tuple[Field, ...]:
         Field("elem_t* __restrict__", "o", "output"),
         Field("float* __restrict__", "lse", "log-sum-exp [B, H, Lq], contiguous (nullptr unless `output lse`)"),
         Field("int*", "nan_flag", "set to 1 when the output holds NaN/Inf (nullptr unless `nan_check`)"),
+        *([Field("int*", "work_counter",
+                 "one int, 0 before the first launch (every launch leaves it 0): the persistent CTAs' work-tile "
+                 "counter; one per stream that may run this kernel concurrently")] if persistent_ctas else []),
         Field("int", "B", "batch"),
         Field("int", "Lq", "query length"),
         Field("int", "Lk", "key length"),
@@ -168,14 +179,15 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> KernelPlan:
     """Kernel name, ABI fields, tile, block size, shared memory and prep kernels of a variant."""
     tile = resolve_tile(v, arch)
     preps = _preps(v)
+    eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     return KernelPlan(
         kernel_name=kernel_name(v),
-        fields=_fields(v, preps),
+        fields=_fields(v, preps, persistent(eng)),
         tile=tile,
         threads=threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
         smem_bytes=smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
         arch=arch,
-        engine=engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
+        engine=eng,
         preps=preps,
     )
 
@@ -215,7 +227,7 @@ def _header(v: Variant, kp: KernelPlan) -> str:
         f"Shapes: q {qs}, k {ks}, v {vs}, o {os_}; last dimension contiguous, every stride and",
         "pointer a multiple of 16 bytes. Accumulation in fp32.",
         "",
-        f"Kernel {kp.kernel_name}: grid (ceil(Lq / {t.block_m}), H={v.heads}, B), block {kp.threads} threads,",
+        f"Kernel {kp.kernel_name}: grid {grid_text(kp, v.heads)}, block {kp.threads} threads,",
         f"dynamic shared memory {kp.smem_bytes} bytes (opt in with cudaFuncSetAttribute above 48 KiB).",
         f"Tile: block_m {t.block_m}, block_n {t.block_n}, warps {t.warps}, stages {t.stages}; "
         f"{kp.engine.describe(t)}; target {kp.arch.value}.",
@@ -236,6 +248,14 @@ def _header(v: Variant, kp: KernelPlan) -> str:
         ),
     ]
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
+
+
+def grid_text(kp: KernelPlan, heads: int) -> str:
+    """The launch grid in words, for headers."""
+    if persistent(kp.engine):
+        return (f"min(ceil(Lq / {kp.tile.block_m}) * H={heads} * B, number of SMs) x 1 x 1 (persistent CTAs "
+                f"loop over the work tiles; any grid is correct)")
+    return f"(ceil(Lq / {kp.tile.block_m}), H={heads}, B)"
 
 
 def _tensor_ctx(v: Variant) -> list[dict]:
@@ -313,6 +333,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         elem_ctype=tensor_ctype(v.dtype),
         mma_type={"bf16": "bf16", "fp16": "f16"}.get(v.dtype.value, "none"),
         path={Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
+        persistent=persistent(kp.engine),
         D=v.head_dim,
         DV=v.value_head_dim,
         H=v.heads,
@@ -325,7 +346,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         stages=kp.tile.stages,
         min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch),
         wgmma_shapes=_wgmma_shapes(kp, v),
-        wgmma_regs=dict(zip(("producer", "consumer"), wgmma_regs(kp.tile))),
+        wgmma_regs=dict(zip(("producer", "consumer"), wgmma_regs(kp.tile, bool(tensors_used(v.mask)), bool(v.scores)))),
+        q_buffers=wgmma_q_buffers(v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch),
         smem_bytes=kp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],
         tensors=_tensor_ctx(v),

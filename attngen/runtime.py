@@ -10,12 +10,11 @@ CuPy has no bfloat16 dtype: with CuPy, pass bf16 data as a uint16 array holding 
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from attngen import abi
 from attngen.compile_cuda import compile_source
 from attngen.ir import DType, Layout, NormScope, NormTarget, Program, TileConfig, Variant
 from attngen.render_cuda import PREP_THREADS, KernelPlan, render_with_plan
-from attngen.schedule import Arch, uses_tensor_cores
+from attngen.schedule import Arch, persistent, uses_tensor_cores
 
 
 class NaNCheckError(FloatingPointError):
@@ -45,6 +44,20 @@ def device_arch(device_id: int | None = None) -> Arch:
         raise RuntimeError(f"attngen kernels need compute capability 8.0 or newer; device {dev.id} is {cc // 10}.{cc % 10}")
     # Later chips (sm_100, sm_120): sm_90a code does not run there, sm_80 code does.
     return Arch.SM80
+
+
+_SM_COUNTS: dict[int, int] = {}
+COUNTER_BLOCK = 64  # persistent kernels' work counters allocated at a time (one a stream)
+
+
+def _sm_count(device_id: int) -> int:
+    """Multiprocessors of a device (sizes the persistent kernels' grids), looked up once."""
+    n = _SM_COUNTS.get(device_id)
+    if n is None:
+        import cupy
+
+        n = _SM_COUNTS[device_id] = int(cupy.cuda.Device(device_id).attributes["MultiProcessorCount"])
+    return n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +148,25 @@ class Kernel:
     _module: Any = None
     _function: Any = None
     _preps: tuple[Any, ...] = ()
+    _counters: dict[int, int] = field(default_factory=dict)  # stream handle → counter address
+    _counter_blocks: list[Any] = field(default_factory=list)
+
+    def _work_counter(self, stream: Any) -> int:
+        """Device address of the persistent kernel's work-tile counter for `stream`. Every launch
+        leaves its counter 0 again, so launches queued on one stream share one; streams get their
+        own. Counters come from blocks of COUNTER_BLOCK zeroed ints allocated ahead of time (the
+        first at load), so a launch being captured into a CUDA graph never allocates."""
+        addr = self._counters.get(stream.ptr)
+        if addr is None:
+            n = len(self._counters)
+            if n == COUNTER_BLOCK * len(self._counter_blocks):
+                import cupy
+
+                self._counter_blocks.append(cupy.zeros(COUNTER_BLOCK, dtype=cupy.int32))
+                cupy.cuda.Device().synchronize()
+            block = self._counter_blocks[n // COUNTER_BLOCK]
+            addr = self._counters[stream.ptr] = block.data.ptr + 4 * (n % COUNTER_BLOCK)
+        return addr
 
     @property
     def tile(self) -> TileConfig:
@@ -225,6 +257,7 @@ class Kernel:
         args: list[Any] = [
             np.uint64(aq.ptr), np.uint64(ak.ptr), np.uint64(av.ptr), np.uint64(ao.ptr), np.uint64(lse_ptr),
             np.uint64(flag.data.ptr if flag is not None else 0),
+            *((np.uint64(self._work_counter(stream)),) if persistent(self.plan.engine) else ()),
             np.int32(B), np.int32(Lq), np.int32(Lk),
             *(np.int64(s) for s in (*qs, *ks, *vs, *os_)),
         ]
@@ -241,7 +274,7 @@ class Kernel:
             args.extend(np.int64(s) for s in a.strides)
         for pr, fn in zip(self.plan.preps, self._preps):
             fn((self.plan.prep_grid(pr.rows(B, Lq, Lk)),), (PREP_THREADS,), tuple(args), stream=stream)
-        grid = (math.ceil(Lq / self.plan.tile.block_m), var.heads, B)
+        grid = self.plan.grid(var.heads, B, Lq, _sm_count(dev))
         self._function(grid, (self.plan.threads,), tuple(args), shared_mem=self.plan.smem_bytes, stream=stream)
         if flag is not None:
             if int(flag.get(stream=stream)[0]) != 0:
@@ -313,6 +346,9 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
     if kp.smem_bytes > 48 * 1024:
         fn.max_dynamic_shared_size_bytes = kp.smem_bytes
     k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn, preps)
+    if persistent(kp.engine):
+        k._counter_blocks.append(cupy.zeros(COUNTER_BLOCK, dtype=cupy.int32))
+        cupy.cuda.Device().synchronize()  # zeroed before any stream can launch with one
     if verbose:
         what = "cache hit" if binary.cached else f"compiled in {binary.seconds:.2f} s"
         print(f"attngen: {v.name} for {a.value} with {binary.compiler}: {what}; load {time.perf_counter() - t0:.3f} s total")

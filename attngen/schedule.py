@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from attngen.ir import TRUE, DType, NormScope, NormTarget, TileConfig, Variant
+from attngen.ir import TRUE, Builtin, BuiltinName, DType, NormScope, NormTarget, TileConfig, Variant, walk
 
 
 class Arch(enum.Enum):
@@ -66,18 +66,27 @@ WGMMA_HEAD_DIMS = (64, 128)
 WGMMA_PRODUCER_WARPS = 4
 
 
-def wgmma_regs(tile: TileConfig) -> tuple[int, int]:
-    """setmaxnreg split of the SM's 64K registers (producer, consumer threads), one CTA an SM:
-    128 x 24 + 256 x 240 with two consumer warpgroups, 128 x 24 + 384 x 160 with three. (ptxas,
-    sm_90a, examples: 24/240 spills no more than 40/232 anywhere, and less for qwen3_qk_norm.)"""
-    return (24, 240) if tile.warps == 8 else (24, 160)
+def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = False) -> tuple[int, int]:
+    """setmaxnreg split of the registers of one CTA an SM (launched with 168 a thread: 64512)
+    between producer and consumer threads. The producer classifies every key tile (interval
+    arithmetic of the mask, and the tensor reads of a data mask) besides copying; the consumers'
+    need grows with score mods. ptxas (sm_90a, every example) spills nowhere with 128 x 40 +
+    256 x 232 for index-only masks; masks that read tensors need 64 producer registers (packed
+    documents spill 92 bytes at 40, the prefix-LM mask 8 at 56), so 128 x 64 + 256 x 216, or
+    128 x 56 + 256 x 224 with score mods (the T5 bias spills 16 bytes at 216). Three consumer
+    warpgroups: 128 x 32 + 384 x 160."""
+    if tile.warps != 8:
+        return (32, 160)
+    if mask_lookups:
+        return (56, 224) if score_mods else (64, 216)
+    return (40, 232)
 
 
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
     """Largest key tile whose registers fit a consumer thread: the S accumulators (block_n / 2),
     the packed P of the tile before (block_n / 4) and O (Dv / 2) within the setmaxnreg budget,
     with ~30 registers to spare for addressing and the softmax."""
-    budget = wgmma_regs(tile)[1] - 30 - value_head_dim // 2
+    budget = min(wgmma_regs(tile, True, False)[1], wgmma_regs(tile, False)[1]) - 30 - value_head_dim // 2
     return min(256, budget * 4 // 3 // 16 * 16)
 
 
@@ -107,19 +116,32 @@ def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfi
     """Dynamic shared memory the kernel template allocates for this tile (bytes).
 
     mma.sync: the Q tile plus a ring of `stages` K/V tiles, rows padded by 8 elements; the fp32
-    epilogue staging of O reuses the same space. wgmma: the same tiles unpadded (swizzled), the
-    staging of O over them, then 8-byte mbarriers (Q, and full/empty per stage). FFMA: fp32 Q,
+    epilogue staging of O reuses the same space. wgmma: the same tiles unpadded (swizzled), then
+    8-byte mbarriers (full/empty per Q buffer and per stage), 16 bytes of work-tile indices and
+    an 8-byte header per stage; one Q buffer, or two where they fit (`wgmma_q_buffers`). Its
+    epilogue writes O from
+    registers, since the producer is already refilling the tiles for the next work tile. FFMA: fp32 Q,
     K, V and P tiles (one stage), rows padded by 4 floats (P by 1)."""
     d, dv, bm, bn = head_dim, value_head_dim, tile.block_m, tile.block_n
     if engine(dtype, d, dv, tile, arch) == Engine.WGMMA:
-        tiles = (bm * d + tile.stages * bn * (d + dv)) * dtype.itemsize
-        staged = bm * (dv + 8) * 4
-        return (max(tiles, staged) + 7) // 8 * 8 + 8 * (1 + 2 * tile.stages)
+        return _wgmma_smem(dtype, d, dv, tile, wgmma_q_buffers(dtype, d, dv, tile, arch))
     if uses_tensor_cores(dtype):
         tiles = (bm * (d + 8) + tile.stages * bn * ((d + 8) + (dv + 8))) * dtype.itemsize
         return max(tiles, bm * (dv + 8) * 4)
     tiles = (bm * (d + 4) + bn * (d + 4) + bn * (dv + 4) + bm * (bn + 1)) * 4
     return max(tiles, bm * (dv + 4) * 4)
+
+
+def _wgmma_smem(dtype: DType, d: int, dv: int, tile: TileConfig, q_buffers: int) -> int:
+    tiles = (q_buffers * tile.block_m * d + tile.stages * tile.block_n * (d + dv)) * dtype.itemsize
+    return (tiles + 7) // 8 * 8 + 8 * (2 * q_buffers + 2 * tile.stages) + 16 + 8 * tile.stages
+
+
+def wgmma_q_buffers(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> int:
+    """Q buffers of the wgmma kernel: two where they fit the shared-memory budget (the producer
+    loads the next work tile's Q while the consumers finish the current one: short key loops,
+    like cross attention over 512 keys, would otherwise wait for every Q), else one."""
+    return 2 if _wgmma_smem(dtype, head_dim, value_head_dim, tile, 2) <= arch.smem_budget else 1
 
 
 def min_blocks_per_sm(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> int:
@@ -132,6 +154,22 @@ def min_blocks_per_sm(dtype: DType, head_dim: int, value_head_dim: int, tile: Ti
     if uses_tensor_cores(dtype) and tile.block_m // tile.warps == 32:
         return 1
     return max(1, 65536 // (threads * 128))
+
+
+def persistent(eng: Engine) -> bool:
+    """Whether the kernel on `eng` is persistent: a grid of at most one CTA an SM whose CTAs each
+    loop over work tiles (query tile, head, batch), so that one tile's loads overlap the last
+    one's epilogue. The wgmma engine is; the others launch one CTA a work tile."""
+    return eng == Engine.WGMMA
+
+
+def grid(eng: Engine, tile: TileConfig, heads: int, B: int, Lq: int, sm_count: int) -> tuple[int, int, int]:
+    """The launch grid (the launchers' formula): persistent kernels min(work tiles, SMs) x 1 x 1
+    (any grid is correct for them), the others ceil(Lq / block_m) x heads x B."""
+    n_m = -(-Lq // tile.block_m)
+    if persistent(eng):
+        return (max(1, min(n_m * heads * B, sm_count)), 1, 1)
+    return (n_m, heads, B)
 
 
 def validate_tile(
@@ -206,7 +244,11 @@ def auto_tile(
             return TileConfig(block_m=192, block_n=128, warps=12, stages=3)
         return TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     if not uses_tensor_cores(dtype):
-        # Seed case on the H200 (fp32 B4 H8 L128 D64): 16x64 15.5 us, 16x32 16.5, 32x64 18.9, 16x128 24.2.
+        # Seed case on the H200 (fp32 B4 H8 L128 D64, CUDA-graph timing): 8 warps x 16 x 128
+        # 16.1-16.0 us against 18.9 for 4 warps x 16 x 64 (16 threads a query row instead of 8:
+        # shorter CTAs in the one wave of 256). Larger head dims keep the 4-warp tile.
+        if max(head_dim, value_head_dim) <= 64:
+            return TileConfig(block_m=16, block_n=128, warps=8, stages=1)
         return TileConfig(block_m=16, block_n=64, warps=4, stages=1)
     if max(head_dim, value_head_dim) <= 64:
         t = TileConfig(block_m=128, block_n=128 if dense else 64, warps=4, stages=2)
@@ -224,14 +266,27 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     plain = v.mask == TRUE and not v.scores and not v.norms
     token_norm = any(n.target == NormTarget.Q and n.scope == NormScope.TOKEN for n in v.norms)
     if token_norm and uses_tensor_cores(v.dtype) and max(v.head_dim, v.value_head_dim) <= 64:
-        # Pre-LN blocks (token-scope q norm, usually with a residual): 64-row tiles, four CTAs an
-        # SM, hide the norm's and residual's row traffic. H200, B32 H16 Lq2048 Lk512 D64 cross:
-        # 64x32 0.957 ms, 64x64 0.965, 128x128 0.996, 128x64 1.176 (benchmarks/README.md); 64x32
-        # also stays spill-free on sm_80 under the 128-register cap (64x64 spills 4 bytes there).
+        # Pre-LN blocks (token-scope q norm, usually with a residual). On sm_90a the persistent
+        # wgmma kernel with three consumer warpgroups: H200, B32 H16 Lq2048 Lk512 D64 cross, 192 x
+        # 128 x 12 warps 0.650 ms, 128 x 128 x 8 0.785, mma.sync 64 x 32 0.851 (benchmarks/README.md).
+        if arch == Arch.SM90A:
+            t = TileConfig(block_m=192, block_n=128, warps=12, stages=3)
+            if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch) and engine(
+                    v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA:
+                return t
+        # Elsewhere 64-row mma.sync tiles, four CTAs an SM, hide the norm's and residual's row
+        # traffic (H200, before the wgmma engine: 64x32 0.957 ms, 64x64 0.965, 128x128 0.996,
+        # 128x64 1.176); 64x32 also stays spill-free on sm_80 under the 128-register cap.
         t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
         if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch):
             return t
     t = auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch, dense=plain)
+    if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA and v.head_dim == 128 and any(
+            isinstance(n, Builtin) and n.name == BuiltinName.DOCUMENT for n in walk(v.mask)):
+        # Document masks: a query tile sees a few key tiles of its own document, many of them
+        # partial; 64-key tiles halve the per-element mask work at document edges and leave room
+        # for two Q buffers (H200, document-causal 16 at D128: 194 TFLOP/s against 189 for 128 x 128).
+        t = TileConfig(block_m=128, block_n=64, warps=8, stages=3)
     if t.warps == 12 and (v.scores or v.runtime_inputs()):
         # Three consumer warpgroups leave 160 registers a thread: lookups in the mask or score
         # mods spill there (ptxas, sm_90a: t5_relative_bias 1020 bytes), so two warpgroups.
@@ -243,14 +298,11 @@ def spill_budget(eng: Engine, tile: TileConfig) -> int:
     """Bytes of register spill ptxas may report for a kernel on `eng` with this tile and still be
     accepted by the tests.
 
-    wgmma: 32. Per-element lookups of a data mask (document ids) in partial tiles leave ptxas a
-    few registers short of the 240 a consumer thread has (packed_documents spills 28 bytes).
+    wgmma: none (the register split of `wgmma_regs` is chosen so that no example spills).
     mma.sync with two 16-row MMA tiles per warp: 128. Their 128 fp32 O accumulators (D = 128)
     leave ptxas a few registers short at 255, and it spills up to ~100 bytes outside the MMA
     loops; on the H200 these tiles still beat the spill-free one-tile-per-warp schedule by 10-15%.
     Zero otherwise."""
-    if eng == Engine.WGMMA:
-        return 32
     if eng == Engine.MMA_SYNC and tile.block_m // tile.warps == 32:
         return 128
     return 0

@@ -68,11 +68,15 @@ def check_case(text: str, B: int, Lq: int, Lk: int, seed: int, dist: str = "norm
     o, lse = (res if v.lse else (res, None))
     torch.cuda.synchronize()
     o_np = to_numpy(o, ref_o.dtype)
-    rep = tolerance.check(o_np, ref_o, v.dtype)
+    # The suite's tolerance policy: the score error estimate (fp32 accumulation, and one-ulp
+    # rounding flips of pre-normalised operands) widens the bounds.
+    rest = {n: a for n, a in inp.items() if n not in ("q", "k", "v")}
+    se = reference.score_error(v, inp["q"], inp["k"], rest)
+    rep = tolerance.check(o_np, ref_o, v.dtype, score_err=se)
     ok = rep.ok
     msg = str(rep) if hasattr(rep, "__str__") else ""
     if v.lse and lse is not None:
-        rl = tolerance.check_lse(lse.cpu().numpy(), ref_lse, v.dtype)
+        rl = tolerance.check_lse(lse.cpu().numpy(), ref_lse, v.dtype, score_err=se)
         ok = ok and rl.ok
         msg += " | " + str(rl)
     return dict(name=v.name, B=B, Lq=Lq, Lk=Lk, dist=dist, ok=bool(ok), detail=msg[:400], compile_s=k.compile_seconds)
@@ -205,13 +209,19 @@ def main() -> int:
         (spec("mt2", tile=(128, 64, 4, 2), mask="causal"), 1, 300, 300),
         (spec("st1", tile=(64, 32, 4, 1), mask="causal"), 1, 300, 300),
         (spec("st3", tile=(128, 64, 8, 3), mask="causal"), 1, 1000, 1000),
-        # wgmma engine edges: 12-warp D64 tiles, 176-key tiles, a token-scope norm on the swizzled Q tile, L = 1.
+        # wgmma engine edges: 12-warp D64 tiles, 160-key tiles (the widest that fits the consumers' registers), a token-scope norm on the swizzled Q tile, L = 1.
         (spec("w12_causal", D=64, tile=(192, 128, 12, 2), mask="causal"), 2, 1000, 1000),
         (spec("w12_cross", dtype="fp16", D=64, H=8, Hkv=2, kind="cross", tile=(192, 64, 12, 3)), 2, 333, 77),
-        (spec("n176_causal", tile=(128, 176, 8, 2), mask="causal"), 1, 700, 700),
+        (spec("n160_causal", tile=(128, 160, 8, 2), mask="causal"), 1, 700, 700),
         (spec("preln_wg", D=64, kind="cross", layout="bshd", tile=(128, 128, 8, 2),
               extra="  norm q layernorm(1e-5) scope token affine true\n  residual\n"), 2, 300, 200),
         (spec("tiny_wg", D=64), 1, 1, 1),
+        # The producer's token-scope norm: head dim 128 (one Q buffer), RMSNorm without affine
+        # weights on the 12-warp tile (two Q buffers), many work tiles a CTA.
+        (spec("preln_wg128", D=128, kind="cross", layout="bshd", tile=(128, 128, 8, 3),
+              extra="  norm q layernorm(1e-5) scope token affine true\n  residual\n"), 2, 300, 200),
+        (spec("preln_rms_w12", D=64, H=16, kind="cross", layout="bshd", tile=(192, 128, 12, 3),
+              extra="  norm q rmsnorm(1e-6) scope token\n  residual\n"), 4, 1000, 77),
     ]
     ex_dir = os.path.join(os.path.dirname(__file__), "..", "examples")
     for fn in sorted(os.listdir(ex_dir)):
@@ -264,7 +274,7 @@ def main() -> int:
             return t.replace("  output lse\n", "")
         # wgmma tiles: 128 x N with 8 consumer warps, 64 x N with 4 (two CTAs an SM), 192 x N with 12
         # (head dim 64); the 4-warp 128-row tiles are mma.sync.
-        for t in ((128, 128, 8, 2), (128, 176, 8, 2), (128, 48, 4, 2)):
+        for t in ((128, 128, 8, 2), (128, 160, 8, 2), (128, 48, 4, 2)):
             rows.append(perf_case(nolse(spec("d128_t", tile=t)), 2, 16384, peers=False))
         for t in ((128, 128, 8, 2), (128, 64, 4, 2)):
             rows.append(perf_case(nolse(spec("c128_t", tile=t, mask="causal")), 2, 16384, causal_frac=0.5, peers=False))

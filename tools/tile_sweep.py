@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     for arg in argv:
         name, _, tiles = arg.partition("=")
         w = by_name[name]
-        for t in [None, *tiles.split(",")]:
+        for t in [None, *(x for x in tiles.split(",") if x)]:  # NAME= times the auto tile only
             text = suite.SPECS[w.spec].rstrip().rstrip("}")
             if t is not None:
                 bm, bn, wp, st = t.split("x")

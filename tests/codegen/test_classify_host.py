@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ir"))
+from _irb import add, cf, ci, cmp, h, kv, load, mul, q, sub  # noqa: E402
 from test_intervals import DECLS, H_, B_, bool_expr, brute, make_data, the_variant  # noqa: E402
 
-from attngen.ir import DType, SizeSym  # noqa: E402
+from attngen.ir import DType, ScalarType, SizeSym  # noqa: E402
 from attngen.lower_cuda import INT_UNKNOWN, ElementEmitter, IntervalEmitter, tensor_ctype  # noqa: E402
 from attngen.render_cuda import _environment, _tensor_ctx  # noqa: E402
 
@@ -120,6 +121,31 @@ int main() {{
 """
 
 
+def _check(masks, Lq: int, Lk: int, sizes, data: dict, tiles, d: Path, seen: dict) -> None:
+    """Compile and run the program in `d`; every tile's mask and class must match the reference."""
+    src = _program(masks, Lq, Lk, data, dict(sizes.symbols), tiles)
+    (d / "h.cpp").write_text(src)
+    r = subprocess.run(["g++", "-std=c++17", "-O0", "-w", "h.cpp", "-o", "h"], cwd=d, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:4000]
+    out = iter(subprocess.run([str(d / "h")], capture_output=True, text=True, check=True).stdout.splitlines())
+    for i, m in enumerate(masks):
+        v = the_variant(m)
+        for t in tiles[i]:
+            cls_s, bits = next(out).split(" ")
+            cls = int(cls_s)
+            seen[cls] += 1
+            bb, hh, q0, q1, k0, k1 = t
+            ref = brute(m, v, sizes, data, bb, hh, q0, q1, k0, k1).ravel()
+            got = np.array([c == "1" for c in bits])
+            where = f"mask {i} ({m!r:.300}) tile b={bb} h={hh} q=[{q0},{q1}] kv=[{k0},{k1}]"
+            assert np.array_equal(got, ref), f"{where}: the C++ element mask disagrees with the reference"
+            if cls == 2:
+                assert ref.all(), f"{where}: classified ALWAYS but some element is masked"
+            if cls == 0:
+                assert not ref.any(), f"{where}: classified NEVER but some element is visible"
+    assert next(out, None) is None, "more output lines than tiles"
+
+
 def test_generated_classification_and_mask_match_the_reference(tmp_path_factory) -> None:
     seen = {0: 0, 1: 0, 2: 0}
 
@@ -144,28 +170,26 @@ def test_generated_classification_and_mask_match_the_reference(tmp_path_factory)
                 k1 = int(rng.integers(k0, Lk))
                 ts.append((int(rng.integers(0, B_)), int(rng.integers(0, H_)), q0, q1, k0, k1))
             tiles.append(ts)
-        src = _program(masks, Lq, Lk, data, dict(sizes.symbols), tiles)
-        d = tmp_path_factory.mktemp("classify")
-        (d / "h.cpp").write_text(src)
-        r = subprocess.run(["g++", "-std=c++17", "-O0", "-w", "h.cpp", "-o", "h"], cwd=d, capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[:4000]
-        out = subprocess.run([str(d / "h")], capture_output=True, text=True, check=True).stdout.splitlines()
-        assert len(out) == N_MASKS * TILES_PER_MASK
-        for i, m in enumerate(masks):
-            v = the_variant(m)
-            for t, line in zip(tiles[i], out[i * TILES_PER_MASK:(i + 1) * TILES_PER_MASK]):
-                cls_s, bits = line.split(" ")
-                cls = int(cls_s)
-                seen[cls] += 1
-                bb, hh, q0, q1, k0, k1 = t
-                ref = brute(m, v, sizes, data, bb, hh, q0, q1, k0, k1).ravel()
-                got = np.array([c == "1" for c in bits])
-                where = f"mask {i} ({m!r:.300}) tile b={bb} h={hh} q=[{q0},{q1}] kv=[{k0},{k1}]"
-                assert np.array_equal(got, ref), f"{where}: the C++ element mask disagrees with the reference"
-                if cls == 2:
-                    assert ref.all(), f"{where}: classified ALWAYS but some element is masked"
-                if cls == 0:
-                    assert not ref.any(), f"{where}: classified NEVER but some element is visible"
+        _check(masks, Lq, Lk, sizes, data, tiles, tmp_path_factory.mktemp("classify"), seen)
 
     run()
     assert all(seen.values()), f"classes seen {seen}: the test should exercise skipped, partial and full tiles"
+
+
+def test_float_literals_are_the_fp32_constants_the_kernel_holds(tmp_path) -> None:
+    """Regression (the property test above, Lk=11 seed=67108863): the kernel writes a float literal
+    as an fp32 constant, so `1e-300` is 0 there and `h * 0.5 < 1e-300` is false at h == 0, where
+    the reference took the fp64 value and said true. Literals that fp32 rounds, but not to 0,
+    moved comparisons at a tie the same way."""
+    masks = [
+        cmp("<", mul(h, cf(0.5)), cf(2.6125845789406425e-159)),  # 0 < 0 at h == 0
+        cmp("==", load("ftab", add(q, ci(8)), t=ScalarType.FLOAT), cf(2.7254795887379156e-230)),  # 0 == 0
+        cmp(">", mul(sub(kv, q), cf(0.5)), cf(-5.2701726716173127e-188)),  # kv > q, not kv >= q
+        cmp("<", mul(q, cf(0.5)), cf(2.5000000000000004)),  # 2.5f: q < 5, not q <= 5
+    ]
+    Lq, Lk = 11, 11
+    sizes, data = make_data(np.random.default_rng(67108863), Lq, Lk)
+    tiles = [[(bb, hh, 0, Lq - 1, 0, Lk - 1) for bb in range(B_) for hh in range(H_)] for _ in masks]
+    _check(masks, Lq, Lk, sizes, data, tiles, tmp_path, {0: 0, 1: 0, 2: 0})
+    v = the_variant(masks[3])
+    assert brute(masks[3], v, sizes, data, 0, 0, 0, Lq - 1, 0, 0).ravel().tolist() == [q_ < 5 for q_ in range(Lq)]

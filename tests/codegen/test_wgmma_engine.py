@@ -13,7 +13,16 @@ from attngen import compile_cuda, render_cuda
 from attngen.diagnostics import SpecError
 from attngen.frontend import loads
 from attngen.ir import DType, TileConfig
-from attngen.schedule import Arch, Engine, engine, smem_bytes, validate_tile, wgmma_max_block_n, wgmma_regs
+from attngen.schedule import (
+    Arch,
+    Engine,
+    engine,
+    smem_bytes,
+    validate_tile,
+    wgmma_max_block_n,
+    wgmma_q_buffers,
+    wgmma_regs,
+)
 
 
 def _v(body: str, name: str = "t"):
@@ -48,26 +57,38 @@ def test_auto_tiles_on_hopper() -> None:
     assert (kp.tile.block_m, kp.tile.warps, kp.threads) == (192, 12, 512)
     kp = render_cuda.plan(_v("dtype bf16; head_dim 64; heads 16; mask causal; score softcap(30.0)"), Arch.SM90A)
     assert (kp.tile.block_m, kp.tile.warps) == (128, 8)
-    # Pre-LN blocks keep their measured mma.sync tile.
-    kp = render_cuda.plan(_v("dtype bf16; head_dim 64; heads 16; kind cross; layout bshd; "
-                             "norm q layernorm(1e-5) scope token; residual"), Arch.SM90A)
-    assert kp.engine == Engine.MMA_SYNC
+    # Pre-LN blocks: three consumer warpgroups on sm_90a (measured), the mma.sync 64 x 32 tile elsewhere.
+    preln = _v("dtype bf16; head_dim 64; heads 16; kind cross; layout bshd; "
+               "norm q layernorm(1e-5) scope token affine true; residual")
+    kp = render_cuda.plan(preln, Arch.SM90A)
+    assert (kp.engine, kp.tile.block_m, kp.tile.warps) == (Engine.WGMMA, 192, 12)
+    kp = render_cuda.plan(preln, Arch.SM80)
+    assert (kp.engine, kp.tile.block_m, kp.tile.block_n) == (Engine.MMA_SYNC, 64, 32)
 
 
 def test_register_split_fits_the_sm() -> None:
+    # setmaxnreg moves registers within what the CTA was launched with: the __launch_bounds__ cap
+    # (64K / threads, rounded down to 8) times the threads.
     for warps, bm in ((8, 128), (12, 192)):
-        prod, cons = wgmma_regs(TileConfig(bm, 128, warps, 3))
-        assert prod % 8 == 0 and cons % 8 == 0 and 24 <= prod and cons <= 256
-        assert 128 * prod + 32 * warps * cons <= 65536
+        threads = 32 * (warps + 4)
+        launched = 65536 // threads // 8 * 8 * threads
+        for lookups in (False, True):
+            for scores in (False, True):
+                prod, cons = wgmma_regs(TileConfig(bm, 128, warps, 3), lookups, scores)
+                assert prod % 8 == 0 and cons % 8 == 0 and 24 <= prod and cons <= 256
+                assert 128 * prod + 32 * warps * cons <= launched
 
 
 def test_shared_memory_of_the_ring_and_barriers() -> None:
     t = TileConfig(128, 128, 8, 3)
-    # Q 128x128 + 3 x (K + V) 128x128 bf16, then Q/full/empty mbarriers.
-    assert smem_bytes(DType.BF16, 128, 128, t, Arch.SM90A) == 2 * (128 * 128 + 3 * 128 * 256) + 8 * 7
-    # The fp32 staging of O is larger than a small ring: the barriers go past it.
+    # One Q buffer 128x128 (two do not fit) + 3 x (K + V) 128x128 bf16, then full/empty mbarriers of
+    # the Q buffer and of each slot, the work-tile indices, and a header a slot.
+    assert wgmma_q_buffers(DType.BF16, 128, 128, t, Arch.SM90A) == 1
+    assert smem_bytes(DType.BF16, 128, 128, t, Arch.SM90A) == 2 * (128 * 128 + 3 * 128 * 256) + 8 * 8 + 16 + 8 * 3
+    # Head dim 64: two Q buffers fit. No fp32 staging of O (the epilogue writes from registers).
     t = TileConfig(128, 16, 8, 2)
-    assert smem_bytes(DType.BF16, 64, 64, t, Arch.SM90A) == 128 * 72 * 4 + 8 * 5
+    assert wgmma_q_buffers(DType.BF16, 64, 64, t, Arch.SM90A) == 2
+    assert smem_bytes(DType.BF16, 64, 64, t, Arch.SM90A) == 2 * (2 * 128 * 64 + 2 * 16 * 128) + 8 * 8 + 16 + 8 * 2
 
 
 def test_tile_errors_name_the_limits() -> None:

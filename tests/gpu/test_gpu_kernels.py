@@ -113,3 +113,64 @@ def test_one_kernel_serves_every_shape(monkeypatch) -> None:
         assert kernel_for(v) is k
     assert COMPILES[v.name] == 1
     assert len(builds) <= 1  # zero when an earlier test built it, never once per shape
+
+
+@pytest.mark.gpu
+def test_persistent_kernel_back_to_back_on_two_streams() -> None:
+    """The wgmma kernel's CTAs draw work tiles from a counter that each launch leaves at 0 and
+    that the runtime keeps per stream: launches queued back to back on two streams, without a
+    synchronisation in between, each compute every work tile (outputs poisoned before launch)."""
+    import cupy
+
+    from attngen import abi
+    from attngen.schedule import persistent
+
+    v = variant_of(spec_text("x_persistent_streams", dtype="bf16", D=128, H=4, Hkv=2, mask="causal"))
+    k = kernel_for(v)
+    if not persistent(k.plan.engine):
+        pytest.skip(f"the {k.plan.engine.value} engine on this device is not persistent")
+    cases = [fuzz.case_inputs(v, fuzz.Case(B=2, Lq=L, Lk=L, seed=s)) for s, L in enumerate((700, 1000, 333, 1000, 129))]
+    dev = []
+    for arrays in cases:
+        q, kk, vv, _ = fuzz.split_inputs(arrays)
+        out = fuzz.empty_device(abi.o_shape(v, q.shape[0], q.shape[2]), v.dtype)
+        dev.append((fuzz.to_device(q), fuzz.to_device(kk), fuzz.to_device(vv), out))
+    fuzz.synchronize()  # inputs and poisoned outputs in place before the streams start
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    for i, (dq, dk, dv, out) in enumerate(dev):
+        k(dq, dk, dv, out=out, stream=streams[i % 2])
+    for s in streams:
+        s.synchronize()
+    for arrays, (_, _, _, out) in zip(cases, dev):
+        reports = fuzz.compare(v, arrays, fuzz.to_host(out, v.dtype), None)
+        assert all(r.ok for r in reports), [r.summary() for r in reports]
+    assert len(k._counters) >= 2 and all(int(c.get().max()) == 0 for c in k._counter_blocks)
+
+
+@pytest.mark.gpu
+def test_kernel_in_a_cuda_graph() -> None:
+    """Captured into a torch CUDA graph without a warm-up on the capture stream (the persistent
+    kernel's counter must not be allocated during capture), then replayed with new inputs copied
+    into the captured buffers: every replay matches the reference."""
+    torch = pytest.importorskip("torch")
+
+    from attngen import abi
+
+    v = variant_of(spec_text("x_graph", dtype="bf16", D=64, H=4, Hkv=2, mask="causal"))
+    k = kernel_for(v)
+    cases = [fuzz.case_inputs(v, fuzz.Case(B=2, Lq=517, Lk=517, seed=s)) for s in range(3)]
+    q0, k0, v0, _ = fuzz.split_inputs(cases[0])
+    dq, dk, dv = (torch.empty(x.shape, dtype=torch.bfloat16, device="cuda") for x in (q0, k0, v0))
+    out = torch.empty(abi.o_shape(v, q0.shape[0], q0.shape[2]), dtype=torch.bfloat16, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        k(dq, dk, dv, out=out)
+    for arrays in cases:
+        q, kk, vv, _ = fuzz.split_inputs(arrays)
+        for dst, src in ((dq, q), (dk, kk), (dv, vv)):
+            dst.copy_(fuzz.to_device(src))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        reports = fuzz.compare(v, arrays, fuzz.to_host(out, v.dtype), None)
+        assert all(r.ok for r in reports), [r.summary() for r in reports]

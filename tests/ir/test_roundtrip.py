@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from attngen.frontend import format_source, loads, print_expr, print_program
 from attngen.ir import (
+    FP32_MAX,
     ATTENTION_DTYPES,
     TRUE,
     AttnKind,
@@ -51,7 +52,8 @@ NUM = (I, F)
 
 ints = st.integers(0, 2**31 - 1).map(lambda v: Const(v, I))
 small_ints = st.integers(0, 300)
-floats = st.floats(min_value=0.0, max_value=1e300, allow_nan=False, allow_infinity=False).map(lambda f: Const(abs(f), F))
+# Float literals must fit fp32 (kernels hold them as fp32 constants); below its range they read as 0.
+floats = st.floats(min_value=0.0, max_value=FP32_MAX, allow_nan=False, allow_infinity=False).map(lambda f: Const(abs(f), F))
 pos_floats = st.floats(min_value=1e-30, max_value=1e30, allow_nan=False, allow_infinity=False)
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True).filter(
     lambda n: not n.startswith(("__", "ag_"))

@@ -205,6 +205,21 @@ def test_mask_reading_score_is_rejected():
         ref.mask_matrix(v, Sizes(1, 2, 2), None)
 
 
+def test_float_literals_are_fp32_constants():
+    # The kernel writes a literal as an fp32 constant: `1e-300f` is 0 and `2.5000000000000004f` is
+    # 2.5, so the reference (and the interval rules, which must agree with it) do too.
+    from _irb import cf, mul
+
+    from attngen.intervals import Tri, classify
+
+    tiny = variant(cmp("<", mul(q, cf(0.5)), cf(1e-300)))
+    assert not ref.mask_matrix(tiny, Sizes(1, 3, 2), None, b=0, h=0).any()
+    assert classify(tiny.mask, 0, 0, 0, 0, 0, 1, Sizes(1, 3, 2), variant=tiny) == Tri.NEVER
+    tie = variant(cmp("<", mul(q, cf(0.5)), cf(2.5000000000000004)))
+    np.testing.assert_array_equal(ref.mask_matrix(tie, Sizes(1, 7, 1), None, b=0, h=0)[:, 0], np.arange(7) < 5)
+    assert classify(tie.mask, 0, 0, 5, 5, 0, 0, Sizes(1, 7, 1), variant=tie) == Tri.NEVER
+
+
 def test_missing_input_rejected():
     v = variant(padding())
     with pytest.raises(ValueError, match="missing kv_lens, q_lens"):
