@@ -155,3 +155,33 @@ def test_explain_names_the_engine_and_the_threads() -> None:
     assert "engine: Hopper wgmma tensor cores, one producer warpgroup (cp.async + mbarriers) and 3 consumer warpgroups" in text
     assert "warps 12 (512 threads, with the producer warpgroup)" in text
     assert "engine: mma.sync tensor cores" in explain(v, arch=Arch.SM80)
+
+
+def test_persistent_grid_and_the_work_counter_in_the_abi() -> None:
+    """The wgmma kernel is persistent: at most one CTA an SM (any grid is correct), and its ABI
+    carries the work-tile counter, which the C launcher refuses to run without."""
+    v = _v("dtype bf16; head_dim 128; heads 16; mask causal")
+    kp = render_cuda.plan(v, Arch.SM90A)
+    assert kp.grid(16, 2, 16384, 132) == (132, 1, 1)  # 128 query tiles x 16 heads x 2 >> 132 SMs
+    assert kp.grid(16, 1, 100, 132) == (16, 1, 1)  # fewer work tiles than SMs: one CTA each
+    assert "work_counter" in [f.name for f in kp.fields]
+    src = render_cuda.render(v, Arch.SM90A)
+    assert "if (p.work_counter == nullptr) return cudaErrorInvalidValue;" in src
+    assert "cudaDevAttrMultiProcessorCount" in src
+    assert "any grid is correct" in src.split("#include")[0]
+    # The other engines launch one CTA a work tile and have no counter.
+    for arch, body in ((Arch.SM80, "dtype bf16; head_dim 128; heads 16"), (Arch.SM90A, "dtype fp32; head_dim 64; heads 16")):
+        kp = render_cuda.plan(_v(body), arch)
+        assert kp.engine != Engine.WGMMA
+        assert kp.grid(16, 2, 1000, 132) == (-(-1000 // kp.tile.block_m), 16, 2)
+        assert "work_counter" not in [f.name for f in kp.fields]
+
+
+def test_explain_describes_the_persistent_schedule() -> None:
+    from attngen.explain import explain
+
+    text = explain(_v("dtype bf16; head_dim 64; heads 16; kind cross; layout bshd; norm q layernorm(1e-5) scope token; "
+                      "residual"), arch=Arch.SM90A)
+    assert "two 192 x 64 Q buffers" in text
+    assert "over persistent CTAs, at most one an SM" in text
+    assert "a 128 x 128 Q tile" in explain(_v("dtype bf16; head_dim 128; heads 16"), arch=Arch.SM90A)
