@@ -71,6 +71,7 @@ def render_header(v, arch) -> str:
     """A C header (C99/C++) for the launcher of `v` on `arch`: stable bytes, guards from the kernel name."""
     from attngen import __version__
     from attngen.render_cuda import grid_text, plan
+    from attngen.schedule import persistent
 
     kp = plan(v, arch)
     name = kp.kernel_name
@@ -128,7 +129,7 @@ def render_header(v, arch) -> str:
         *(f"// First launches {pr.kernel} ({pr.doc}), which writes {pr.field.name}." for pr in kp.preps),
         "// Returns cudaErrorInvalidValue when B, Lq or Lk is not positive"
         + (" or a workspace pointer is null" if kp.preps else "")
-        + (" or work_counter is null" if any(f.name == "work_counter" for f in kp.fields) else "") + ", else the launch error.",
+        + (" or work_counter is null" if persistent(kp.engine) else "") + ", else the launch error.",
         f"cudaError_t {name}_launch(const {st}* params, cudaStream_t stream);",
         "",
         "#ifdef __cplusplus",

@@ -85,8 +85,10 @@ def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = 
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
     """Largest key tile whose registers fit a consumer thread: the S accumulators (block_n / 2),
     the packed P of the tile before (block_n / 4) and O (Dv / 2) within the setmaxnreg budget,
-    with ~30 registers to spare for addressing and the softmax."""
-    budget = min(wgmma_regs(tile, True, False)[1], wgmma_regs(tile, False)[1]) - 30 - value_head_dim // 2
+    with ~30 registers to spare for addressing and the softmax, under the smallest consumer share
+    of any variant (so that a tile valid for one variant is valid for all)."""
+    consumer = min(wgmma_regs(tile, lookups, scores)[1] for lookups in (False, True) for scores in (False, True))
+    budget = consumer - 30 - value_head_dim // 2
     return min(256, budget * 4 // 3 // 16 * 16)
 
 
@@ -119,8 +121,8 @@ def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfi
     epilogue staging of O reuses the same space. wgmma: the same tiles unpadded (swizzled), then
     8-byte mbarriers (full/empty per Q buffer and per stage), 16 bytes of work-tile indices and
     an 8-byte header per stage; one Q buffer, or two where they fit (`wgmma_q_buffers`). Its
-    epilogue writes O from
-    registers, since the producer is already refilling the tiles for the next work tile. FFMA: fp32 Q,
+    epilogue writes O from registers, since the producer is already refilling the tiles for the
+    next work tile. FFMA: fp32 Q,
     K, V and P tiles (one stage), rows padded by 4 floats (P by 1)."""
     d, dv, bm, bn = head_dim, value_head_dim, tile.block_m, tile.block_n
     if engine(dtype, d, dv, tile, arch) == Engine.WGMMA:
