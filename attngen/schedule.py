@@ -120,7 +120,7 @@ def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfi
     mma.sync: the Q tile plus a ring of `stages` K/V tiles, rows padded by 8 elements; the fp32
     epilogue staging of O reuses the same space. wgmma: the same tiles unpadded (swizzled), then
     8-byte mbarriers (full/empty per Q buffer and per stage), 16 bytes of work-tile indices and
-    an 8-byte header per stage; one Q buffer, or two where they fit (`wgmma_q_buffers`). Its
+    a 4-byte header per stage; one Q buffer, or two where they fit (`wgmma_q_buffers`). Its
     epilogue writes O from registers, since the producer is already refilling the tiles for the
     next work tile. FFMA: fp32 Q,
     K, V and P tiles (one stage), rows padded by 4 floats (P by 1)."""
@@ -136,7 +136,7 @@ def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfi
 
 def _wgmma_smem(dtype: DType, d: int, dv: int, tile: TileConfig, q_buffers: int) -> int:
     tiles = (q_buffers * tile.block_m * d + tile.stages * tile.block_n * (d + dv)) * dtype.itemsize
-    return (tiles + 7) // 8 * 8 + 8 * (2 * q_buffers + 2 * tile.stages) + 16 + 8 * tile.stages
+    return (tiles + 7) // 8 * 8 + 8 * (2 * q_buffers + 2 * tile.stages) + 16 + 4 * tile.stages
 
 
 def wgmma_q_buffers(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> int:

@@ -84,11 +84,11 @@ def test_shared_memory_of_the_ring_and_barriers() -> None:
     # One Q buffer 128x128 (two do not fit) + 3 x (K + V) 128x128 bf16, then full/empty mbarriers of
     # the Q buffer and of each slot, the work-tile indices, and a header a slot.
     assert wgmma_q_buffers(DType.BF16, 128, 128, t, Arch.SM90A) == 1
-    assert smem_bytes(DType.BF16, 128, 128, t, Arch.SM90A) == 2 * (128 * 128 + 3 * 128 * 256) + 8 * 8 + 16 + 8 * 3
+    assert smem_bytes(DType.BF16, 128, 128, t, Arch.SM90A) == 2 * (128 * 128 + 3 * 128 * 256) + 8 * 8 + 16 + 4 * 3
     # Head dim 64: two Q buffers fit. No fp32 staging of O (the epilogue writes from registers).
     t = TileConfig(128, 16, 8, 2)
     assert wgmma_q_buffers(DType.BF16, 64, 64, t, Arch.SM90A) == 2
-    assert smem_bytes(DType.BF16, 64, 64, t, Arch.SM90A) == 2 * (2 * 128 * 64 + 2 * 16 * 128) + 8 * 8 + 16 + 8 * 2
+    assert smem_bytes(DType.BF16, 64, 64, t, Arch.SM90A) == 2 * (2 * 128 * 64 + 2 * 16 * 128) + 8 * 8 + 16 + 4 * 2
 
 
 def test_tile_errors_name_the_limits() -> None:
