@@ -31,7 +31,19 @@ from attngen.ir import (
 )
 from attngen import abi, intervals, workload
 from attngen.printer import print_expr
-from attngen.schedule import DEFAULT_ARCH, Arch, Engine, engine, persistent, smem_bytes, threads, validate_tile, variant_tile, wgmma_q_buffers
+from attngen.schedule import (
+    DEFAULT_ARCH,
+    Arch,
+    Engine,
+    engine,
+    persistent,
+    q_token_norm,
+    smem_bytes,
+    threads,
+    validate_tile,
+    variant_tile,
+    wgmma_q_buffers,
+)
 
 DEFAULT_SHAPE = (1, 4096, 4096)  # B, Lq, Lk used for sample shapes and density
 
@@ -282,7 +294,7 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     if v.residual:
         parts.append("residual")
     tile, auto = resolved_tile(v, arch)
-    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
+    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v), residual=v.residual)
     parts.append(
         f"tile {tile.block_m}x{tile.block_n} w{tile.warps} s{tile.stages}{' (auto)' if auto else ''} "
         f"{engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch).value} "
@@ -386,7 +398,7 @@ def explain(
 
     # Tile plan
     out.append("")
-    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
+    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v), residual=v.residual)
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     n_threads = threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     out.append(f"Tile plan on {arch.value}{' (tile auto)' if auto else ''}:")
@@ -396,13 +408,13 @@ def explain(
     )
     out.append(f"  engine: {eng.describe(tile)}")
     q_tile = f"{tile.block_m} x {v.head_dim}"
-    two_q = eng == Engine.WGMMA and wgmma_q_buffers(v.dtype, v.head_dim, v.value_head_dim, tile, arch) == 2
+    two_q = eng == Engine.WGMMA and wgmma_q_buffers(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v)) == 2
     q_what = f"two {q_tile} Q buffers" if two_q else f"a {q_tile} Q tile"
     out.append(
         f"  shared memory {smem} bytes ({smem / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB: "
         f"{q_what} and {tile.stages} stage(s) of {tile.block_n}-key K/V tiles"
     )
-    for msg in validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch):
+    for msg in validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v)):
         out.append(f"  warning: {msg}")
     grid_m = math.ceil(Lq / tile.block_m)
     key_tiles = f"{math.ceil(Lk / tile.block_n)} key tiles per query tile at most"

@@ -740,7 +740,8 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     tile = None
     ts = seen.get(A.StmtKind.TILE)
     if isinstance(ts, A.TileStmt) and ts.fields:
-        tile = _tile(lw, ts, dtype, head_dim, value_dim)  # type: ignore[arg-type]
+        token_norm = any(n.target == NormTarget.Q and n.scope == NormScope.TOKEN for n in norms.values())
+        tile = _tile(lw, ts, dtype, head_dim, value_dim, token_norm)  # type: ignore[arg-type]
 
     if len(lw.diags) > n_before:
         return None
@@ -845,7 +846,7 @@ def _norm(lw: _Lowerer, st: A.NormStmt, layout: Layout) -> Norm | None:
     return Norm(target, nkind, scope, eps, affine, st.span)  # type: ignore[arg-type]
 
 
-def _tile(lw: _Lowerer, st: A.TileStmt, dtype: DType | None, d: int | None, dv: int | None) -> TileConfig | None:
+def _tile(lw: _Lowerer, st: A.TileStmt, dtype: DType | None, d: int | None, dv: int | None, token_norm: bool) -> TileConfig | None:
     given: dict[str, int] = {}
     firsts: dict[str, A.TileField] = {}
     ok = True
@@ -871,7 +872,7 @@ def _tile(lw: _Lowerer, st: A.TileStmt, dtype: DType | None, d: int | None, dv: 
         stages=given.get("stages", auto.stages),
         span=st.span,
     )
-    problems = validate_tile(dtype, d, dv, tile, lw.arch)
+    problems = validate_tile(dtype, d, dv, tile, lw.arch, token_norm=token_norm)
     for p in problems:
         lw.error(f"bad tile: {p}", st.span, None)
     return None if problems else tile

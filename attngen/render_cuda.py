@@ -35,12 +35,14 @@ from attngen.schedule import (
     grid,
     min_blocks_per_sm,
     persistent,
+    q_token_norm,
     smem_bytes,
     threads,
     validate_tile,
     variant_tile,
     wgmma_q_buffers,
     wgmma_regs,
+    wgmma_residual_smem,
 )
 
 
@@ -118,7 +120,7 @@ def resolve_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     """The variant's tile, or the auto choice; re-validated for `arch` (a spec checked against
     sm_90a may not fit an sm_86 budget)."""
     tile = variant_tile(v, arch)
-    errs = validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
+    errs = validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v))
     if errs:
         raise ValueError(f"variant {v.name}: tile {tile.block_m}x{tile.block_n} cannot be used on {arch.value}: " + "; ".join(errs))
     return tile
@@ -185,7 +187,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> KernelPlan:
         fields=_fields(v, preps, persistent(eng)),
         tile=tile,
         threads=threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
-        smem_bytes=smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
+        smem_bytes=smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v), residual=v.residual),
         arch=arch,
         engine=eng,
         preps=preps,
@@ -347,7 +349,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch),
         wgmma_shapes=_wgmma_shapes(kp, v),
         wgmma_regs=dict(zip(("producer", "consumer"), wgmma_regs(kp.tile, bool(tensors_used(v.mask)), bool(v.scores)))),
-        q_buffers=wgmma_q_buffers(v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch),
+        q_buffers=wgmma_q_buffers(v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch, token_norm=q_token_norm(v)),
         smem_bytes=kp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],
         tensors=_tensor_ctx(v),
@@ -360,6 +362,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         score_texts=[_expr_text(s) for s in v.scores],
         score_codes=[elem.emit(s) for s in v.scores],
         residual=v.residual,
+        residual_smem=kp.engine == Engine.WGMMA and wgmma_residual_smem(
+            v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch, token_norm=q_token_norm(v), residual=v.residual),
         nan_check=v.nan_check,
         lse=v.lse,
         preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows_expr, workspace=pr.field.name, doc=pr.doc) for pr in kp.preps],

@@ -114,19 +114,24 @@ def threads(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, 
     return 32 * (tile.warps + extra)
 
 
-def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> int:
+def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
+               *, token_norm: bool = False, residual: bool = False) -> int:
     """Dynamic shared memory the kernel template allocates for this tile (bytes).
 
     mma.sync: the Q tile plus a ring of `stages` K/V tiles, rows padded by 8 elements; the fp32
     epilogue staging of O reuses the same space. wgmma: the same tiles unpadded (swizzled), then
     8-byte mbarriers (full/empty per Q buffer and per stage), 16 bytes of work-tile indices and
-    a 4-byte header per stage; one Q buffer, or two where they fit (`wgmma_q_buffers`). Its
+    a 4-byte header per stage; one Q buffer, or two where they fit (`wgmma_q_buffers`), each with
+    `wgmma_qside_bytes` beside it when q has a token-scope norm (`token_norm`), and a copy of the
+    residual rows where `wgmma_residual_smem` says so. Its
     epilogue writes O from registers, since the producer is already refilling the tiles for the
     next work tile. FFMA: fp32 Q,
     K, V and P tiles (one stage), rows padded by 4 floats (P by 1)."""
     d, dv, bm, bn = head_dim, value_head_dim, tile.block_m, tile.block_n
     if engine(dtype, d, dv, tile, arch) == Engine.WGMMA:
-        return _wgmma_smem(dtype, d, dv, tile, wgmma_q_buffers(dtype, d, dv, tile, arch))
+        qb = wgmma_q_buffers(dtype, d, dv, tile, arch, token_norm=token_norm)
+        res = wgmma_residual_smem(dtype, d, dv, tile, arch, token_norm=token_norm, residual=residual)
+        return _wgmma_smem(dtype, d, dv, tile, qb, token_norm, res)
     if uses_tensor_cores(dtype):
         tiles = (bm * (d + 8) + tile.stages * bn * ((d + 8) + (dv + 8))) * dtype.itemsize
         return max(tiles, bm * (dv + 8) * 4)
@@ -134,16 +139,41 @@ def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfi
     return max(tiles, bm * (dv + 4) * 4)
 
 
-def _wgmma_smem(dtype: DType, d: int, dv: int, tile: TileConfig, q_buffers: int) -> int:
+def wgmma_qside_bytes(head_dim: int, tile: TileConfig, token_norm: bool) -> int:
+    """Bytes beside each wgmma Q buffer: with a token-scope q norm, its rows' statistics (an fp32
+    (mean, rstd) pair a row) and the head's affine weight and bias (D fp32 each), which the
+    producer copies along with the Q tile so that the consumers' norm never waits on global
+    memory (ncu, H200 pre-LN: 39% of the consumers' stalls were such waits when they read them)."""
+    return tile.block_m * 8 + 2 * head_dim * 4 if token_norm else 0
+
+
+def _wgmma_smem(dtype: DType, d: int, dv: int, tile: TileConfig, q_buffers: int, token_norm: bool = False,
+                res_copy: bool = False) -> int:
     tiles = (q_buffers * tile.block_m * d + tile.stages * tile.block_n * (d + dv)) * dtype.itemsize
+    tiles += q_buffers * wgmma_qside_bytes(d, tile, token_norm)
+    if res_copy:
+        tiles += tile.block_m * (d * dtype.itemsize + 16)
     return (tiles + 7) // 8 * 8 + 8 * (2 * q_buffers + 2 * tile.stages) + 16 + 4 * tile.stages
 
 
-def wgmma_q_buffers(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> int:
+def wgmma_residual_smem(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
+                        *, token_norm: bool = False, residual: bool = False) -> bool:
+    """Whether the wgmma kernel's epilogue reads the residual from shared memory: with a
+    token-scope q norm the consumers see the raw rows of x in the Q buffer before they normalise
+    them, and copy them aside (rows padded by 16 bytes) where that fits the budget; otherwise the
+    epilogue reads x from global memory, a round trip the consumers wait for."""
+    if not (token_norm and residual):
+        return False
+    qb = wgmma_q_buffers(dtype, head_dim, value_head_dim, tile, arch, token_norm=True)
+    return _wgmma_smem(dtype, head_dim, value_head_dim, tile, qb, True, True) <= arch.smem_budget
+
+
+def wgmma_q_buffers(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
+                    *, token_norm: bool = False) -> int:
     """Q buffers of the wgmma kernel: two where they fit the shared-memory budget (the producer
     loads the next work tile's Q while the consumers finish the current one: short key loops,
     like cross attention over 512 keys, would otherwise wait for every Q), else one."""
-    return 2 if _wgmma_smem(dtype, head_dim, value_head_dim, tile, 2) <= arch.smem_budget else 1
+    return 2 if _wgmma_smem(dtype, head_dim, value_head_dim, tile, 2, token_norm) <= arch.smem_budget else 1
 
 
 def min_blocks_per_sm(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> int:
@@ -175,9 +205,10 @@ def grid(eng: Engine, tile: TileConfig, heads: int, B: int, Lq: int, sm_count: i
 
 
 def validate_tile(
-    dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH
+    dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH, *, token_norm: bool = False
 ) -> list[str]:
-    """Every reason this tile cannot be used; empty when it is fine."""
+    """Every reason this tile cannot be used; empty when it is fine (`token_norm`: q has a
+    token-scope norm, whose statistics take shared memory on the wgmma engine)."""
     errs: list[str] = []
     if tile.block_m <= 0 or tile.block_m % 16:
         errs.append(f"block_m must be a positive multiple of 16, got {tile.block_m}")
@@ -218,7 +249,7 @@ def validate_tile(
         if tile.stages != 1:
             errs.append("the fp32 path is single-stage: use stages 1")
     if not errs:
-        need = smem_bytes(dtype, head_dim, value_head_dim, tile, arch)
+        need = smem_bytes(dtype, head_dim, value_head_dim, tile, arch, token_norm=token_norm)
         if need > arch.smem_budget:
             errs.append(
                 f"this tile needs {need} bytes of shared memory ({need / 1024:.0f} KiB), over the "
@@ -266,21 +297,20 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     if v.tile is not None:
         return v.tile
     plain = v.mask == TRUE and not v.scores and not v.norms
-    token_norm = any(n.target == NormTarget.Q and n.scope == NormScope.TOKEN for n in v.norms)
-    if token_norm and uses_tensor_cores(v.dtype) and max(v.head_dim, v.value_head_dim) <= 64:
+    if q_token_norm(v) and uses_tensor_cores(v.dtype) and max(v.head_dim, v.value_head_dim) <= 64:
         # Pre-LN blocks (token-scope q norm, usually with a residual). On sm_90a the persistent
         # wgmma kernel with three consumer warpgroups: H200, B32 H16 Lq2048 Lk512 D64 cross, 192 x
         # 128 x 12 warps 0.650 ms, 128 x 128 x 8 0.785, mma.sync 64 x 32 0.851 (benchmarks/README.md).
         if arch == Arch.SM90A:
             t = TileConfig(block_m=192, block_n=128, warps=12, stages=3)
-            if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch) and engine(
+            if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch, token_norm=True) and engine(
                     v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA:
                 return t
         # Elsewhere 64-row mma.sync tiles, four CTAs an SM, hide the norm's and residual's row
         # traffic (H200, before the wgmma engine: 64x32 0.957 ms, 64x64 0.965, 128x128 0.996,
         # 128x64 1.176); 64x32 also stays spill-free on sm_80 under the 128-register cap.
         t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
-        if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch):
+        if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch, token_norm=True):
             return t
     t = auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch, dense=plain)
     if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA and v.head_dim == 128 and any(
@@ -294,6 +324,11 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
         # mods spill there (ptxas, sm_90a: t5_relative_bias 1020 bytes), so two warpgroups.
         t = TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     return t
+
+
+def q_token_norm(v: Variant) -> bool:
+    """Whether q has a token-scope norm (statistics over the whole hidden row)."""
+    return any(n.target == NormTarget.Q and n.scope == NormScope.TOKEN for n in v.norms)
 
 
 def spill_budget(eng: Engine, tile: TileConfig) -> int:
