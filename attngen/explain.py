@@ -43,6 +43,7 @@ from attngen.schedule import (
     validate_tile,
     variant_tile,
     wgmma_q_buffers,
+    wgmma_residual_smem,
 )
 
 DEFAULT_SHAPE = (1, 4096, 4096)  # B, Lq, Lk used for sample shapes and density
@@ -414,6 +415,13 @@ def explain(
         f"  shared memory {smem} bytes ({smem / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB: "
         f"{q_what} and {tile.stages} stage(s) of {tile.block_n}-key K/V tiles"
     )
+    if eng == Engine.WGMMA and q_token_norm(v):
+        extra = "each Q buffer's row statistics and norm weights, copied with it"
+        if wgmma_residual_smem(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=True, residual=v.residual):
+            extra += "; a copy of the raw x rows for the residual"
+        elif v.residual:
+            extra += "; the residual read from global memory (a copy does not fit)"
+        out.append(f"  with the token norm: {extra}")
     for msg in validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v)):
         out.append(f"  warning: {msg}")
     grid_m = math.ceil(Lq / tile.block_m)

@@ -22,6 +22,7 @@ from attngen.schedule import (
     wgmma_max_block_n,
     wgmma_q_buffers,
     wgmma_regs,
+    wgmma_residual_smem,
 )
 
 
@@ -89,6 +90,35 @@ def test_shared_memory_of_the_ring_and_barriers() -> None:
     t = TileConfig(128, 16, 8, 2)
     assert wgmma_q_buffers(DType.BF16, 64, 64, t, Arch.SM90A) == 2
     assert smem_bytes(DType.BF16, 64, 64, t, Arch.SM90A) == 2 * (2 * 128 * 64 + 2 * 16 * 128) + 8 * 8 + 16 + 4 * 2
+
+
+def test_token_norm_side_data_and_residual_copy_in_shared_memory() -> None:
+    # Pre-LN at D64, 192 x 128 x 12 warps x 3: two Q buffers, each with 192 (mean, rstd) pairs and
+    # 2 x 64 fp32 weights beside it, and the raw x rows (192 x (128 + 16) bytes) for the residual.
+    t = TileConfig(192, 128, 12, 3)
+    plain = smem_bytes(DType.BF16, 64, 64, t, Arch.SM90A)
+    assert plain == 2 * (2 * 192 * 64 + 3 * 128 * 128) + 8 * 10 + 16 + 4 * 3
+    assert smem_bytes(DType.BF16, 64, 64, t, Arch.SM90A, token_norm=True) == plain + 2 * (192 * 8 + 2 * 64 * 4)
+    assert wgmma_residual_smem(DType.BF16, 64, 64, t, Arch.SM90A, token_norm=True, residual=True)
+    assert smem_bytes(DType.BF16, 64, 64, t, Arch.SM90A, token_norm=True, residual=True) == plain + 2 * (192 * 8 + 2 * 64 * 4) + 192 * 144
+    # No copy without the token norm (the Q buffer is not overwritten), nor where it does not fit.
+    assert not wgmma_residual_smem(DType.BF16, 64, 64, t, Arch.SM90A, token_norm=False, residual=True)
+    t128 = TileConfig(128, 128, 8, 3)
+    assert not wgmma_residual_smem(DType.BF16, 128, 128, t128, Arch.SM90A, token_norm=True, residual=True)
+    assert smem_bytes(DType.BF16, 128, 128, t128, Arch.SM90A, token_norm=True, residual=True) <= Arch.SM90A.smem_budget
+
+
+def test_token_norm_kernel_reads_no_global_memory_in_its_consumers() -> None:
+    pre_ln = "dtype bf16; head_dim 64; heads 16; kind cross; layout bshd; norm q layernorm(1e-5) scope token; residual"
+    src, kp = render_cuda.render_with_plan(_v(pre_ln), Arch.SM90A)
+    assert kp.engine == Engine.WGMMA and f"static_assert(HDR_OFF + 4 * STAGES == {kp.smem_bytes}" in src
+    consumer = src[src.index("void ag_consumer("):src.index("void attention_tile(")]
+    epilogue = src[src.index("void ag_wg_epilogue("):src.index("ag_lane0_read(")]
+    assert "ag_load_qside(" in src and "ws_qstats" not in consumer and "in_q_norm_weight" not in consumer
+    assert "RES_OFF" in consumer and "RES_OFF" in epilogue and "p.q +" not in epilogue
+    # The same residual without the token norm reads x in the epilogue; no side data at all.
+    src2, _ = render_cuda.render_with_plan(_v("dtype bf16; head_dim 64; heads 16; residual"), Arch.SM90A)
+    assert "QSIDE_OFF" not in src2 and "RES_OFF" not in src2 and "p.q + (long long)b" in src2
 
 
 def test_tile_errors_name_the_limits() -> None:
