@@ -24,6 +24,8 @@ SPECS = [
     ("attention preln { dtype bf16; head_dim 64; heads 4; kind cross; layout bshd; norm q layernorm(1e-5) scope token; residual }", "cross"),
     ("attention knorm_gqa { dtype fp16; head_dim 96; heads 4 kv 2; norm k layernorm(1e-5); mask causal }", "self"),
     ("attention qnorm_fp32 { dtype fp32; head_dim 64; heads 2; norm q layernorm(1e-5) }", "self"),
+    # The fp32 path's token-scope q norm runs on Q in place while K/V copies are in flight.
+    ("attention tok_fp32 { dtype fp32; head_dim 64; heads 2; layout bshd; norm q rmsnorm(1e-6) scope token; residual }", "self"),
     # The wgmma engine with three consumer warpgroups (pad_bf16, cross_fp16 and qk_norm use two).
     ("attention causal_w12 { dtype bf16; head_dim 64; heads 2; mask causal }", "self"),
 ]

@@ -139,13 +139,15 @@ def test_unvalidated_names_are_rejected(bad):
 
 
 def test_fp32_path_copies_tiles_asynchronously_and_drains_before_the_epilogue():
-    # One round trip a tile: cp.async with zero-fill, tile 0 issued before the classification; with
-    # no visible tile the Q copies are still in flight, so the epilogue (which reuses Q's shared
-    # memory for O) must wait for every group first.
+    # One round trip a tile: cp.async with zero-fill. With no visible tile the Q copies are still
+    # in flight, so the epilogue (which reuses Q's shared memory for O) waits for every group first.
     v = loads("attention s { dtype fp32; head_dim 64; heads 8; mask padding }").variants[0]
     src = render_cuda.render(v, Arch.SM80)
     body = src[src.index("void attention_tile("):]
     assert "cp.async.cg.shared.global" in src and "float4 v = make_float4" not in src
-    first_copy = body.index("ag_load_tile_f32<BLOCK_N, D, SK_STRIDE>(sk, kg, k_ss, 0,")
-    assert first_copy < body.index("ag_next_tile(")
-    assert body.index("ag_cp_async_wait<0>();\n  float* so") > body.index("while (cur < n_tiles)")
+    assert body.index("ag_cp_async_wait<0>();\n  __syncthreads();\n  float* so") > body.index("while (cur < n_tiles)")
+    # A token-scope q norm normalises Q in place once it has landed, before the key loop.
+    v = loads("attention s { dtype fp32; head_dim 64; heads 8; layout bshd; norm q rmsnorm(1e-6) scope token }").variants[0]
+    body = render_cuda.render(v, Arch.SM80)
+    body = body[body.index("void attention_tile("):]
+    assert body.index("ag_cp_async_wait<0>();") < body.index("ag_token_norm_q<float>(") < body.index("while (cur < n_tiles)")
