@@ -20,7 +20,7 @@ from typing import Any
 
 from attngen import abi
 from attngen.compile_cuda import compile_source
-from attngen.ir import DType, Layout, NormScope, NormTarget, Program, TileConfig, Variant
+from attngen.ir import DType, Layout, NormScope, NormTarget, Program, TileConfig, Variant, norm_bias_name, norm_weight_name
 from attngen.render_cuda import PREP_THREADS, KernelPlan, render_with_plan
 from attngen.schedule import Arch, persistent, uses_tensor_cores
 
@@ -191,6 +191,12 @@ class Kernel:
         for name, a in (("q", aq), ("k", ak), ("v", av), *given.items()):
             if a.device != dev:
                 raise ValueError(f"{name}: expected an array on the current device cuda:{dev}, got cuda:{a.device}")
+        # The norms read their weights and biases as one flat row (no strides in the kernels).
+        for n in var.norms:
+            for name in (norm_weight_name(n.target), norm_bias_name(n.target)):
+                a = given.get(name)
+                if a is not None and len(a.shape) == 1 and a.shape[0] > 1 and a.strides[0] != 1:
+                    raise ValueError(f"{name}: expected a contiguous array (stride 1), got strides {a.strides}")
         B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
         align = 8 if uses_tensor_cores(var.dtype) else 4  # elements per 16 bytes
 

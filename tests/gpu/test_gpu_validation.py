@@ -114,6 +114,16 @@ def test_runtime_input_wrong_dtype() -> None:
 
 
 @pytest.mark.gpu
+def test_strided_norm_weight_is_refused() -> None:
+    # The kernels read norm weights as one flat row: a strided view would be read wrongly.
+    v = variant_of(spec_text("val_qnorm", dtype="fp16", D=64, H=2, extra=("norm q rmsnorm(1e-6)",)))
+    arrays, _ = _dev_inputs(v)
+    w = arrays["q_norm_weight"]
+    strided = fuzz.to_device(np.repeat(w, 2))[::2]
+    _expect_error(v, r"q_norm_weight: expected a contiguous array \(stride 1\)", q_norm_weight=strided)
+
+
+@pytest.mark.gpu
 def test_wrong_output_shape() -> None:
     v = variant_of(FP16)
     _, dev = _dev_inputs(v)
