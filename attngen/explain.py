@@ -38,12 +38,10 @@ from attngen.schedule import (
     engine,
     persistent,
     q_token_norm,
-    smem_bytes,
     threads,
     validate_tile,
+    variant_smem_layout,
     variant_tile,
-    wgmma_q_buffers,
-    wgmma_residual_smem,
 )
 
 DEFAULT_SHAPE = (1, 4096, 4096)  # B, Lq, Lk used for sample shapes and density
@@ -295,7 +293,7 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     if v.residual:
         parts.append("residual")
     tile, auto = resolved_tile(v, arch)
-    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v), residual=v.residual)
+    smem = variant_smem_layout(v, tile, arch).bytes
     parts.append(
         f"tile {tile.block_m}x{tile.block_n} w{tile.warps} s{tile.stages}{' (auto)' if auto else ''} "
         f"{engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch).value} "
@@ -399,7 +397,8 @@ def explain(
 
     # Tile plan
     out.append("")
-    smem = smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v), residual=v.residual)
+    layout = variant_smem_layout(v, tile, arch)
+    smem = layout.bytes
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     n_threads = threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     out.append(f"Tile plan on {arch.value}{' (tile auto)' if auto else ''}:")
@@ -409,15 +408,14 @@ def explain(
     )
     out.append(f"  engine: {eng.describe(tile)}")
     q_tile = f"{tile.block_m} x {v.head_dim}"
-    two_q = eng == Engine.WGMMA and wgmma_q_buffers(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v)) == 2
-    q_what = f"two {q_tile} Q buffers" if two_q else f"a {q_tile} Q tile"
+    q_what = f"two {q_tile} Q buffers" if layout.q_buffers == 2 else f"a {q_tile} Q tile"
     out.append(
         f"  shared memory {smem} bytes ({smem / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB: "
         f"{q_what} and {tile.stages} stage(s) of {tile.block_n}-key K/V tiles"
     )
     if eng == Engine.WGMMA and q_token_norm(v):
         extra = "each Q buffer's row statistics and norm weights, copied with it"
-        if wgmma_residual_smem(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=True, residual=v.residual):
+        if layout.residual_copy:
             extra += "; a copy of the raw x rows for the residual"
         elif v.residual:
             extra += "; the residual read from global memory (a copy does not fit)"

@@ -34,15 +34,14 @@ from attngen.schedule import (
     engine,
     grid,
     min_blocks_per_sm,
+    SmemLayout,
     persistent,
     q_token_norm,
-    smem_bytes,
     threads,
     validate_tile,
+    variant_smem_layout,
     variant_tile,
-    wgmma_q_buffers,
     wgmma_regs,
-    wgmma_residual_smem,
 )
 
 
@@ -98,10 +97,14 @@ class KernelPlan:
     fields: tuple[Field, ...]
     tile: TileConfig
     threads: int
-    smem_bytes: int
+    smem: SmemLayout
     arch: Arch
     engine: Engine
     preps: tuple[Prep, ...] = ()
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.smem.bytes
 
     def grid(self, heads: int, B: int, Lq: int, sm_count: int) -> tuple[int, int, int]:
         """The attention kernel's launch grid (the launcher's formula; see `schedule.grid`)."""
@@ -187,7 +190,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> KernelPlan:
         fields=_fields(v, preps, persistent(eng)),
         tile=tile,
         threads=threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
-        smem_bytes=smem_bytes(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v), residual=v.residual),
+        smem=variant_smem_layout(v, tile, arch),
         arch=arch,
         engine=eng,
         preps=preps,
@@ -349,7 +352,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch),
         wgmma_shapes=_wgmma_shapes(kp, v),
         wgmma_regs=dict(zip(("producer", "consumer"), wgmma_regs(kp.tile, bool(tensors_used(v.mask)), bool(v.scores)))),
-        q_buffers=wgmma_q_buffers(v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch, token_norm=q_token_norm(v)),
+        q_buffers=kp.smem.q_buffers,
         smem_bytes=kp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],
         tensors=_tensor_ctx(v),
@@ -362,8 +365,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         score_texts=[_expr_text(s) for s in v.scores],
         score_codes=[elem.emit(s) for s in v.scores],
         residual=v.residual,
-        residual_smem=kp.engine == Engine.WGMMA and wgmma_residual_smem(
-            v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch, token_norm=q_token_norm(v), residual=v.residual),
+        residual_smem=kp.smem.residual_copy,
         nan_check=v.nan_check,
         lse=v.lse,
         preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows_expr, workspace=pr.field.name, doc=pr.doc) for pr in kp.preps],

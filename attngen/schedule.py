@@ -9,6 +9,7 @@ located error and `tile auto` can pick a good one.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 from attngen.ir import TRUE, Builtin, BuiltinName, DType, NormScope, NormTarget, TileConfig, Variant, walk
 
@@ -114,29 +115,49 @@ def threads(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, 
     return 32 * (tile.warps + extra)
 
 
-def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
-               *, token_norm: bool = False, residual: bool = False) -> int:
-    """Dynamic shared memory the kernel template allocates for this tile (bytes).
+@dataclass(frozen=True, slots=True)
+class SmemLayout:
+    """What a kernel keeps in dynamic shared memory: its size, and the wgmma engine's optional
+    parts (two Q buffers; the raw residual rows beside them)."""
+
+    bytes: int
+    q_buffers: int = 1
+    residual_copy: bool = False
+
+
+def smem_layout(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
+                *, token_norm: bool = False, residual: bool = False) -> SmemLayout:
+    """Dynamic shared memory the kernel template allocates for this tile.
 
     mma.sync: the Q tile plus a ring of `stages` K/V tiles, rows padded by 8 elements; the fp32
     epilogue staging of O reuses the same space. wgmma: the same tiles unpadded (swizzled), then
     8-byte mbarriers (full/empty per Q buffer and per stage), 16 bytes of work-tile indices and
     a 4-byte header per stage; one Q buffer, or two where they fit (`wgmma_q_buffers`), each with
     `wgmma_qside_bytes` beside it when q has a token-scope norm (`token_norm`), and a copy of the
-    residual rows where `wgmma_residual_smem` says so. Its
-    epilogue writes O from registers, since the producer is already refilling the tiles for the
-    next work tile. FFMA: fp32 Q,
-    K, V and P tiles (one stage), rows padded by 4 floats (P by 1)."""
+    residual rows where `wgmma_residual_smem` says so. Its epilogue writes O from registers, since
+    the producer is already refilling the tiles for the next work tile. FFMA: fp32 Q, K, V and P
+    tiles (one stage), rows padded by 4 floats (P by 1)."""
     d, dv, bm, bn = head_dim, value_head_dim, tile.block_m, tile.block_n
     if engine(dtype, d, dv, tile, arch) == Engine.WGMMA:
         qb = wgmma_q_buffers(dtype, d, dv, tile, arch, token_norm=token_norm)
         res = wgmma_residual_smem(dtype, d, dv, tile, arch, token_norm=token_norm, residual=residual)
-        return _wgmma_smem(dtype, d, dv, tile, qb, token_norm, res)
+        return SmemLayout(_wgmma_smem(dtype, d, dv, tile, qb, token_norm, res), qb, res)
     if uses_tensor_cores(dtype):
         tiles = (bm * (d + 8) + tile.stages * bn * ((d + 8) + (dv + 8))) * dtype.itemsize
-        return max(tiles, bm * (dv + 8) * 4)
+        return SmemLayout(max(tiles, bm * (dv + 8) * 4))
     tiles = (bm * (d + 4) + bn * (d + 4) + bn * (dv + 4) + bm * (bn + 1)) * 4
-    return max(tiles, bm * (dv + 4) * 4)
+    return SmemLayout(max(tiles, bm * (dv + 4) * 4))
+
+
+def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
+               *, token_norm: bool = False, residual: bool = False) -> int:
+    """Bytes of dynamic shared memory for this tile (`smem_layout`)."""
+    return smem_layout(dtype, head_dim, value_head_dim, tile, arch, token_norm=token_norm, residual=residual).bytes
+
+
+def variant_smem_layout(v: Variant, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> SmemLayout:
+    """`smem_layout` for a variant's own norms and residual."""
+    return smem_layout(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v), residual=v.residual)
 
 
 def wgmma_qside_bytes(head_dim: int, tile: TileConfig, token_norm: bool) -> int:
