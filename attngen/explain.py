@@ -36,6 +36,7 @@ from attngen.schedule import (
     Arch,
     Engine,
     engine,
+    ffma_accumulators,
     persistent,
     q_token_norm,
     threads,
@@ -420,6 +421,11 @@ def explain(
         elif v.residual:
             extra += "; the residual read from global memory (a copy does not fit)"
         out.append(f"  with the token norm: {extra}")
+    if eng == Engine.FFMA:
+        kw = tile.block_n // tile.warps
+        out.append(f"  each warp owns {kw} keys of every K/V tile (its own copies, softmax and partial O; "
+                   f"the {tile.warps} partial results combine at the end): "
+                   f"{ffma_accumulators(v.head_dim, v.value_head_dim, tile)} accumulator registers a thread")
     for msg in validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v)):
         out.append(f"  warning: {msg}")
     grid_m = math.ceil(Lq / tile.block_m)

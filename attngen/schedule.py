@@ -26,6 +26,11 @@ class Arch(enum.Enum):
         return {"sm_80": 166912, "sm_86": 101376, "sm_89": 101376, "sm_90a": 232448}[self.value]
 
     @property
+    def smem_per_sm(self) -> int:
+        """Shared memory of one SM (bytes); each resident block also takes 1 KiB of it."""
+        return {"sm_80": 167936, "sm_86": 102400, "sm_89": 102400, "sm_90a": 233472}[self.value]
+
+    @property
     def cc(self) -> int:
         return {"sm_80": 80, "sm_86": 86, "sm_89": 89, "sm_90a": 90}[self.value]
 
@@ -50,6 +55,9 @@ class Engine(enum.Enum):
 # Head dims the CUDA backend implements (multiples of 16 that keep the register budget).
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128)
 SUPPORTED_WARPS = (1, 2, 4, 8)
+# FFMA register tiles: a thread's output accumulators and scores per tile, at most.
+FFMA_MAX_O_REGS = 64
+FFMA_MAX_S_REGS = 32
 MAX_STAGES = 4
 
 
@@ -135,8 +143,10 @@ def smem_layout(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConf
     a 4-byte header per stage; one Q buffer, or two where they fit (`wgmma_q_buffers`), each with
     `wgmma_qside_bytes` beside it when q has a token-scope norm (`token_norm`), and a copy of the
     residual rows where `wgmma_residual_smem` says so. Its epilogue writes O from registers, since
-    the producer is already refilling the tiles for the next work tile. FFMA: fp32 Q, K, V and P
-    tiles (one stage), rows padded by 4 floats (P by 1)."""
+    the producer is already refilling the tiles for the next work tile. FFMA: each warp's final
+    softmax statistics, then fp32 Q, K and V tiles (one stage; rows padded by 4 floats), each
+    warp's P (key-major, rows padded by 8) and rescale factors; the warps' weighted partial O
+    (rows padded by 4) reuse the space after the statistics."""
     d, dv, bm, bn = head_dim, value_head_dim, tile.block_m, tile.block_n
     if engine(dtype, d, dv, tile, arch) == Engine.WGMMA:
         qb = wgmma_q_buffers(dtype, d, dv, tile, arch, token_norm=token_norm)
@@ -145,8 +155,9 @@ def smem_layout(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConf
     if uses_tensor_cores(dtype):
         tiles = (bm * (d + 8) + tile.stages * bn * ((d + 8) + (dv + 8))) * dtype.itemsize
         return SmemLayout(max(tiles, bm * (dv + 8) * 4))
-    tiles = (bm * (d + 4) + bn * (d + 4) + bn * (dv + 4) + bm * (bn + 1)) * 4
-    return SmemLayout(max(tiles, bm * (dv + 4) * 4))
+    w = tile.warps
+    tiles = bm * (d + 4) + bn * (d + 4) + bn * (dv + 4) + bn * (bm + 8) + w * bm
+    return SmemLayout((2 * w * bm + max(tiles, w * bm * (dv + 4))) * 4)
 
 
 def smem_bytes(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
@@ -197,15 +208,31 @@ def wgmma_q_buffers(dtype: DType, head_dim: int, value_head_dim: int, tile: Tile
     return 2 if _wgmma_smem(dtype, head_dim, value_head_dim, tile, 2, token_norm) <= arch.smem_budget else 1
 
 
+def ffma_accumulators(head_dim: int, value_head_dim: int, tile: TileConfig) -> int:
+    """Registers a thread of the FFMA engine keeps for its output and score tiles."""
+    return tile.block_m * value_head_dim // 32 + tile.block_m * tile.block_n // (32 * tile.warps)
+
+
 def min_blocks_per_sm(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> int:
     """The `__launch_bounds__` occupancy hint: with one 16-row MMA tile per warp, cap registers at
     128 so that 2048 threads' worth of registers can be resident; with two, let the O accumulators
-    have up to 255. wgmma: one CTA an SM (setmaxnreg needs the cap at entry that this sets)."""
+    have up to 255. FFMA: what its register tiles need, within what shared memory admits. wgmma: one CTA an SM (setmaxnreg needs the cap at entry that this sets)."""
     if engine(dtype, head_dim, value_head_dim, tile, arch) == Engine.WGMMA:
         return 1
     threads = 32 * tile.warps
     if uses_tensor_cores(dtype) and tile.block_m // tile.warps == 32:
         return 1
+    if not uses_tensor_cores(dtype):
+        # FFMA: each warp holds a whole block_m x dv partial O, so large head dims need more than
+        # 128 registers a thread. Estimate them (accumulators plus ~88 for addresses and operands,
+        # within a few of ptxas's count for the examples) and ask for no more blocks than both
+        # that and shared memory allow.
+        # Registers come from each SM sub-partition's 16384, split among the warps it holds.
+        need = ffma_accumulators(head_dim, value_head_dim, tile) + 88
+        blocks = max(1, arch.smem_per_sm // (smem_bytes(dtype, head_dim, value_head_dim, tile, arch) + 1024))
+        while blocks > 1 and 16384 // (-(-blocks * tile.warps // 4) * 32) // 8 * 8 < need:
+            blocks -= 1
+        return blocks
     return max(1, 65536 // (threads * 128))
 
 
@@ -259,14 +286,20 @@ def validate_tile(
                 f"block_m {tile.block_m} with {tile.warps} warps gives {per_warp:g}"
             )
     else:
-        tpr = n_threads // tile.block_m if n_threads % tile.block_m == 0 else 0
-        if tpr == 0 or tpr > 32 or tpr & (tpr - 1):
+        # The FFMA register tiles (backends/cuda/_simt.cu.j2): each warp owns block_n / warps keys
+        # of a tile in 4 key groups, 8 row groups of S and 4 of O; O takes block_m * dv / 32
+        # accumulators a thread, S block_m * block_n / (32 * warps).
+        if tile.block_n % (4 * tile.warps):
             errs.append(
-                f"on the fp32 path 32 * warps / block_m threads share a query row and must be a power of "
-                f"two up to 32; block_m {tile.block_m} with {tile.warps} warps gives {n_threads / tile.block_m:g}"
+                f"on the fp32 path each warp owns block_n / warps keys of a tile, which must be a multiple of 4; "
+                f"block_n {tile.block_n} with {tile.warps} warps gives {tile.block_n / tile.warps:g}"
             )
-        elif tile.block_n % tpr or value_head_dim % tpr:
-            errs.append(f"on the fp32 path block_n and the value head dim must be multiples of {tpr} (threads per row)")
+        elif tile.block_m * value_head_dim > 32 * FFMA_MAX_O_REGS or tile.block_m * tile.block_n > 32 * tile.warps * FFMA_MAX_S_REGS:
+            errs.append(
+                f"on the fp32 path a thread holds block_m * value_head_dim / 32 output accumulators (at most "
+                f"{FFMA_MAX_O_REGS}) and block_m * block_n / (32 * warps) scores (at most {FFMA_MAX_S_REGS}); "
+                f"this tile gives {tile.block_m * value_head_dim // 32} and {tile.block_m * tile.block_n // (32 * tile.warps)}"
+            )
         if tile.stages != 1:
             errs.append("the fp32 path is single-stage: use stages 1")
     if not errs:
@@ -298,9 +331,10 @@ def auto_tile(
             return TileConfig(block_m=192, block_n=128, warps=12, stages=3)
         return TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     if not uses_tensor_cores(dtype):
-        # Seed case on the H200 (fp32 B4 H8 L128 D64, CUDA-graph timing): 8 warps x 16 x 128
-        # 16.1-16.0 us against 18.9 for 4 warps x 16 x 64 (16 threads a query row instead of 8:
-        # shorter CTAs in the one wave of 256). Larger head dims keep the 4-warp tile.
+        # Seed case on the H200 (fp32 B4 H8 L128 D64, CUDA-graph timing, FFMA register tiles):
+        # 16 x 128 x 8 warps 9.3 us; 16 x 64 x 8 10.3, 16 x 64 x 4 10.5, 16 x 128 x 4 11.1,
+        # 32 x 128 x 8 11.7, 32 x 64 x 4 13.7, 16 x 256 x 8 17.3 (short CTAs in the one wave of
+        # 256 win). Larger head dims keep the 4-warp tile (64 output accumulators a thread).
         if max(head_dim, value_head_dim) <= 64:
             return TileConfig(block_m=16, block_n=128, warps=8, stages=1)
         return TileConfig(block_m=16, block_n=64, warps=4, stages=1)

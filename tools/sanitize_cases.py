@@ -26,6 +26,8 @@ SPECS = [
     ("attention qnorm_fp32 { dtype fp32; head_dim 64; heads 2; norm q layernorm(1e-5) }", "self"),
     # The fp32 path's token-scope q norm runs on Q in place while K/V copies are in flight.
     ("attention tok_fp32 { dtype fp32; head_dim 64; heads 2; layout bshd; norm q rmsnorm(1e-6) scope token; residual }", "self"),
+    # FFMA warps that see only part of a row (causal over 1000 keys, GQA) combine through shared memory.
+    ("attention causal_fp32_d128 { dtype fp32; head_dim 128; heads 4 kv 2; mask causal; output lse }", "self"),
     # The wgmma engine with three consumer warpgroups (pad_bf16, cross_fp16 and qk_norm use two).
     ("attention causal_w12 { dtype bf16; head_dim 64; heads 2; mask causal }", "self"),
 ]

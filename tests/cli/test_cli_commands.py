@@ -281,6 +281,14 @@ def test_explain_token_norm_and_residual(capsys):
     assert "[1024]" in out
 
 
+def test_explain_names_the_ffma_warp_slices(capsys):
+    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/seed_padded_fp32.attn"))
+    assert rc == 0
+    assert "engine: fp32 FFMA" in out
+    assert "each warp owns 16 keys of every K/V tile" in out and "the 8 partial results combine" in out
+    assert "40 accumulator registers a thread" in out
+
+
 def test_explain_data_dependent_mask_is_flagged(capsys):
     rc, out, _ = run(capsys, "explain", str(ROOT / "examples/packed_documents.attn"), "--shape", "1,1024,1024")
     assert rc == 0

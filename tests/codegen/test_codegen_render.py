@@ -138,16 +138,24 @@ def test_unvalidated_names_are_rejected(bad):
         loads(text, "bad.attn")
 
 
-def test_fp32_path_copies_tiles_asynchronously_and_drains_before_the_epilogue():
-    # One round trip a tile: cp.async with zero-fill. With no visible tile the Q copies are still
-    # in flight, so the epilogue (which reuses Q's shared memory for O) waits for every group first.
+def test_fp32_path_copies_tiles_asynchronously_and_drains_before_the_combine():
+    # One round trip a tile: cp.async with zero-fill. With no visible tile the Q copies may still
+    # be in flight, so the cross-warp combine (which reuses Q's and K/V's shared memory) starts only
+    # after every thread drained its groups and the block met at a barrier.
     v = loads("attention s { dtype fp32; head_dim 64; heads 8; mask padding }").variants[0]
     src = render_cuda.render(v, Arch.SM80)
     body = src[src.index("void attention_tile("):]
     assert "cp.async.cg.shared.global" in src and "float4 v = make_float4" not in src
-    assert body.index("ag_cp_async_wait<0>();\n  __syncthreads();\n  float* so") > body.index("while (cur < n_tiles)")
-    # A token-scope q norm normalises Q in place once it has landed, before the key loop.
+    loop = body[body.index("while (cur < n_tiles)"):body.index("cls = ncls;")]
+    after = body[body.index("cls = ncls;"):]
+    assert after.index("ag_cp_async_wait<0>();") < after.index("__syncthreads();") < after.index("float* dst = sc +")
+    # Each warp copies and reads only its own key slice: the main loop has no block-wide barrier.
+    assert "__syncthreads" not in loop and loop.count("__syncwarp();") >= 4
+    # A token-scope q norm normalises Q in place once every thread's part of it has landed, under
+    # the K/V copies, and before the key loop.
     v = loads("attention s { dtype fp32; head_dim 64; heads 8; layout bshd; norm q rmsnorm(1e-6) scope token }").variants[0]
     body = render_cuda.render(v, Arch.SM80)
     body = body[body.index("void attention_tile("):]
-    assert body.index("ag_cp_async_wait<0>();") < body.index("ag_token_norm_q<float>(") < body.index("while (cur < n_tiles)")
+    q_wait = body.index("ag_cp_async_wait<2>();")
+    assert (body.index("ag_copy_rows_f32<KW, DV") < q_wait < body.index("__syncthreads();", q_wait)
+            < body.index("ag_token_norm_q<float>(") < body.index("while (cur < n_tiles)"))

@@ -27,6 +27,11 @@ SPECS = {
     "keep_u8": "dtype bf16; head_dim 64; heads 2; input keep: u8[B, Lk]; mask keep[b, kv] != 0 || causal",
     "softcap5_fp16": "dtype fp16; head_dim 64; heads 2; mask causal; score softcap(5.0)",
     "tanh_score_fp16": "dtype fp16; head_dim 128; heads 2; score tanh(s) * 3.0; score min(s, 2.0)",
+    # FFMA register tiles: one warp, 32 and 64 rows, 32-key warp slices (GQA, LSE).
+    "fp32_tile_1warp": "dtype fp32; head_dim 32; heads 2; mask causal; tile block_m 16 block_n 16 warps 1 stages 1",
+    "fp32_tile_32rows": "dtype fp32; head_dim 64; heads 2 kv 1; mask window(40, 3); tile block_m 32 block_n 64 warps 4 stages 1",
+    "fp32_tile_64rows_2warps": "dtype fp32; head_dim 32; heads 2; mask padding; tile block_m 64 block_n 32 warps 2 stages 1",
+    "fp32_tile_slices32": "dtype fp32; head_dim 128; heads 4 kv 2; mask causal; output lse; tile block_m 16 block_n 128 warps 4 stages 1",
     "scale1_fp32": "dtype fp32; head_dim 64; heads 2; scale 1.0; mask causal",
     "nan_check_residual": "dtype bf16; head_dim 64; heads 2; layout bshd; residual; nan_check; output lse",
 }
