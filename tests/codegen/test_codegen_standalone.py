@@ -35,8 +35,17 @@ def built(tmp_path_factory):
 
 
 def test_cu_compiles_standalone(built):
-    _sh(["nvcc", "-std=c++17", GENCODE, "-c", "x.cu", "-o", "x.o"], cwd=built)
+    p = _sh(["nvcc", "-std=c++17", GENCODE, "-c", "x.cu", "-o", "x.o"], cwd=built)
     assert (built / "x.o").stat().st_size > 0
+    assert "warning" not in p.stderr, p.stderr
+
+
+def test_fp32_cu_compiles_without_warnings(tmp_path):
+    # The FFMA path declares none of the tensor-core paths' constants it does not use.
+    spec = ROOT / "examples" / "seed_padded_fp32.attn"
+    _sh([sys.executable, "-m", "attngen", "compile", spec, "--arch", Arch.SM80.value, "-o", tmp_path / "f.cu"], cwd=ROOT)
+    p = _sh(["nvcc", "-std=c++17", "-gencode=arch=compute_80,code=sm_80", "-c", "f.cu", "-o", "f.o"], cwd=tmp_path)
+    assert "warning" not in p.stderr, p.stderr
 
 
 MAIN = f"""\
