@@ -250,12 +250,12 @@ class Kernel:
             if xp_torch:
                 import torch
 
-                stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+                stream = _external_stream(torch.cuda.current_stream().cuda_stream)
             else:
                 stream = cupy.cuda.get_current_stream()
         elif not isinstance(stream, cupy.cuda.Stream) and not isinstance(stream, cupy.cuda.ExternalStream):
             ptr = getattr(stream, "cuda_stream", stream)
-            stream = cupy.cuda.ExternalStream(int(ptr))
+            stream = _external_stream(int(ptr))
         flag = None
         if var.nan_check:
             with stream:  # zeroed in the launch stream's order, before the kernel can set it
@@ -286,6 +286,33 @@ class Kernel:
             if int(flag.get(stream=stream)[0]) != 0:
                 raise NaNCheckError(f"variant {var.name}: the output holds NaN or Inf (nan_check)")
         return (out, lse) if var.lse else out
+
+
+class _StreamHandle:
+    """A raw cudaStream_t in the CUDA stream protocol (`__cuda_stream__`: version 0, handle)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
+def _external_stream(ptr: int) -> Any:
+    """A CuPy stream object for a stream CuPy did not create (torch's, a caller's handle):
+    `Stream.from_external` through the stream protocol where CuPy has it (it deprecates
+    `ExternalStream`, which older CuPy releases need)."""
+    import cupy
+
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        try:
+            s = from_external(_StreamHandle(ptr))
+            if int(s.ptr) == ptr:
+                return s
+        except (TypeError, ValueError, AttributeError):
+            pass
+    return cupy.cuda.ExternalStream(ptr)
 
 
 def _empty(shape: tuple[int, ...], d: DType, torch_like: bool, like: Any, stream: Any = None) -> Any:

@@ -197,3 +197,25 @@ def test_explicit_stream_with_prep_kernels(lib: str) -> None:
     assert all(r.ok for r in ref), "\n".join(r.summary() for r in ref)
     current = fuzz.to_host(k(*dev), v.dtype)
     np.testing.assert_array_equal(host, current)
+
+
+@pytest.mark.gpu
+def test_torch_launch_raises_no_deprecation_warning() -> None:
+    """Launching on torch's current stream and on a raw stream handle wraps those streams without
+    CuPy's deprecated ExternalStream (which warned once a call), and still computes the right O."""
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    v = variant_of(PAD)
+    arrays, _ = _dev_inputs(v, seed=3)
+    dev = {n: torch.from_numpy(np.ascontiguousarray(a)).cuda() for n, a in arrays.items()}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        out = kernel_for(v)(**dev)
+        out_raw = kernel_for(v)(**dev, stream=side.cuda_stream)
+    side.synchronize()
+    for o in (out, out_raw):
+        ref = fuzz.compare(v, arrays, o.cpu().numpy(), None)
+        assert all(r.ok for r in ref), "\n".join(r.summary() for r in ref)
