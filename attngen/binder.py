@@ -49,9 +49,20 @@ class _Driver:
         self.sync = lib.cuStreamSynchronize
         self.sync.restype = ctypes.c_int
         self.sync.argtypes = [ctypes.c_void_p]
+        self._capturing = lib.cuStreamIsCapturing
+        self._capturing.restype = ctypes.c_int
+        self._capturing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
         self._err = lib.cuGetErrorString
         self._err.restype = ctypes.c_int
         self._err.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+
+    def capturing(self, stream: int) -> bool:
+        """Whether `stream` is being captured into a CUDA graph (a sync there would break it)."""
+        status = ctypes.c_int(0)
+        rc = self._capturing(stream, ctypes.byref(status))
+        if rc:
+            raise self.error(rc, "cuStreamIsCapturing")
+        return status.value != 0
 
     def error(self, code: int, what: str) -> RuntimeError:
         msg = ctypes.c_char_p()

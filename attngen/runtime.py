@@ -14,6 +14,8 @@ import os
 import tempfile
 import threading
 import time
+import functools
+import types
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,11 +339,13 @@ class Kernel:
                     launch_cupy(ln, cupy_stream)
         if b.checks:
             self._check_shapes = b.check_shapes
-        if b.readback and not defer:
+        if b.readback and not defer and not driver().capturing(sp):
+            # Under CUDA-graph capture no sync is allowed: the status words keep any error for
+            # raise_pending() or the next call that reads them.
             self._read_status(sp)
         return (out, lse) if b.lse_shape is not None else out
 
-    @property
+    @functools.cached_property
     def _input_names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.plan.problem.runtime_inputs)
 
@@ -459,10 +463,14 @@ class Kernel:
         current = _torch_current_stream(dev) if xp_torch else cupy.cuda.get_current_stream().ptr
         stream_obj = None if sp == current else _external_stream(sp)
         o_shape = abi.o_shape(var, B, Lq)
-        like = aq.obj
+        # What allocations need of q (its device), without keeping q alive in the binding.
+        like = types.SimpleNamespace(device=aq.obj.device) if xp_torch else None
         if out is None:
-            tmp_out = _empty(o_shape, var.dtype, xp_torch, like)
-            ao = _view(tmp_out, "out")
+            # The output this call allocates: contiguous, aligned by the allocator.
+            cs = [1] * len(o_shape)
+            for i in range(len(o_shape) - 2, -1, -1):
+                cs[i] = cs[i + 1] * o_shape[i + 1]
+            ao = _Arr(None, 0, o_shape, tuple(cs), abi.DTYPE_NAMES[var.dtype], var.dtype.itemsize, dev, xp_torch)
             os_ = strides4(ao, "out")
         else:
             ao = _view(out, "out")
@@ -707,8 +715,13 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
         Path(path).unlink(missing_ok=True)
     if kp.smem_bytes > 48 * 1024:
         fn.max_dynamic_shared_size_bytes = kp.smem_bytes
-    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn, preps, device=dev,
-               launcher=os.environ.get("ATTNGEN_LAUNCHER", "driver"))
+    launcher = os.environ.get("ATTNGEN_LAUNCHER", "driver")
+    if launcher == "driver":
+        try:
+            driver()
+        except OSError:  # no libcuda to load by name: CuPy's launch path still works
+            launcher = "cupy"
+    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn, preps, device=dev, launcher=launcher)
     if persistent(kp.engine):
         k._counter_blocks.append(cupy.zeros(COUNTER_BLOCK, dtype=cupy.int32))
     sorted_inputs = kp.problem.sorted_inputs

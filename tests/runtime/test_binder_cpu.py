@@ -57,7 +57,17 @@ def _fake_cupy():
     cuda.get_current_stream = lambda: stream
     cuda.Device = lambda i=None: types.SimpleNamespace(id=0, attributes={"MultiProcessorCount": 132}, synchronize=lambda: None)
     cuda.Stream = type("Stream", (), {})
-    cuda.ExternalStream = lambda ptr: types.SimpleNamespace(ptr=ptr)
+    class _Stream:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    cuda.ExternalStream = _Stream
     m.cuda = cuda
     m.float32, m.float16, m.uint16, m.int32, m.int64 = np.float32, np.float16, np.uint16, np.int32, np.int64
     m.empty = lambda shape, dtype: FakeArray(shape, dtype)
@@ -76,6 +86,7 @@ def fake(monkeypatch):
 
     monkeypatch.setattr(runtime, "launch_driver", record)
     monkeypatch.setattr(runtime, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(runtime, "driver", lambda: types.SimpleNamespace(capturing=lambda stream: stream == 0xCA97))
     return launches
 
 
@@ -160,6 +171,8 @@ def test_sorted_inputs_get_a_check_launch(fake):
     fake.clear()
     k(q, kk, v, doc=doc, check_inputs=False)
     assert [ln[0] for ln in fake] == [0xF00] and reads == [0]
+    k(q, kk, v, doc=doc, stream=0xCA97)  # a stream being captured: checked, but not read back (no sync)
+    assert [ln[0] for ln in fake] == [0xF00, 0xC00, 0xF00] and reads == [0]
 
 
 def test_unknown_abi_field_is_refused(fake, monkeypatch):
