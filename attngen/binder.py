@@ -40,6 +40,11 @@ class _Driver:
         self.launch.restype = ctypes.c_int
         self.launch.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                                 ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        # The same entry point without argtypes, for calls whose arguments are all prebuilt ctypes
+        # objects (`Launch.call_args`): ctypes then converts nothing (H200: the launch's Python
+        # cost is mostly per-argument conversion).
+        self.launch_raw = lib["cuLaunchKernel"]
+        self.launch_raw.restype = ctypes.c_int
         self.dtoh = lib.cuMemcpyDtoHAsync_v2
         self.dtoh.restype = ctypes.c_int
         self.dtoh.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
@@ -119,6 +124,16 @@ class Launch:
     args: ArgBuffer
     cupy_fn: Any = None  # the CuPy kernel object, for the CuPy launch path
     ctypes_list: tuple[str, ...] = ()  # per slot: "p" pointer, "i" int, "q" long long (CuPy path)
+    call_args: tuple[Any, ...] = ()  # cuLaunchKernel's arguments as ctypes objects, for `stream`
+    stream: int = -1
+
+    def bind_stream(self, stream: int) -> None:
+        """Prebuilds every argument of cuLaunchKernel for launches on `stream`."""
+        u = ctypes.c_uint
+        g = self.grid
+        self.call_args = (ctypes.c_void_p(self.function), u(g[0]), u(g[1]), u(g[2]), u(self.block), u(1), u(1),
+                          u(self.smem), ctypes.c_void_p(stream), self.args.ptrs, None)
+        self.stream = stream
 
 
 @dataclass
@@ -148,9 +163,13 @@ class Binding:
 
 
 def launch_driver(ln: Launch, stream: int) -> None:
-    d = driver()
-    g = ln.grid
-    rc = d.launch(ln.function, g[0], g[1], g[2], ln.block, 1, 1, ln.smem, stream, ln.args.ptrs, None)
+    """Launches `ln` on `stream` through the driver (prebuilt arguments when bound to it)."""
+    d = _DRIVER or driver()
+    if stream == ln.stream:
+        rc = d.launch_raw(*ln.call_args)
+    else:
+        g = ln.grid
+        rc = d.launch(ln.function, g[0], g[1], g[2], ln.block, 1, 1, ln.smem, stream, ln.args.ptrs, None)
     if rc:
         raise d.error(rc, "cuLaunchKernel")
 

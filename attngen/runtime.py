@@ -261,17 +261,18 @@ class Kernel:
             self._build(arrays, inputs, out, lse, stream, check_inputs)  # raises the precise error
         sigs = []
         ptrs = []
+        fns = _SIG_FNS
         for x in arrays:
-            f = _sig_fn(x)
+            f = fns.get(type(x)) or _sig_fn(x)
             if f is None:
                 self._build(arrays, inputs, out, lse, stream, check_inputs)
             sg, p = f(x)
             sigs.append(sg)
             ptrs.append(p)
-        is_torch = _sig_fn(q) is _torch_sig
+        is_torch = fns.get(type(q)) is _torch_sig
         if stream is None:
             if is_torch:
-                sp = _torch_current_stream(self.device)
+                sp = (_TORCH_STREAM or _torch_current_stream)(self.device)
             else:
                 import cupy
 
@@ -279,9 +280,13 @@ class Kernel:
         else:
             sp = _stream_ptr(stream)
         out_sig = lse_sig = None
+        op = 0
         if out is not None:
             fo = _sig_fn(out)
-            out_sig = fo(out)[0] if fo is not None else type(out)
+            if fo is not None:
+                out_sig, op = fo(out)
+            else:
+                out_sig = type(out)
         if lse is not None:
             fl = _sig_fn(lse)
             lse_sig = fl(lse)[0] if fl is not None else type(lse)
@@ -297,7 +302,6 @@ class Kernel:
             out = b.alloc_out()
             op = out.data_ptr() if is_torch else out.data.ptr
         else:
-            op = _sig_fn(out)(out)[1]
             if op & 15:
                 raise ValueError("out: expected a 16-byte aligned data pointer")
             o0, o1 = op + b.out_extent[0], op + b.out_extent[1]
@@ -337,12 +341,13 @@ class Kernel:
                     launch_cupy(ln, cupy_stream)
                 for ln in b.main:
                     launch_cupy(ln, cupy_stream)
-        if b.checks:
-            self._check_shapes = b.check_shapes
-        if b.readback and not defer and not driver().capturing(sp):
-            # Under CUDA-graph capture no sync is allowed: the status words keep any error for
-            # raise_pending() or the next call that reads them.
-            self._read_status(sp)
+        if b.readback:
+            if b.checks:
+                self._check_shapes = b.check_shapes
+            if not defer and not driver().capturing(sp):
+                # Under CUDA-graph capture no sync is allowed: the status words keep any error
+                # for raise_pending() or the next call that reads them.
+                self._read_status(sp)
         return (out, lse) if b.lse_shape is not None else out
 
     @functools.cached_property
@@ -573,6 +578,8 @@ class Kernel:
             # reuse a freed block only in its stream's order, so dropping it after the call is safe).
             return lambda: _empty(shape, dt, xp_torch, like, stream_obj)
 
+        for ln in (*main, *checks):
+            ln.bind_stream(sp)
         b = Binding(
             key=key, checks=checks, check_slots=check_slots, main=main, array_slots=array_slots,
             out_slot=out_slot, lse_slot=lse_slot, ws_slots=ws_slots, scalar_slots=scalar_slots,
