@@ -6,6 +6,12 @@ the caller's current stream. One compiled kernel serves every batch size and seq
 
 CuPy has no bfloat16 dtype: with CuPy, pass bf16 data as a uint16 array holding the bit patterns
 (`x.view(cupy.uint16)`); outputs come back the same way. torch tensors keep their own dtypes.
+
+A call validates and packs its arguments once per signature (`attngen.binder`), then launches
+through the CUDA driver (ctypes `cuLaunchKernel`; `ATTNGEN_LAUNCHER=cupy` selects CuPy's launch,
+kept for comparison). Variants with `sorted` inputs run a device check first (`attngen.checks`);
+its result and a `nan_check` flag live in device status words that the call reads back (a sync),
+except under CUDA-graph capture, where `raise_pending()` reports them later.
 """
 
 from __future__ import annotations
