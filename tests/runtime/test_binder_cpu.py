@@ -200,3 +200,53 @@ def test_check_args_and_index():
     assert flat_to_index(13, (3, 5)) == (2, 3)
     assert flat_to_index(0, (3, 5)) == (0, 0)
     assert check_grid(1) == 1 and check_grid(10**9) == 1024
+
+
+_RECORDER = r"""
+unsigned long long g_f, g_s; unsigned g_v[7]; void** g_p; void** g_e;
+int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned smem, void* s, void** p, void** e) {
+  g_f = (unsigned long long)f; g_v[0] = gx; g_v[1] = gy; g_v[2] = gz; g_v[3] = bx; g_v[4] = by; g_v[5] = bz;
+  g_v[6] = smem; g_s = (unsigned long long)s; g_p = p; g_e = e; return 0;
+}
+int cuStreamIsCapturing(void* s, int* st) { *st = 0; return 0; }
+int cuMemcpyDtoHAsync_v2(void* d, unsigned long long s, unsigned long n, void* st) { return 0; }
+int cuMemcpyHtoDAsync_v2(unsigned long long d, void* s, unsigned long n, void* st) { return 0; }
+int cuStreamSynchronize(void* s) { return 0; }
+int cuGetErrorString(int c, const char** m) { *m = "recorder"; return 0; }
+"""
+
+
+def test_driver_launch_marshals_every_argument(tmp_path, monkeypatch):
+    """Both ctypes call paths (prebuilt arguments on the bound stream, argtypes otherwise) hand
+    cuLaunchKernel the function, grid, block, shared memory, stream and a void** whose slots hold
+    the argument values (an int field reads the low 4 bytes of its slot)."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the recording stand-in for libcuda")
+    src = tmp_path / "rec.c"
+    src.write_text(_RECORDER)
+    so = tmp_path / "librec.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(so), str(src)], check=True)
+    lib = ctypes.CDLL(str(so))
+    real_cdll = ctypes.CDLL
+    monkeypatch.setattr(binder.ctypes, "CDLL", lambda name: real_cdll(str(so)))
+    monkeypatch.setattr(binder, "_DRIVER", None)
+    binder.driver()
+    monkeypatch.setattr(binder.ctypes, "CDLL", real_cdll)
+    ln = binder.Launch(0xDEADBEEF1234, (7, 8, 9), 384, 200000, binder.ArgBuffer([11, -2, 1 << 40]))
+    ln.bind_stream(0xABCDEF987654)
+    for stream in (0xABCDEF987654, 0x1111):
+        binder.launch_driver(ln, stream)
+        assert ctypes.c_uint64.in_dll(lib, "g_f").value == 0xDEADBEEF1234
+        assert list((ctypes.c_uint * 7).in_dll(lib, "g_v")) == [7, 8, 9, 384, 1, 1, 200000]
+        assert ctypes.c_uint64.in_dll(lib, "g_s").value == stream
+        assert ctypes.c_void_p.in_dll(lib, "g_e").value is None
+        slots = (ctypes.c_void_p * 3).from_address(ctypes.c_void_p.in_dll(lib, "g_p").value)
+        assert [ctypes.c_int64.from_address(a).value for a in slots] == [11, -2, 1 << 40]
+        assert ctypes.c_int32.from_address(slots[1]).value == -2
+    monkeypatch.setattr(binder, "_DRIVER", None)
