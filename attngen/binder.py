@@ -11,6 +11,11 @@ The argument list comes from the plan's ABI fields (`OpPlan.fields`), by name: e
 a pointer patched per call, a value fixed by the signature, or a per-call scalar in
 `CALL_SCALARS`. A field this module has no rule for is an error when the binding is built, so a new
 ABI field cannot be silently passed as garbage.
+
+The output, LSE and prep-kernel workspaces are allocated each call (their shapes, dtypes and
+allocators are part of the binding) through the caller's allocator in the launch stream's order:
+a buffer cached in the binding would be shared by concurrent callers and could be freed under a
+CUDA graph that captured it.
 """
 
 from __future__ import annotations
