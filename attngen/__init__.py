@@ -5,6 +5,8 @@ Public API (imported lazily, so `import attngen` is cheap and works without a GP
     attngen.load(path) -> Program             parse and validate a .attn file
     attngen.loads(text, path) -> Program      the same from text
     attngen.compile(spec_or_path, variant=None, arch=None) -> Kernel   (needs CuPy and a GPU)
+    attngen.raise_pending()                   raise an error deferred calls left on the device
+    attngen.torch                             variants as torch.library custom ops (import attngen.torch)
     attngen.reference                         the NumPy reference (attngen.reference.attention)
     attngen.__version__
 """
@@ -21,6 +23,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "load": ("attngen.frontend", "load"),
     "loads": ("attngen.frontend", "loads"),
     "compile": ("attngen.runtime", "compile"),
+    "raise_pending": ("attngen.runtime", "raise_pending"),
     "reference": ("attngen.reference", None),
     "SpecError": ("attngen.diagnostics", "SpecError"),
 }

@@ -276,6 +276,16 @@ def resolved_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[TileConfig, bo
     return variant_tile(v, arch), True
 
 
+def _op_plan(v: Variant, arch: Arch) -> Any:
+    """The variant's OpPlan on `arch`, or None when its tile does not fit there."""
+    from attngen.render_cuda import plan
+
+    try:
+        return plan(v, arch)
+    except ValueError:
+        return None
+
+
 def _heads_text(v: Variant) -> str:
     if v.kv_heads == v.heads:
         return f"H{v.heads}"
@@ -398,10 +408,14 @@ def explain(
 
     # Tile plan
     out.append("")
-    layout = variant_smem_layout(v, tile, arch)
+    kp = _op_plan(v, arch)
+    if kp is not None:
+        layout, eng, n_threads = kp.smem, kp.engine, kp.threads
+    else:  # a tile that does not fit this arch has no plan: describe it, then say why (warnings below)
+        layout = variant_smem_layout(v, tile, arch)
+        eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
+        n_threads = threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     smem = layout.bytes
-    eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
-    n_threads = threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     out.append(f"Tile plan on {arch.value}{' (tile auto)' if auto else ''}:")
     out.append(
         f"  block_m {tile.block_m}, block_n {tile.block_n}, warps {tile.warps} ({n_threads} threads"
@@ -428,13 +442,19 @@ def explain(
                    f"{ffma_accumulators(v.head_dim, v.value_head_dim, tile)} accumulator registers a thread")
     for msg in validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v)):
         out.append(f"  warning: {msg}")
-    grid_m = math.ceil(Lq / tile.block_m)
     key_tiles = f"{math.ceil(Lk / tile.block_n)} key tiles per query tile at most"
+    if kp is not None:
+        # The plan's grid rule; with unbounded SMs a persistent grid is the work-tile count.
+        g = kp.attention.launch_grid(v.heads, B, Lq, Lk, sm_count=1 << 62)
+    else:
+        n_m = math.ceil(Lq / tile.block_m)
+        g = (n_m * v.heads * B, 1, 1) if persistent(eng) else (n_m, v.heads, B)
+    grid_m = math.ceil(Lq / tile.block_m)
     if persistent(eng):
-        out.append(f"  {grid_m * v.heads * B} work tiles ({grid_m} query tiles x {v.heads} heads x {B} batch) over persistent CTAs, "
+        out.append(f"  {g[0]} work tiles ({grid_m} query tiles x {v.heads} heads x {B} batch) over persistent CTAs, "
                    f"at most one an SM; {key_tiles}")
     else:
-        out.append(f"  grid {grid_m} x {v.heads} x {B} CTAs (query tiles x heads x batch); {key_tiles}")
+        out.append(f"  grid {g[0]} x {g[1]} x {g[2]} CTAs (query tiles x heads x batch); {key_tiles}")
 
     out.append("")
     out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")

@@ -7,18 +7,23 @@ always give the same bytes: no timestamps, no dict-order dependence, no absolute
 
 from __future__ import annotations
 
+import enum
+import functools
 from dataclasses import dataclass
 
 import jinja2
 
 from attngen import __version__
 from attngen.ir import (
+    AttnKind,
     DType,
+    Layout,
     NormKind,
     NormScope,
     NormTarget,
     Program,
     SizeSym,
+    TensorDecl,
     TileConfig,
     Variant,
     norm_bias_name,
@@ -32,7 +37,6 @@ from attngen.schedule import (
     Arch,
     Engine,
     engine,
-    grid,
     min_blocks_per_sm,
     SmemLayout,
     persistent,
@@ -89,30 +93,170 @@ PREP_ROWS_PER_BLOCK = PREP_THREADS // 32
 PREP_MAX_BLOCKS = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class KernelPlan:
-    """What the runtime needs to launch a rendered kernel."""
+def _rows_grid(rows: int) -> int:
+    return min(rows // PREP_ROWS_PER_BLOCK + 1, PREP_MAX_BLOCKS)
 
-    kernel_name: str
-    fields: tuple[Field, ...]
-    tile: TileConfig
-    threads: int
-    smem: SmemLayout
+
+class KernelRole(enum.Enum):
+    """What a kernel of an op does, in launch order (the backward and decode families add theirs)."""
+
+    PREP = "prep"  # per-row work before the attention kernel (norm statistics, normalised rows)
+    ATTENTION = "attention"  # the forward attention kernel
+
+
+class GridRule(enum.Enum):
+    """How a kernel's launch grid follows from the call's sizes. The one place the formulas live:
+    the runtime evaluates `OpKernel.launch_grid`, the launcher, header and `explain` print
+    `OpKernel.grid_cpp` / `OpKernel.grid_text`."""
+
+    TILES = "tiles"  # ceil(Lq / block_m) x H x B: one CTA a query tile
+    PERSISTENT = "persistent"  # min(work tiles, SMs) x 1 x 1: CTAs loop over the work tiles
+    ROWS = "rows"  # min(rows / PREP_ROWS_PER_BLOCK + 1, PREP_MAX_BLOCKS): grid-stride over rows
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """The problem an op solves, independent of how it is blocked: element type, dims, heads,
+    layout, target and the flags derived from the spec."""
+
+    name: str
+    dtype: DType
+    head_dim: int
+    value_head_dim: int
+    heads: int
+    kv_heads: int
+    layout: Layout
+    kind: AttnKind
     arch: Arch
-    engine: Engine
-    preps: tuple[Prep, ...] = ()
+    lse: bool
+    nan_check: bool
+    residual: bool
+    token_norm: bool  # q has a token-scope norm (q may be a flat hidden state)
+    runtime_inputs: tuple[TensorDecl, ...]  # beyond q, k, v, in ABI order
+
+    @property
+    def sorted_inputs(self) -> tuple[TensorDecl, ...]:
+        """Runtime inputs whose `sorted` promise the kernel trusts (tile classification reads
+        only a tile's two ends), so the runtime checks them before a launch."""
+        return tuple(d for d in self.runtime_inputs if d.sorted and d.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class OpKernel:
+    """One kernel of an op: its role, entry point, engine and tile, block size, shared memory,
+    grid rule and (wgmma) register split."""
+
+    name: str
+    role: KernelRole
+    threads: int
+    grid_rule: GridRule
+    engine: Engine | None = None  # attention kernels only
+    tile: TileConfig | None = None
+    smem: SmemLayout = SmemLayout(0)
+    min_blocks: int = 1  # the __launch_bounds__ occupancy hint
+    regs: tuple[int, int] | None = None  # wgmma setmaxnreg (producer, consumer) registers a thread
+    prep: Prep | None = None  # prep kernels: what they write
+
+    def launch_grid(self, heads: int, B: int, Lq: int, Lk: int, sm_count: int) -> tuple[int, int, int]:
+        """The launch grid for one call's sizes."""
+        if self.grid_rule == GridRule.ROWS:
+            assert self.prep is not None
+            return (_rows_grid(self.prep.rows(B, Lq, Lk)), 1, 1)
+        assert self.tile is not None
+        n_m = -(-Lq // self.tile.block_m)
+        if self.grid_rule == GridRule.PERSISTENT:
+            return (max(1, min(n_m * heads * B, sm_count)), 1, 1)
+        return (n_m, heads, B)
+
+    def grid_cpp(self, ns: str) -> str:
+        """The launcher's C++ for the grid over Params `p`: the dim3 arguments of a TILES grid, or
+        the work-tile count a PERSISTENT grid caps at the SM count."""
+        n_m = f"(p.Lq + {ns}::BLOCK_M - 1) / {ns}::BLOCK_M"
+        if self.grid_rule == GridRule.PERSISTENT:
+            return f"(long long)({n_m}) * {ns}::H * p.B"
+        if self.grid_rule == GridRule.TILES:
+            return f"{n_m}, {ns}::H, p.B"
+        raise ValueError(f"{self.name}: the launcher sizes {self.grid_rule.value} grids itself")
+
+    def grid_text(self, heads: int) -> str:
+        """The launch grid in words, for headers."""
+        if self.grid_rule == GridRule.ROWS:
+            return f"min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS})"
+        assert self.tile is not None
+        if self.grid_rule == GridRule.PERSISTENT:
+            return (f"min(ceil(Lq / {self.tile.block_m}) * H={heads} * B, number of SMs) x 1 x 1 (persistent CTAs "
+                    f"loop over the work tiles; any grid is correct)")
+        return f"(ceil(Lq / {self.tile.block_m}), H={heads}, B)"
+
+
+@dataclass(frozen=True, slots=True)
+class OpPlan:
+    """Everything decided about one variant on one arch, computed once (`plan`, cached) and read
+    by render, the runtime's binder, `explain` and the C header: the problem, the ordered
+    kernels (preps first, then the attention kernel), the ABI fields and the workspaces."""
+
+    problem: Problem
+    kernels: tuple[OpKernel, ...]
+    fields: tuple[Field, ...]
+    workspaces: tuple[Prep, ...] = ()
+
+    @property
+    def attention(self) -> OpKernel:
+        """The attention kernel (the last one launched)."""
+        return next(k for k in self.kernels if k.role == KernelRole.ATTENTION)
+
+    @property
+    def prep_kernels(self) -> tuple[OpKernel, ...]:
+        return tuple(k for k in self.kernels if k.role == KernelRole.PREP)
+
+    # The attention kernel's figures, under the names the runtime and tests have always used.
+    @property
+    def kernel_name(self) -> str:
+        return self.attention.name
+
+    @property
+    def tile(self) -> TileConfig:
+        t = self.attention.tile
+        assert t is not None
+        return t
+
+    @property
+    def threads(self) -> int:
+        return self.attention.threads
+
+    @property
+    def smem(self) -> SmemLayout:
+        return self.attention.smem
 
     @property
     def smem_bytes(self) -> int:
-        return self.smem.bytes
+        return self.attention.smem.bytes
+
+    @property
+    def arch(self) -> Arch:
+        return self.problem.arch
+
+    @property
+    def engine(self) -> Engine:
+        e = self.attention.engine
+        assert e is not None
+        return e
+
+    @property
+    def preps(self) -> tuple[Prep, ...]:
+        return self.workspaces
 
     def grid(self, heads: int, B: int, Lq: int, sm_count: int) -> tuple[int, int, int]:
-        """The attention kernel's launch grid (the launcher's formula; see `schedule.grid`)."""
-        return grid(self.engine, self.tile, heads, B, Lq, sm_count)
+        """The attention kernel's launch grid (`OpKernel.launch_grid`)."""
+        return self.attention.launch_grid(heads, B, Lq, Lq, sm_count)
 
     def prep_grid(self, rows: int) -> int:
         """Blocks for a prep kernel covering `rows` rows (the launcher's formula)."""
-        return min(rows // PREP_ROWS_PER_BLOCK + 1, PREP_MAX_BLOCKS)
+        return _rows_grid(rows)
+
+
+# The name the runtime and other modules imported before the plan covered every kernel.
+KernelPlan = OpPlan
 
 
 def kernel_name(v: Variant) -> str:
@@ -180,21 +324,36 @@ def _preps(v: Variant) -> tuple[Prep, ...]:
     return tuple(out)
 
 
-def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> KernelPlan:
-    """Kernel name, ABI fields, tile, block size, shared memory and prep kernels of a variant."""
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> OpPlan:
+    """The frozen plan of a variant on `arch` (computed once per (variant, arch), then cached)."""
+    return _plan(v, arch)
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(v: Variant, arch: Arch) -> OpPlan:
     tile = resolve_tile(v, arch)
     preps = _preps(v)
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
-    return KernelPlan(
-        kernel_name=kernel_name(v),
-        fields=_fields(v, preps, persistent(eng)),
-        tile=tile,
-        threads=threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
-        smem=variant_smem_layout(v, tile, arch),
-        arch=arch,
-        engine=eng,
-        preps=preps,
+    pers = persistent(eng)
+    problem = Problem(
+        name=v.name, dtype=v.dtype, head_dim=v.head_dim, value_head_dim=v.value_head_dim, heads=v.heads,
+        kv_heads=v.kv_heads, layout=v.layout, kind=v.kind, arch=arch, lse=v.lse, nan_check=v.nan_check,
+        residual=v.residual, token_norm=q_token_norm(v), runtime_inputs=v.runtime_inputs(),
     )
+    attention = OpKernel(
+        name=kernel_name(v),
+        role=KernelRole.ATTENTION,
+        threads=threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
+        grid_rule=GridRule.PERSISTENT if pers else GridRule.TILES,
+        engine=eng,
+        tile=tile,
+        smem=variant_smem_layout(v, tile, arch),
+        min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
+        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores)) if eng == Engine.WGMMA else None,
+    )
+    prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
+                         for pr in preps)
+    return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=_fields(v, preps, pers), workspaces=preps)
 
 
 def _spec_text(v: Variant) -> str:
@@ -215,7 +374,7 @@ def _expr_text(e) -> str:
         return type(e).__name__
 
 
-def _header(v: Variant, kp: KernelPlan) -> str:
+def _header(v: Variant, kp: OpPlan) -> str:
     layout = v.layout.value
     qs = "[B, H, Lq, D]" if layout == "bhsd" else "[B, Lq, H, D]"
     ks = "[B, Hkv, Lk, D]" if layout == "bhsd" else "[B, Lk, Hkv, D]"
@@ -255,12 +414,9 @@ def _header(v: Variant, kp: KernelPlan) -> str:
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
 
 
-def grid_text(kp: KernelPlan, heads: int) -> str:
-    """The launch grid in words, for headers."""
-    if persistent(kp.engine):
-        return (f"min(ceil(Lq / {kp.tile.block_m}) * H={heads} * B, number of SMs) x 1 x 1 (persistent CTAs "
-                f"loop over the work tiles; any grid is correct)")
-    return f"(ceil(Lq / {kp.tile.block_m}), H={heads}, B)"
+def grid_text(kp: OpPlan, heads: int) -> str:
+    """The attention kernel's launch grid in words, for headers (`OpKernel.grid_text`)."""
+    return kp.attention.grid_text(heads)
 
 
 def _tensor_ctx(v: Variant) -> list[dict]:
@@ -291,7 +447,7 @@ def _norm_ctx(v: Variant) -> dict:
     return ctx
 
 
-def _wgmma_shapes(kp: KernelPlan, v: Variant) -> list[dict]:
+def _wgmma_shapes(kp: OpPlan, v: Variant) -> list[dict]:
     """Operand lists of the m64nNk16 wgmma wrappers the kernel uses (N = block_n for S, Dv for O):
     N / 2 fp32 accumulators per thread, then the A and B operands and the accumulate flag."""
     if kp.engine != Engine.WGMMA:
@@ -324,7 +480,7 @@ def render(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     return render_with_plan(v, arch)[0]
 
 
-def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, KernelPlan]:
+def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, OpPlan]:
     kp = plan(v, arch)
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
@@ -339,6 +495,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         mma_type={"bf16": "bf16", "fp16": "f16"}.get(v.dtype.value, "none"),
         path={Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
         persistent=persistent(kp.engine),
+        grid_cpp=kp.attention.grid_cpp(f"{kp.kernel_name}_impl"),
         D=v.head_dim,
         DV=v.value_head_dim,
         H=v.heads,
@@ -349,9 +506,9 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         warps=kp.threads // 32,
         epi_warps=kp.tile.warps,
         stages=kp.tile.stages,
-        min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, kp.tile, arch),
+        min_blocks=kp.attention.min_blocks,
         wgmma_shapes=_wgmma_shapes(kp, v),
-        wgmma_regs=dict(zip(("producer", "consumer"), wgmma_regs(kp.tile, bool(tensors_used(v.mask)), bool(v.scores)))),
+        wgmma_regs=dict(zip(("producer", "consumer"), kp.attention.regs or (0, 0))),  # read on the wgmma path only
         q_buffers=kp.smem.q_buffers,
         smem_bytes=kp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],
@@ -378,4 +535,4 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
     return src, kp
 
 
-__all__ = ["render", "render_with_plan", "plan", "KernelPlan", "Field", "Prep", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]
+__all__ = ["render", "render_with_plan", "plan", "OpPlan", "OpKernel", "Problem", "KernelRole", "GridRule", "KernelPlan", "Field", "Prep", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]

@@ -243,15 +243,6 @@ def persistent(eng: Engine) -> bool:
     return eng == Engine.WGMMA
 
 
-def grid(eng: Engine, tile: TileConfig, heads: int, B: int, Lq: int, sm_count: int) -> tuple[int, int, int]:
-    """The launch grid (the launchers' formula): persistent kernels min(work tiles, SMs) x 1 x 1
-    (any grid is correct for them), the others ceil(Lq / block_m) x heads x B."""
-    n_m = -(-Lq // tile.block_m)
-    if persistent(eng):
-        return (max(1, min(n_m * heads * B, sm_count)), 1, 1)
-    return (n_m, heads, B)
-
-
 def validate_tile(
     dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH, *, token_norm: bool = False
 ) -> list[str]:

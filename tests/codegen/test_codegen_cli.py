@@ -130,7 +130,9 @@ def test_resolve_tile_value_error_is_exit_1(capsys, monkeypatch):
         raise ValueError(f"variant {v.name}: tile 128x64 cannot be used on sm_80: too big")
 
     monkeypatch.setattr(render_cuda, "resolve_tile", refuse)
+    render_cuda._plan.cache_clear()  # plans are cached per (variant, arch); recompute under the patch
     rc, out, err = run(capsys, LLAMA, "--arch", "sm_80")
+    render_cuda._plan.cache_clear()
     assert rc == 1 and out == ""
     assert "cannot be used on sm_80" in err
 
