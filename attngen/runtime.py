@@ -172,8 +172,14 @@ class Kernel:
     def tile(self) -> TileConfig:
         return self.plan.tile
 
-    def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None, **inputs: Any) -> Any:
-        """Runs the kernel; returns `o`, or `(o, lse)` when the spec asks for the LSE."""
+    def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None,
+                 q_offset: int = 0, kv_offset: int = 0, Lq_total: int | None = None, Lk_total: int | None = None,
+                 **inputs: Any) -> Any:
+        """Runs the kernel; returns `o`, or `(o, lse)` when the spec asks for the LSE.
+
+        `q_offset`, `kv_offset`, `Lq_total`, `Lk_total` place q and k/v inside a longer sequence
+        (`abi.Positions`: a context-parallel shard, a prefill chunk): masks and scores see global
+        positions and lengths, and runtime inputs sized Lq or Lk hold the whole sequence."""
         import cupy
         import numpy as np
 
@@ -182,11 +188,14 @@ class Kernel:
         for a, n in ((aq, "q"), (ak, "k"), (av, "v")):
             _check_dtype(a, var.dtype, n)
         given = {name: _view(x, name) for name, x in inputs.items()}
+        pos_given = abi.Positions(q_offset, kv_offset, Lq_total, Lk_total)
         sizes = abi.bind_sizes(
             var, aq.shape, ak.shape, av.shape,
             {n: (a.shape, _dtype_name_for_abi(a, next((d.dtype for d in var.runtime_inputs() if d.name == n), DType.I32)))
              for n, a in given.items()},
+            positions=pos_given,
         )
+        pos = pos_given.resolve(sizes.Lq, sizes.Lk)
         dev = cupy.cuda.Device().id
         for name, a in (("q", aq), ("k", ak), ("v", av), *given.items()):
             if a.device != dev:
@@ -265,6 +274,7 @@ class Kernel:
             np.uint64(flag.data.ptr if flag is not None else 0),
             *((np.uint64(self._work_counter(stream)),) if persistent(self.plan.engine) else ()),
             np.int32(B), np.int32(Lq), np.int32(Lk),
+            np.int32(pos.q_offset), np.int32(pos.kv_offset), np.int32(pos.Lq_total), np.int32(pos.Lk_total),
             *(np.int64(s) for s in (*qs, *ks, *vs, *os_)),
         ]
         # Workspace for the prep kernels (grows with B*L, never with Lq*Lk), in the caller's library,
