@@ -229,6 +229,7 @@ def ring_attention(
     *,
     seq_len: int | None = None,
     scheme: Sharding | str = Sharding.ZIGZAG,
+    _exchange: bool = True,
     **inputs: Any,
 ) -> tuple[Any, Any]:
     """This rank's rows of attention over the whole sharded sequence: (out, lse).
@@ -239,6 +240,9 @@ def ring_attention(
     positions `shard_ranges(seq_len, world, rank, scheme)` in that order. `seq_len`: the whole
     sequence's length (found by an all-reduce when not given). `inputs`: the variant's runtime
     inputs for the WHOLE sequence (e.g. `doc_ids` [B, seq_len]; small), identical on every rank.
+    (`_exchange=False` is for benchmarks only: the same launches, with this rank's own K/V standing
+    in for every remote block, no communication; it needs shards of equal size and gives wrong
+    outputs.)
     Every rank of `group` must call this together. Returns `out` in the variant's dtype and layout
     and `lse` fp32 [B, H, n] for this rank's n rows. Forward only (no autograd)."""
     import torch
@@ -298,7 +302,7 @@ def ring_attention(
         src = (rank - step) % world
         reqs: list[Any] = []
         nxt = None
-        if step + 1 < world:
+        if step + 1 < world and _exchange:
             src_next = (rank - step - 1) % world
             n_next = sum(b - a for a, b in ranges[src_next])
             n_cur = sum(b - a for a, b in ranges[src])

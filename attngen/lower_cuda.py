@@ -10,7 +10,9 @@ Two emitters over the same IR:
 
 Both read global positions: the local row q of a launch is position `q + p.q_offset` of the whole
 sequence (and kv is `kv + p.kv_offset`), and the sizes Lq, Lk are the whole sequence's
-(`p.Lq_total`, `p.Lk_total`). Without offsets these are the launch's own rows and lengths.
+(`p.Lq_total`, `p.Lk_total`). Element code is called with global q and kv (`ag_mask`, `ag_score`);
+classification with a tile's local bounds, to which it adds the offsets. Without offsets these
+are the launch's own rows and lengths.
 
 Only validated IR reaches here: identifiers are checked C identifiers and numbers are numbers, so
 spec text cannot inject C++. Tensor names are still prefixed (`in_<name>`) so they cannot collide
@@ -83,8 +85,10 @@ def _size_code(sym: SizeSym, consts: dict[SizeSym, int]) -> str:
 
 
 # Masks and scores see global positions: a launch's local row q is position q + q_offset of the
-# whole sequence (context-parallel shards, chunked prefill); likewise kv + kv_offset.
-_INDEX_CODE = {"b": "b", "h": "h", "q": "(q + p.q_offset)", "kv": "(kv + p.kv_offset)"}
+# whole sequence (context-parallel shards, chunked prefill); likewise kv + kv_offset. Element code
+# receives global positions from its call sites (which add the offsets to the tile base once);
+# classification receives the tile's local bounds and adds them here.
+_INDEX_CODE = {"b": "b", "h": "h", "q": "q", "kv": "kv"}
 _INDEX_RANGE = {"b": ("b", "b"), "h": ("h", "h"), "q": ("q0 + p.q_offset", "q1 + p.q_offset"),
                 "kv": ("k0 + p.kv_offset", "k1 + p.kv_offset")}
 

@@ -84,7 +84,7 @@ def _program(masks, Lq: int, Lk: int, data: dict, symbols: dict, tiles, offsets:
         )
     calls = "\n".join(
         f"  for (int t = 0; t < {len(tiles[i])}; ++t) {{ const int* T = tiles_{i}[t]; emit(classify_{i}(p, T[0], T[1], T[2], T[3], T[4], T[5]), "
-        f"[&](int q, int kv) {{ return mask_{i}(p, T[0], T[1], q, kv); }}, T); }}"
+        f"[&](int q, int kv) {{ return mask_{i}(p, T[0], T[1], q + p.q_offset, kv + p.kv_offset); }}, T); }}"
         for i in range(len(masks))
     )
     tile_arrays = "\n".join(

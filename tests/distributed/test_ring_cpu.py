@@ -83,5 +83,5 @@ def test_merge_is_exact_with_an_empty_partial_and_safe_when_both_are_empty() -> 
     o2 = torch.randn(2, 5, 3, 8, generator=g)
     l1, l2 = torch.full((2, 3, 5), 500.0), torch.full((2, 3, 5), 500.0 + np.log(3.0))
     m, ml = merge_partials(o.float(), l1, o2, l2, seq_dim=1)
-    assert torch.allclose(m, 0.25 * o.float() + 0.75 * o2, atol=1e-6)
+    assert torch.allclose(m, 0.25 * o.float() + 0.75 * o2, atol=1e-4)  # fp32 LSEs near 500: ulp 3e-5
     assert torch.allclose(ml, torch.full_like(ml, 500.0 + np.log(4.0)))
