@@ -8,6 +8,8 @@ H16, bf16, B1 at L = 128k and 256k. Per length:
 Aggregate TFLOP/s count causal as half (4 L^2 H D / 2). Rank 0 prints a table and writes JSON.
 
 usage: torchrun --standalone --nproc_per_node 2 benchmarks/ring_bench.py [--out FILE] [--lengths 131072,262144]
+`--cpu --lengths 256` is a dry run of the script on CPUs (gloo, the NumPy reference as the kernel,
+no peer): it checks the script, not speed.
 """
 
 from __future__ import annotations
@@ -26,21 +28,30 @@ H, D = 16, 128
 SPEC = "attention ring_bench_causal { dtype bf16; head_dim 128; heads 16; layout bshd; mask causal; output lse }"
 
 
+CPU = False  # --cpu: a dry run on CPUs
+
+
+def sync() -> None:
+    import torch
+
+    if not CPU:
+        torch.cuda.synchronize()
+
+
 def timed(fn, reps: int, sync_group=True) -> float:
     """Median seconds of `fn` over `reps` runs after one warm-up; ranks start each run together."""
-    import torch
     import torch.distributed as dist
 
     fn()
-    torch.cuda.synchronize()
+    sync()
     ts = []
     for _ in range(reps):
         if sync_group:
             dist.barrier()
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         ts.append(time.perf_counter() - t0)
     ts.sort()
     return ts[len(ts) // 2]
@@ -50,7 +61,7 @@ def slowest(t: float) -> float:
     import torch
     import torch.distributed as dist
 
-    x = torch.tensor([t], dtype=torch.float64, device="cuda")
+    x = torch.tensor([t], dtype=torch.float64, device="cpu" if CPU else "cuda")
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
     return float(x.item())
 
@@ -66,13 +77,21 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--lengths", default="131072,262144")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cpu", action="store_true", help="dry run on CPUs: gloo, the NumPy reference as the kernel, no peer")
     args = ap.parse_args()
+    global CPU
+    CPU = args.cpu
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev)
+    if CPU:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo")
+        kernel = Dd.ReferenceKernel(attngen.loads(SPEC).get())
+    else:
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=dev)
+        kernel = attngen.compile(SPEC)
     rank, world = dist.get_rank(), dist.get_world_size()
-    kernel = attngen.compile(SPEC)
     rows = []
     for L in (int(x) for x in args.lengths.split(",")):
         row: dict = {"L": L, "world": world}
@@ -106,6 +125,8 @@ def main() -> int:
             row["comm_error"] = traceback.format_exc()[-800:]
         del qs, ks, vs
         try:
+            if CPU:
+                raise RuntimeError("no peer in a CPU dry run")
             row["peer_s"] = slowest(peer_time(q, k, v, world, args.reps))
         except Exception:
             row["peer_error"] = traceback.format_exc()[-800:]
@@ -121,7 +142,8 @@ def main() -> int:
             row["ring_over_compute"] = row["ring_s"] / row["compute_only_s"]
         rows.append(row)
         del q, k, v
-        torch.cuda.empty_cache()
+        if not CPU:
+            torch.cuda.empty_cache()
     if rank == 0:
         print(f"\nring attention, causal D{D} H{H} bf16 B1, {world} GPUs (aggregate TFLOP/s, causal counted as half)")
         print(f"{'L':>7} | {'1 GPU':>13} | {'ring':>13} | {'compute only':>13} | {'comm only':>9} | {'peer CP':>13} | ring/1GPU | ring/peer | ring/compute")
