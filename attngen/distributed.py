@@ -256,6 +256,10 @@ def ring_attention(
         raise ValueError("ring_attention: pass q as [B, L, H, D] (the flat hidden-state form is not sharded here)")
     seq_dim = 2 if var.layout == Layout.BHSD else 1
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    # P2POp names peers by their global rank, also inside a subgroup.
+    succ, pred = ((rank + 1) % world, (rank - 1) % world)
+    if group is not None:
+        succ, pred = dist.get_global_rank(group, succ), dist.get_global_rank(group, pred)
     n_local = q.shape[seq_dim]
     if k.shape[seq_dim] != n_local or v.shape[seq_dim] != n_local:
         raise ValueError(f"ring_attention: expected q, k and v shards of one sequence (equal lengths along dim {seq_dim}), "
@@ -310,9 +314,9 @@ def ring_attention(
             nxt = (shaped(fk, k, n_next), shaped(fv, v, n_next))
             ops = []
             if n_cur:
-                ops += [dist.P2POp(dist.isend, cur_k, (rank + 1) % world, group), dist.P2POp(dist.isend, cur_v, (rank + 1) % world, group)]
+                ops += [dist.P2POp(dist.isend, cur_k, succ, group), dist.P2POp(dist.isend, cur_v, succ, group)]
             if n_next:
-                ops += [dist.P2POp(dist.irecv, nxt[0], (rank - 1) % world, group), dist.P2POp(dist.irecv, nxt[1], (rank - 1) % world, group)]
+                ops += [dist.P2POp(dist.irecv, nxt[0], pred, group), dist.P2POp(dist.irecv, nxt[1], pred, group)]
             if ops:
                 if comm is not None:
                     with torch.cuda.stream(comm):

@@ -1,9 +1,10 @@
-"""CPU ring-attention check, run as a script by test_ring_cpu.py: WORLD processes on gloo run
-`attngen.distributed.ring_attention` with the NumPy reference as the local attention, and compare
-each rank's rows with the reference on the whole sequence.
+"""CPU ring-attention check, run as a script by test_ring_cpu.py: TOTAL processes on gloo; for each
+group of ranks given, its members run `attngen.distributed.ring_attention` over that subgroup with
+the NumPy reference as the local attention, and compare their rows with the reference on the whole
+sequence. Subgroups (e.g. ranks 6,7 or 1,2,3) also check that peers are named by global rank.
 
-usage: python _ring_worker.py WORLD PORT OUTDIR
-Each rank writes OUTDIR/rank<r>.json: a list of {case, ok, err, detail}.
+usage: python _ring_worker.py TOTAL PORT OUTDIR GROUPS      (GROUPS like "6,7;1,2,3;0,1,2,3")
+Each rank writes OUTDIR/rank<r>.json: a list of {world, case, ok, err, detail}.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _tol(dtype: str) -> float:
     return 2e-5 if dtype == "fp32" else 2e-2
 
 
-def run_case(case, rank: int, world: int):
+def run_case(case, rank: int, world: int, group=None):
     import torch
 
     import attngen
@@ -68,7 +69,7 @@ def run_case(case, rank: int, world: int):
         return torch.from_numpy(np.ascontiguousarray(a))
 
     q, k, v = (D.shard(t(x[n]), world, rank, seq_dim, scheme) for n in ("q", "k", "v"))
-    o, lse = D.ring_attention(D.ReferenceKernel(var), q, k, v, seq_len=L if given else None, scheme=scheme,
+    o, lse = D.ring_attention(D.ReferenceKernel(var), q, k, v, group, seq_len=L if given else None, scheme=scheme,
                               **{n: t(a) for n, a in ins.items()})
     want_o = D.shard(torch.from_numpy(np.asarray(o_ref, dtype=np.float32)), world, rank, seq_dim, scheme)
     want_lse = D.shard(torch.from_numpy(lse_ref), world, rank, 2, scheme)
@@ -84,20 +85,22 @@ def run_case(case, rank: int, world: int):
     return ok, max(err, lerr), f"o err {err:.3g}, lse err {lerr:.3g}, -inf rows agree {same_inf}"
 
 
-def worker(rank: int, world: int, port: int, outdir: str) -> None:
+def worker(rank: int, total: int, port: int, outdir: str, groups: list[list[int]]) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=total)
     out = []
     try:
-        for case in CASES:
-            try:
-                ok, err, detail = run_case(case, rank, world)
-            except Exception:
-                ok, err, detail = False, float("inf"), traceback.format_exc()[-2000:]
-            out.append({"case": case[0], "ok": bool(ok), "err": err, "detail": detail})
-        # Every rank saw the same ring; make sure none is still sending before exiting.
-        dist.barrier()
+        for members in groups:
+            g = dist.new_group(members) if len(members) < total else None  # every rank creates every group
+            if rank in members:
+                for case in CASES:
+                    try:
+                        ok, err, detail = run_case(case, members.index(rank), len(members), g)
+                    except Exception:
+                        ok, err, detail = False, float("inf"), traceback.format_exc()[-2000:]
+                    out.append({"world": len(members), "case": case[0], "ok": bool(ok), "err": err, "detail": detail})
+            dist.barrier()  # one group at a time
     finally:
         Path(outdir, f"rank{rank}.json").write_text(json.dumps(out))
         dist.destroy_process_group()
@@ -106,8 +109,9 @@ def worker(rank: int, world: int, port: int, outdir: str) -> None:
 def main() -> None:
     import torch.multiprocessing as mp
 
-    world, port, outdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    mp.spawn(worker, args=(world, port, outdir), nprocs=world, join=True)
+    total, port, outdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    groups = [[int(x) for x in part.split(",")] for part in sys.argv[4].split(";")]
+    mp.spawn(worker, args=(total, port, outdir, groups), nprocs=total, join=True)
 
 
 if __name__ == "__main__":
