@@ -41,6 +41,48 @@ class Sizes:
         raise ValueError(f"free dim {name!r} is not bound (bound: {bound})")
 
 
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Positions:
+    """Where one call's rows sit in a longer sequence: query row i is global position
+    `q_offset + i`, key row j is `kv_offset + j`, and the whole sequence has `Lq_total` queries and
+    `Lk_total` keys. Masks, scores and the runtime inputs they index (`doc_ids[b, q]`, `q_lens[b]`)
+    see global positions and lengths, so a shard of a sequence (a ring's block, a prefill chunk)
+    gives exactly the rows and columns of the whole problem. `resolve` fills the defaults: offsets
+    0 and totals `offset + L` (the sequence ends with this call's rows, as in chunked prefill)."""
+
+    q_offset: int = 0
+    kv_offset: int = 0
+    Lq_total: int | None = None
+    Lk_total: int | None = None
+
+    @property
+    def is_plain(self) -> bool:
+        """No offsets and no totals given: the call is the whole sequence."""
+        return self.q_offset == 0 and self.kv_offset == 0 and self.Lq_total is None and self.Lk_total is None
+
+    def resolve(self, Lq: int, Lk: int) -> "Positions":
+        """The totals filled in and every value checked (ValueError) for a call of Lq x Lk rows."""
+        vals = {"q_offset": self.q_offset, "kv_offset": self.kv_offset, "Lq_total": self.Lq_total, "Lk_total": self.Lk_total}
+        for name, x in vals.items():
+            if x is not None and (isinstance(x, bool) or not isinstance(x, int) and not hasattr(x, "__index__")):
+                raise ValueError(f"{name}: expected an integer, got {type(x).__name__}")
+        qo, ko = int(self.q_offset), int(self.kv_offset)
+        if qo < 0 or ko < 0:
+            raise ValueError(f"positions: expected q_offset >= 0 and kv_offset >= 0, got {qo} and {ko}")
+        lqt = qo + Lq if self.Lq_total is None else int(self.Lq_total)
+        lkt = ko + Lk if self.Lk_total is None else int(self.Lk_total)
+        if lqt < qo + Lq:
+            raise ValueError(f"Lq_total: expected >= q_offset + Lq = {qo + Lq}, got {lqt}")
+        if lkt < ko + Lk:
+            raise ValueError(f"Lk_total: expected >= kv_offset + Lk = {ko + Lk}, got {lkt}")
+        if max(lqt, lkt) > INT32_MAX:
+            raise ValueError(f"positions: expected global lengths below 2^31 (kernels index in 32 bits), got {lqt} and {lkt}")
+        return Positions(qo, ko, lqt, lkt)
+
+
 def size_value(v: Variant, sym: SizeSym, sizes: Sizes) -> int:
     """The value of a size symbol for this variant and call."""
     return {
@@ -130,11 +172,14 @@ def bind_sizes(
     inputs: Mapping[str, tuple[Sequence[int], str]] | None = None,
     *,
     check_dtypes: bool = True,
+    positions: Positions | None = None,
 ) -> Sizes:
     """Validate every array of one call and bind B, Lq, Lk and the free dims.
 
     `inputs` maps each runtime input name to (shape, numpy dtype name). With check_dtypes=False the
-    element types of runtime inputs are not compared (the reference rounds whatever it is given)."""
+    element types of runtime inputs are not compared (the reference rounds whatever it is given).
+    With `positions` (a shard of a longer sequence), runtime inputs sized Lq or Lk are sized by the
+    global lengths, and `kind self` asks for equal global lengths instead of equal local ones."""
     lay = v.layout.value
     bhsd = v.layout == Layout.BHSD
     H, Hkv, D, Dv = v.heads, v.kv_heads, v.head_dim, v.value_head_dim
@@ -151,7 +196,8 @@ def bind_sizes(
     if Lq < 1:
         raise ValueError(f"q: expected a query length Lq >= 1, got Lq={Lq}")
 
-    lk_fixed = Lq if v.kind == AttnKind.SELF else None
+    shard = positions is not None and not positions.is_plain
+    lk_fixed = Lq if v.kind == AttnKind.SELF and not shard else None
 
     def kv_dims(width_name: str, width: int, lk: int | None) -> list[tuple[str, int | None]]:
         if bhsd:
@@ -163,6 +209,13 @@ def bind_sizes(
     if Lk < 1:
         raise ValueError(f"k: expected a key length Lk >= 1, got Lk={Lk}")
     _check("v", lay, kv_dims("Dv", Dv, Lk), v_shape)
+    # The lengths runtime inputs and masks see: the whole sequence's when this call is a shard.
+    seen = Sizes(B, Lq, Lk)
+    if shard:
+        pos = positions.resolve(Lq, Lk)  # type: ignore[union-attr]
+        if v.kind == AttnKind.SELF and pos.Lq_total != pos.Lk_total:
+            raise ValueError(f"positions: `kind self` expects Lq_total == Lk_total, got {pos.Lq_total} and {pos.Lk_total}")
+        seen = Sizes(B, int(pos.Lq_total), int(pos.Lk_total))  # type: ignore[arg-type]
 
     given = dict(inputs or {})
     decls = v.runtime_inputs()
@@ -178,7 +231,7 @@ def bind_sizes(
         exp = ", ".join(expected_names) or "none"
         raise ValueError(f"runtime inputs: expected {exp}; got {'; '.join(parts)}")
 
-    partial = Sizes(B, Lq, Lk)
+    partial = seen
     symbols: dict[str, int] = {}
     for decl in decls:
         shape, dtype_name = given[decl.name]

@@ -77,6 +77,7 @@ SCORE_NAME = "s"
 RESERVED_TENSOR_NAMES = frozenset(
     {*INDEX_NAMES, *SIZE_NAMES, *FUNC_NAMES, *BUILTIN_NAMES, SCORE_NAME, "true", "false"}
     | {"k", "v", "o", "lse"}
+    | {"q_offset", "kv_offset", "Lq_total", "Lk_total"}  # the kernel call's position keywords
     | {PADDING_Q_LENS, PADDING_KV_LENS, ALIBI_SLOPES}
     | {norm_weight_name(t) for t in NormTarget}
     | {norm_bias_name(t) for t in NormTarget}

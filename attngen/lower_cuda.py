@@ -8,6 +8,12 @@ Two emitters over the same IR:
   NEVER (0), MAYBE (1) or ALWAYS (2). It may be conservative (MAYBE) but never wrong; its rules
   mirror `attngen.intervals`.
 
+Both read global positions: the local row q of a launch is position `q + p.q_offset` of the whole
+sequence (and kv is `kv + p.kv_offset`), and the sizes Lq, Lk are the whole sequence's
+(`p.Lq_total`, `p.Lk_total`). Element code is called with global q and kv (`ag_mask`, `ag_score`);
+classification with a tile's local bounds, to which it adds the offsets. Without offsets these
+are the launch's own rows and lengths.
+
 Only validated IR reaches here: identifiers are checked C identifiers and numbers are numbers, so
 spec text cannot inject C++. Tensor names are still prefixed (`in_<name>`) so they cannot collide
 with kernel locals.
@@ -71,9 +77,20 @@ def float_literal(x: float) -> str:
 
 
 def _size_code(sym: SizeSym, consts: dict[SizeSym, int]) -> str:
+    # Masks and scores see the global lengths (`Lq_total`, `Lk_total`: equal to the launch's Lq and
+    # Lk unless the caller places this launch inside a longer sequence, as a ring does).
     if sym in consts:
         return str(consts[sym])
-    return {"B": "p.B", "Lq": "p.Lq", "Lk": "p.Lk"}[sym.value]
+    return {"B": "p.B", "Lq": "p.Lq_total", "Lk": "p.Lk_total"}[sym.value]
+
+
+# Masks and scores see global positions: a launch's local row q is position q + q_offset of the
+# whole sequence (context-parallel shards, chunked prefill); likewise kv + kv_offset. Element code
+# receives global positions from its call sites (which add the offsets to the tile base once);
+# classification receives the tile's local bounds and adds them here.
+_INDEX_CODE = {"b": "b", "h": "h", "q": "q", "kv": "kv"}
+_INDEX_RANGE = {"b": ("b", "b"), "h": ("h", "h"), "q": ("q0 + p.q_offset", "q1 + p.q_offset"),
+                "kv": ("k0 + p.kv_offset", "k1 + p.kv_offset")}
 
 
 @dataclass
@@ -96,7 +113,7 @@ class ElementEmitter:
             text = str(int(e.value)) if e.type == ScalarType.INT else float_literal(float(e.value))
             return f"({text})" if text.startswith("-") else text
         if isinstance(e, Index):
-            return {"b": "b", "h": "h", "q": "q", "kv": "kv"}[e.var.value]
+            return _INDEX_CODE[e.var.value]
         if isinstance(e, Size):
             return _size_code(e.sym, self.consts)
         if isinstance(e, Score):
@@ -229,8 +246,8 @@ class IntervalEmitter:
             v = f"({v})" if v.startswith("-") else v
             return decl(v, v)
         if isinstance(e, Index):
-            lo, hi = {"b": ("b", "b"), "h": ("h", "h"), "q": ("q0", "q1"), "kv": ("k0", "k1")}[e.var.value]
-            return decl(f"({ty}){lo}", f"({ty}){hi}")
+            lo, hi = _INDEX_RANGE[e.var.value]
+            return decl(f"({ty})({lo})", f"({ty})({hi})")
         if isinstance(e, Size):
             c = _size_code(e.sym, self.consts)
             return decl(f"({ty}){c}", f"({ty}){c}")

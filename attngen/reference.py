@@ -254,9 +254,9 @@ def prepare_tensors(v: Variant, inputs: Mapping[str, np.ndarray] | None) -> dict
     return out
 
 
-def _bind(v: Variant, q: np.ndarray, k: np.ndarray, vv: np.ndarray, inputs) -> Sizes:
+def _bind(v: Variant, q: np.ndarray, k: np.ndarray, vv: np.ndarray, inputs, positions: abi.Positions | None = None) -> Sizes:
     given = {n: (np.shape(a), np.asarray(a).dtype.name) for n, a in (inputs or {}).items()}
-    return abi.bind_sizes(v, np.shape(q), np.shape(k), np.shape(vv), given, check_dtypes=False)
+    return abi.bind_sizes(v, np.shape(q), np.shape(k), np.shape(vv), given, check_dtypes=False, positions=positions)
 
 
 def _as_bhsd(x: np.ndarray, layout: Layout, heads: int) -> np.ndarray:
@@ -376,13 +376,24 @@ def attention(
     k: np.ndarray,
     v_: np.ndarray,
     inputs: Mapping[str, np.ndarray] | None = None,
+    *,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    Lq_total: int | None = None,
+    Lk_total: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Compute (O, LSE): O in the spec dtype and the variant's layout (4-D, also when q is passed
-    as a flat hidden state), LSE float32 [B, H, Lq] (-inf for rows with nothing visible)."""
+    as a flat hidden state), LSE float32 [B, H, Lq] (-inf for rows with nothing visible).
+
+    With offsets or totals, q, k and v are a shard of a longer sequence (`abi.Positions`): the
+    mask and the scores see global positions and lengths, and runtime inputs sized Lq or Lk hold
+    the whole sequence. The result is then the shard's rows of attention over the shard's keys."""
     _check_mask(v)
-    sizes = _bind(v, q, k, v_, inputs)
+    pos_given = abi.Positions(q_offset, kv_offset, Lq_total, Lk_total)
+    sizes = _bind(v, q, k, v_, inputs, pos_given)
+    pos = pos_given.resolve(sizes.Lq, sizes.Lk)
     tensors = prepare_tensors(v, inputs)
-    env_sizes = _size_map(v, sizes)
+    env_sizes = _size_map(v, abi.Sizes(sizes.B, int(pos.Lq_total), int(pos.Lk_total), sizes.symbols))  # type: ignore[arg-type]
     B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
     H, Hkv, G = v.heads, v.kv_heads, v.group_size
     D, Dv = v.head_dim, v.value_head_dim
@@ -422,8 +433,8 @@ def attention(
                         {
                             IndexVar.B: b,
                             IndexVar.H: heads[:, None, None],
-                            IndexVar.Q: np.arange(q0, q1)[None, :, None],
-                            IndexVar.KV: np.arange(Lk)[None, None, :],
+                            IndexVar.Q: np.arange(q0 + pos.q_offset, q1 + pos.q_offset)[None, :, None],
+                            IndexVar.KV: np.arange(pos.kv_offset, pos.kv_offset + Lk)[None, None, :],
                         },
                         env_sizes,
                         tensors,

@@ -288,6 +288,13 @@ def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple
         Field("int", "B", "batch"),
         Field("int", "Lq", "query length"),
         Field("int", "Lk", "key length"),
+        # Where this launch sits in a longer sequence (context-parallel shards, chunked prefill):
+        # masks and scores read positions q + q_offset, kv + kv_offset and lengths Lq_total,
+        # Lk_total. A plain call passes 0, 0, Lq, Lk.
+        Field("int", "q_offset", "global position of query row 0 (0 for a whole sequence)"),
+        Field("int", "kv_offset", "global position of key row 0 (0 for a whole sequence)"),
+        Field("int", "Lq_total", "global query length the mask sees (Lq for a whole sequence; >= q_offset + Lq)"),
+        Field("int", "Lk_total", "global key length the mask sees (Lk for a whole sequence; >= kv_offset + Lk)"),
     ]
     for t in ("q", "k", "v", "o"):
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):

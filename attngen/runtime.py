@@ -244,7 +244,8 @@ class Kernel:
         return self.plan.tile
 
     def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None,
-                 check_inputs: bool = True, **inputs: Any) -> Any:
+                 check_inputs: bool = True, q_offset: int = 0, kv_offset: int = 0, Lq_total: int | None = None,
+                 Lk_total: int | None = None, **inputs: Any) -> Any:
         """Runs the kernel; returns `o`, or `(o, lse)` when the spec asks for the LSE.
 
         `check_inputs` (default True): before the launch, a small device kernel checks every
@@ -253,25 +254,31 @@ class Kernel:
         were queued (so `out` may hold garbage then). Reading the result back synchronises the
         stream, only for variants that have such inputs. `check_inputs=False` skips the check:
         a broken promise then gives a silently wrong answer. A `nan_check` variant also reads its
-        flag back at the end of the call (a sync) and raises NaNCheckError."""
-        return self._run(q, k, v, out, lse, stream, check_inputs, inputs, False)
+        flag back at the end of the call (a sync) and raises NaNCheckError.
+
+        `q_offset`, `kv_offset`, `Lq_total`, `Lk_total` place q and k/v inside a longer sequence
+        (`abi.Positions`: a context-parallel shard, a prefill chunk): masks and scores see global
+        positions and lengths, and runtime inputs sized Lq or Lk hold the whole sequence. Each
+        distinct placement is its own binding (validated once)."""
+        pos = (q_offset, kv_offset, Lq_total, Lk_total)
+        return self._run(q, k, v, out, lse, stream, check_inputs, inputs, False, None if pos == (0, 0, None, None) else pos)
 
     def _run(self, q: Any, k: Any, v: Any, out: Any, lse: Any, stream: Any, check_inputs: bool,
-             inputs: dict[str, Any], defer: bool) -> Any:
+             inputs: dict[str, Any], defer: bool, positions: tuple | None = None) -> Any:
         """`__call__`; with `defer`, the status words (input checks, nan_check) are not read back:
         an error stays on the device until `raise_pending()` or the next call that reads them."""
         scalars = {n: int(inputs.pop(n, d)) for n, d in CALL_SCALARS.items()} if CALL_SCALARS else None
         names = self._input_names
         arrays = (q, k, v, *(inputs[n] for n in names if n in inputs))
         if len(arrays) != 3 + len(names) or len(inputs) != len(names):
-            self._build(arrays, inputs, out, lse, stream, check_inputs)  # raises the precise error
+            self._build(arrays, inputs, out, lse, stream, check_inputs, positions=positions)  # raises the precise error
         sigs = []
         ptrs = []
         fns = _SIG_FNS
         for x in arrays:
             f = fns.get(type(x)) or _sig_fn(x)
             if f is None:
-                self._build(arrays, inputs, out, lse, stream, check_inputs)
+                self._build(arrays, inputs, out, lse, stream, check_inputs, positions=positions)
             sg, p = f(x)
             sigs.append(sg)
             ptrs.append(p)
@@ -296,10 +303,10 @@ class Kernel:
         if lse is not None:
             fl = _sig_fn(lse)
             lse_sig = fl(lse)[0] if fl is not None else type(lse)
-        key = (tuple(sigs), out_sig, lse_sig, sp, bool(check_inputs))
+        key = (tuple(sigs), out_sig, lse_sig, sp, bool(check_inputs), positions)
         b = self._bindings.get(key)
         if b is None:
-            b = self._build(arrays, inputs, out, lse, stream, check_inputs, key, sp)
+            b = self._build(arrays, inputs, out, lse, stream, check_inputs, key, sp, positions)
         if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
             for n, p in zip("qkv", ptrs):
                 if p & 15:
@@ -414,7 +421,7 @@ class Kernel:
     # building a binding: the full validation, once per signature
 
     def _build(self, arrays: tuple[Any, ...], inputs: dict[str, Any], out: Any, lse: Any, stream: Any,
-               check_inputs: bool, key: Any = None, sp: int | None = None) -> Binding:
+               check_inputs: bool, key: Any = None, sp: int | None = None, positions: tuple | None = None) -> Binding:
         import cupy
 
         var = self.variant
@@ -424,11 +431,14 @@ class Kernel:
         for a, n in ((aq, "q"), (ak, "k"), (av, "v")):
             _check_dtype(a, var.dtype, n)
         given = {name: _view(x, name) for name, x in inputs.items()}
+        pos_given = abi.Positions(*positions) if positions is not None else abi.Positions()
         sizes = abi.bind_sizes(
             var, aq.shape, ak.shape, av.shape,
             {n: (a.shape, _dtype_name_for_abi(a, next((d.dtype for d in var.runtime_inputs() if d.name == n), DType.I32)))
              for n, a in given.items()},
+            positions=pos_given,
         )
+        pos = pos_given.resolve(sizes.Lq, sizes.Lk)
         dev = self.device
         for name, a in (("q", aq), ("k", ak), ("v", av), *given.items()):
             if a.device != dev:
@@ -510,7 +520,8 @@ class Kernel:
 
         # Every ABI field, in order: a per-call pointer, a value fixed by this signature, or a
         # per-call scalar.
-        fixed: dict[str, int] = {"B": B, "Lq": Lq, "Lk": Lk, "lse": 0,
+        fixed: dict[str, int] = {"B": B, "Lq": Lq, "Lk": Lk, "lse": 0, "q_offset": pos.q_offset, "kv_offset": pos.kv_offset,
+                                 "Lq_total": pos.Lq_total, "Lk_total": pos.Lk_total,
                                  "nan_flag": self._status.data.ptr if (var.nan_check and self._status is not None) else 0}
         for t, st in (("q", qs), ("k", ks), ("v", vs), ("o", os_)):
             fixed.update({f"{t}_sb": st[0], f"{t}_sh": st[1], f"{t}_ss": st[2]})

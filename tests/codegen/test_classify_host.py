@@ -46,15 +46,17 @@ N_MASKS = 30
 TILES_PER_MASK = 60
 
 
-def _program(masks, Lq: int, Lk: int, data: dict, symbols: dict, tiles) -> str:
+def _program(masks, Lq: int, Lk: int, data: dict, symbols: dict, tiles, offsets: tuple[int, int] = (0, 0)) -> str:
+    """Lq, Lk are the global lengths; the launch's local rows start at `offsets` (q, kv)."""
     decls = {}
     for m in masks:  # padding implies q_lens/kv_lens only for the masks that use it
         decls.update({d.name: d for d in the_variant(m).runtime_inputs()})
     env = _environment()
     helpers = env.get_template("_helpers.cu.j2").render(int_unknown=INT_UNKNOWN)
     lookups = env.get_template("_lookups.cu.j2").render(tensors=_tensor_ctx_of(decls.values()))
-    fields = ["int B;", "int Lq;", "int Lk;"]
-    init = [str(B_), str(Lq), str(Lk)]
+    qo, ko = offsets
+    fields = ["int B;", "int Lq;", "int Lk;", "int q_offset;", "int kv_offset;", "int Lq_total;", "int Lk_total;"]
+    init = [str(B_), str(Lq - qo), str(Lk - ko), str(qo), str(ko), str(Lq), str(Lk)]
     arrays = []
     for name, d in decls.items():
         a = np.ascontiguousarray(data[name])
@@ -82,7 +84,7 @@ def _program(masks, Lq: int, Lk: int, data: dict, symbols: dict, tiles) -> str:
         )
     calls = "\n".join(
         f"  for (int t = 0; t < {len(tiles[i])}; ++t) {{ const int* T = tiles_{i}[t]; emit(classify_{i}(p, T[0], T[1], T[2], T[3], T[4], T[5]), "
-        f"[&](int q, int kv) {{ return mask_{i}(p, T[0], T[1], q, kv); }}, T); }}"
+        f"[&](int q, int kv) {{ return mask_{i}(p, T[0], T[1], q + p.q_offset, kv + p.kv_offset); }}, T); }}"
         for i in range(len(masks))
     )
     tile_arrays = "\n".join(
@@ -121,9 +123,11 @@ int main() {{
 """
 
 
-def _check(masks, Lq: int, Lk: int, sizes, data: dict, tiles, d: Path, seen: dict) -> None:
-    """Compile and run the program in `d`; every tile's mask and class must match the reference."""
-    src = _program(masks, Lq, Lk, data, dict(sizes.symbols), tiles)
+def _check(masks, Lq: int, Lk: int, sizes, data: dict, tiles, d: Path, seen: dict, offsets: tuple[int, int] = (0, 0)) -> None:
+    """Compile and run the program in `d`; every tile's mask and class must match the reference.
+    Tiles are in local rows; with `offsets` the reference evaluates them at global positions."""
+    src = _program(masks, Lq, Lk, data, dict(sizes.symbols), tiles, offsets)
+    qo, ko = offsets
     (d / "h.cpp").write_text(src)
     r = subprocess.run(["g++", "-std=c++17", "-O0", "-w", "h.cpp", "-o", "h"], cwd=d, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[:4000]
@@ -135,9 +139,9 @@ def _check(masks, Lq: int, Lk: int, sizes, data: dict, tiles, d: Path, seen: dic
             cls = int(cls_s)
             seen[cls] += 1
             bb, hh, q0, q1, k0, k1 = t
-            ref = brute(m, v, sizes, data, bb, hh, q0, q1, k0, k1).ravel()
+            ref = brute(m, v, sizes, data, bb, hh, q0 + qo, q1 + qo, k0 + ko, k1 + ko).ravel()
             got = np.array([c == "1" for c in bits])
-            where = f"mask {i} ({m!r:.300}) tile b={bb} h={hh} q=[{q0},{q1}] kv=[{k0},{k1}]"
+            where = f"mask {i} ({m!r:.300}) tile b={bb} h={hh} q=[{q0},{q1}] kv=[{k0},{k1}] offsets {offsets}"
             assert np.array_equal(got, ref), f"{where}: the C++ element mask disagrees with the reference"
             if cls == 2:
                 assert ref.all(), f"{where}: classified ALWAYS but some element is masked"
@@ -146,7 +150,10 @@ def _check(masks, Lq: int, Lk: int, sizes, data: dict, tiles, d: Path, seen: dic
     assert next(out, None) is None, "more output lines than tiles"
 
 
-def test_generated_classification_and_mask_match_the_reference(tmp_path_factory) -> None:
+@pytest.mark.parametrize("shard", [False, True], ids=["whole", "shard"])
+def test_generated_classification_and_mask_match_the_reference(tmp_path_factory, shard: bool) -> None:
+    """`shard`: the launch sits inside the sequence (a ring's block, a prefill chunk), at random
+    offsets: the kernel must see global positions q + q_offset, kv + kv_offset and global lengths."""
     seen = {0: 0, 1: 0, 2: 0}
 
     # Each example compiles one C++ program; a failure names the mask and tile, so no shrinking.
@@ -160,17 +167,18 @@ def test_generated_classification_and_mask_match_the_reference(tmp_path_factory)
     def run(masks, Lq, Lk, seed) -> None:
         rng = np.random.default_rng(seed)
         sizes, data = make_data(rng, Lq, Lk)
+        qo, ko = (int(rng.integers(0, Lq)), int(rng.integers(0, Lk))) if shard else (0, 0)
         tiles = []
         for _ in masks:
             ts = []
             for _ in range(TILES_PER_MASK):
-                q0 = int(rng.integers(0, Lq))
-                q1 = int(rng.integers(q0, Lq))
-                k0 = int(rng.integers(0, Lk))
-                k1 = int(rng.integers(k0, Lk))
+                q0 = int(rng.integers(0, Lq - qo))
+                q1 = int(rng.integers(q0, Lq - qo))
+                k0 = int(rng.integers(0, Lk - ko))
+                k1 = int(rng.integers(k0, Lk - ko))
                 ts.append((int(rng.integers(0, B_)), int(rng.integers(0, H_)), q0, q1, k0, k1))
             tiles.append(ts)
-        _check(masks, Lq, Lk, sizes, data, tiles, tmp_path_factory.mktemp("classify"), seen)
+        _check(masks, Lq, Lk, sizes, data, tiles, tmp_path_factory.mktemp("classify"), seen, (qo, ko))
 
     run()
     assert all(seen.values()), f"classes seen {seen}: the test should exercise skipped, partial and full tiles"
