@@ -1,0 +1,143 @@
+"""Decode benchmark (issue 15): the decode family against SDPA flash and cuDNN, same run.
+
+    python benchmarks/decode_bench.py [--out PATH] [--iters N]
+
+bf16, D128, H32, Hkv8, `kind cross`, Lq = 1 (and a speculative-decoding row, Lq = 4), at the
+issue's (B, Lk) rows, plus the cache-length-masked variant. Every peer's output is compared with
+ours first. Timing: the GPU is held busy by a spin kernel while every timed launch is queued, so
+the events measure back-to-back GPU time, not Python launch overhead (the same for every column);
+launches rotate through K/V copies totalling >= 256 MB (the H200's L2 is 60 MB), inputs random
+normal, never zeros. Bandwidth = K+V bytes read / time. Results: JSON to PATH (default
+$OUT/decode_bench.json, else benchmarks/results/h200_decode.json) and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ROWS = [(1, 8192), (1, 131072), (8, 32768), (64, 4096), (128, 1024)]
+SPEC = """
+attention dec {
+  dtype bf16
+  head_dim 128
+  heads 32 kv 8
+  kind cross
+  %s
+}
+"""
+H, HKV, D = 32, 8, 128
+
+
+def _time(fn, sets, iters: int, repeats: int = 5) -> tuple[float, float]:
+    """(median, min) microseconds per call over `repeats` rounds of `iters` queued calls."""
+    import torch
+
+    for s in sets[:2]:
+        fn(*s)
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(20_000_000)  # ~10 ms of spin: the CPU queues every launch behind it
+        e0.record()
+        for i in range(iters):
+            fn(*sets[i % len(sets)])
+        e1.record()
+        torch.cuda.synchronize()
+        out.append(e0.elapsed_time(e1) * 1000.0 / iters)
+    return statistics.median(out), min(out)
+
+
+def main() -> int:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import attngen
+    from attngen import frontend
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    out_path = args.out or (os.path.join(os.environ["OUT"], "decode_bench.json") if os.environ.get("OUT")
+                            else str(ROOT / "benchmarks/results/h200_decode.json"))
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    v_plain = frontend.loads(SPEC % "output lse", "<bench>").get()
+    v_cache = frontend.loads(SPEC % "input cache_lens: i32[B]\n  mask causal && kv < cache_lens[b]", "<bench>").get()
+    dec = attngen.compile(v_plain, family="decode")
+    fwd = attngen.compile(v_plain, family="forward")
+    dec_cache = attngen.compile(v_cache, family="decode")
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    results = []
+    rows = [(B, Lk, 1) for B, Lk in ROWS] + [(8, 32768, 4)]
+    for B, Lk, Lq in rows:
+        kv_bytes = 2 * B * HKV * Lk * D * 2
+        n = max(2, min(8, -(-(256 << 20) // kv_bytes)))
+        sets = []
+        for _ in range(n):
+            q = torch.randn(B, H, Lq, D, device=dev, dtype=torch.bfloat16)
+            k = torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16)
+            v = torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16)
+            sets.append((q, k, v))
+        q, k, v = sets[0]
+        lens = torch.full((B,), Lk, dtype=torch.int32, device=dev)
+        o_ours, lse_ours = dec(q, k, v)
+        row = dict(B=B, Lk=Lk, Lq=Lq, H=H, Hkv=HKV, D=D, kv_bytes=kv_bytes, splits=dec.plan.splits(B, Lq, Lk, sm)[0])
+
+        def sdpa(q, k, v, backend):
+            with sdpa_kernel(backend):
+                # bottom-right causal would be needed for Lq > 1 with a mask; these rows have none.
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True).to(torch.bfloat16)
+        err = (o_ours.float() - ref.float()).abs().max().item()
+        row["max_abs_err_vs_fp32_sdpa"] = err
+        t, tmin = _time(lambda q, k, v: dec(q, k, v), sets, args.iters)
+        row["ours_us"], row["ours_min_us"] = t, tmin
+        t, _ = _time(lambda q, k, v: dec_cache(q, k, v, cache_lens=lens), sets, args.iters)
+        row["ours_cache_lens_us"] = t
+        t, _ = _time(lambda q, k, v: fwd(q, k, v), sets, max(5, args.iters // 4), repeats=3)
+        row["forward_family_us"] = t
+        for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                o_p = sdpa(q, k, v, be)
+                row[f"{name}_err_vs_ours"] = (o_p.float() - o_ours.float()).abs().max().item()
+                t, _ = _time(lambda q, k, v, be=be: sdpa(q, k, v, be), sets, args.iters)
+                row[f"{name}_us"] = t
+            except Exception as e:  # a backend that refuses the shape is reported, not fatal
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+        results.append(row)
+        del sets
+        torch.cuda.empty_cache()
+    env = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, sms=sm)
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path, "w") as f:
+        json.dump(dict(env=env, rows=results), f, indent=1)
+
+    def gbs(r, key):
+        return f"{r[key]:8.1f} us ({r['kv_bytes'] / r[key] / 1e3:6.0f} GB/s)" if key in r else f"{'n/a':>24}"
+
+    print(f"{'B, Lk, Lq':>16} | {'splits':>6} | {'attngen decode':>24} | {'cache_lens mask':>24} | {'SDPA flash':>24} | {'cuDNN':>24} | {'forward family':>24} | err")
+    for r in results:
+        print(f"{r['B']:>5}, {r['Lk']:>6}, {r['Lq']:>2} | {r['splits']:>6} | {gbs(r, 'ours_us')} | {gbs(r, 'ours_cache_lens_us')} | "
+              f"{gbs(r, 'sdpa_flash_us')} | {gbs(r, 'cudnn_us')} | {gbs(r, 'forward_family_us')} | {r['max_abs_err_vs_fp32_sdpa']:.2e}")
+    for r in results:
+        for k_ in ("sdpa_flash_error", "cudnn_error"):
+            if k_ in r:
+                print(f"  ({r['B']}, {r['Lk']}): {k_}: {r[k_]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
