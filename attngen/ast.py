@@ -106,12 +106,13 @@ class StmtKind(enum.Enum):
     RESIDUAL = "residual"
     NAN_CHECK = "nan_check"
     OUTPUT = "output"
+    SINK = "sink"
     TILE = "tile"
 
 
 @dataclass(frozen=True, slots=True)
 class WordStmt:
-    """`dtype W`, `kind W`, `layout W`, `output W`."""
+    """`dtype W`, `kind W`, `layout W`, `output W`, `sink W`."""
 
     kind: StmtKind
     value: Word

@@ -381,6 +381,8 @@ def not_in_flex(variant: Variant) -> list[str]:
     out = [f"{n.target.value}-norm ({n.kind.value}, scope {n.scope.value})" for n in variant.norms]
     if variant.residual:
         out.append("residual")
+    if variant.sink is not None:
+        out.append(f"sink {variant.sink}")
     return out
 
 
@@ -512,6 +514,13 @@ def prepare_flex(
         empty = torch.isneginf(lse) | torch.isnan(lse)
         lse = torch.where(empty, torch.full_like(lse, -math.inf), lse.to(torch.float32))
         o = torch.where(empty[..., None], torch.zeros_like(o), o)
+        if variant.sink is not None:
+            # The sink joins the denominator: LSE' = logaddexp(LSE, sink[h]), O scaled by
+            # exp(LSE - LSE') (0 on empty rows, whose LSE' is the sink).
+            sk = ins[variant.sink].to(device=lse.device, dtype=torch.float32).reshape(1, H, 1)
+            lse2 = torch.logaddexp(lse, sk.expand_as(lse))
+            o = (o.to(torch.float32) * torch.exp(lse - lse2)[..., None]).to(o.dtype)
+            lse = lse2
         if on is not None or variant.residual:
             of = o.to(torch.float32)
             if on is not None:

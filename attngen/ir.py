@@ -13,6 +13,7 @@ Semantics of one variant (the numerics contract, implemented by `attngen.referen
     P            = softmax over kv of s where visible             fp32 or wider
     O[b,h,q,:]   = sum_kv P * V[b,hk,kv,:]                        0 for a row with nothing visible
     LSE[b,h,q]   = log(sum_kv exp(s) over visible kv)             -inf for a row with nothing visible
+    with `sink t`: exp(t[h]) joins the sum of P's denominator and of LSE (t[h] for an empty row)
     O            = post_norm(O) if an `o` norm is given; O = x + O if residual (x = the q input)
 
 Q' and K' are the q and k inputs after their pre-norms (if any), rounded to the spec dtype.
@@ -416,6 +417,9 @@ class Variant:
     inputs: tuple[TensorDecl, ...]  # declared by the user, in source order
     tile: TileConfig | None  # None: `tile auto`
     span: Span | None = _span()
+    # `sink NAME`: a declared fp32[H] input of per-head logits that join every row's softmax
+    # denominator (gpt-oss attention sinks); None without one.
+    sink: str | None = None
 
     @property
     def effective_scale(self) -> float:

@@ -737,6 +737,8 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
             "the residual adds the q input (width D) to the output (width Dv)",
         )
 
+    sink = _sink(lw, seen.get(A.StmtKind.SINK), tensors)
+
     tile = None
     ts = seen.get(A.StmtKind.TILE)
     if isinstance(ts, A.TileStmt) and ts.fields:
@@ -766,7 +768,25 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         inputs=tuple(inputs),
         tile=tile,
         span=v.span,
+        sink=sink,
     )
+
+
+def _sink(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl]) -> str | None:
+    """`sink NAME`: NAME must be a declared fp32[H] input (one learnable logit a query head)."""
+    if not isinstance(st, A.WordStmt):
+        return None
+    name = st.value.text
+    d = tensors.get(name)
+    if d is None:
+        lw.error(f"`sink {name}` names no declared input", st.value.span, f"declare it first: `input {name}: fp32[H]`")
+        return None
+    if d.dtype != DType.FP32 or d.shape != (SizeSym.H,):
+        shape = ", ".join(x.value if isinstance(x, SizeSym) else str(x) for x in d.shape)
+        lw.error(f"a sink input must be fp32[H], got {d.dtype.value}[{shape}]", st.value.span,
+                 f"declare it as `input {name}: fp32[H]` (one logit a query head)")
+        return None
+    return name
 
 
 def _head_dim(lw: _Lowerer, n: A.Num, what: str) -> int | None:

@@ -218,7 +218,7 @@ class _Builder:
 
     def stmt(self, t: Tree) -> A.Stmt:
         d, ch, sp = t.data, t.children, self.span(t)
-        if d in ("dtype_stmt", "kind_stmt", "layout_stmt", "output_stmt"):
+        if d in ("dtype_stmt", "kind_stmt", "layout_stmt", "output_stmt", "sink_stmt"):
             return A.WordStmt(A.StmtKind(d[: -len("_stmt")]), self.word(ch[0]), sp)
         if d in ("head_dim_stmt", "heads_stmt"):
             second = self.num(ch[1]) if len(ch) > 1 and ch[1] is not None else None

@@ -153,6 +153,8 @@ def variant_lines(v: Variant) -> list[str]:
         lines.append(f"mask {print_expr(v.mask)}")
     lines.extend(f"score {print_expr(s)}" for s in v.scores)
     lines.extend(_norm(n) for n in v.norms)
+    if v.sink is not None:
+        lines.append(f"sink {v.sink}")
     if v.residual:
         lines.append("residual")
     if v.nan_check:

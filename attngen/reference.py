@@ -403,6 +403,7 @@ def attention(
         raise ValueError(f"residual: expected Dv == D, got D={D}, Dv={Dv}")
 
     # Query rows per step: bounded by the score block (G x cq x Lk) and the token-norm row block.
+    sink = np.asarray(tensors[v.sink], dtype=np.float64).reshape(-1) if v.sink is not None else None
     cq = max(1, min(Lq, CHUNK_BYTES // (8 * max(G * Lk, H * D, G * max(D, Dv)))))
     scale = v.effective_scale
     with np.errstate(all="ignore"):
@@ -437,10 +438,16 @@ def attention(
                     # scores are all -inf is empty (O = 0, LSE = -inf) rather than 0/0 = NaN.
                     s = np.where(vis, s, -np.inf)
                     m = s.max(axis=-1, keepdims=True)
+                    if sink is not None:
+                        # exp(sink[h]) joins the denominator: the max runs over it too, and a row
+                        # with nothing visible has O = 0 and LSE = sink[h].
+                        m = np.maximum(m, sink[heads][:, None, None])
                     empty = ~(m > -np.inf)
                     m = np.where(empty, 0.0, m)
                     p = np.exp(s - m)
                     l = p.sum(axis=-1, keepdims=True)
+                    if sink is not None:
+                        l = l + np.exp(sink[heads][:, None, None] - m)
                     o = np.matmul(p, vv) / np.where(empty, 1.0, l)
                     o = np.where(empty, 0.0, o)
                     row_lse = np.where(empty[..., 0], -np.inf, m[..., 0] + np.log(np.where(empty, 1.0, l))[..., 0])

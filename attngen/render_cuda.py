@@ -368,6 +368,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         residual_smem=kp.smem.residual_copy,
         nan_check=v.nan_check,
         lse=v.lse,
+        sink=v.sink is not None,
+        sink_tensor=v.sink or "",
         preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows_expr, workspace=pr.field.name, doc=pr.doc) for pr in kp.preps],
         prep_threads=PREP_THREADS,
         prep_rows_per_block=PREP_ROWS_PER_BLOCK,

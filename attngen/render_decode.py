@@ -117,6 +117,9 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, DecodePla
         score_codes=[elem.emit(s) for s in v.scores],
         nan_check=v.nan_check,
         lse=v.lse,
+        path="mma",
+        sink=v.sink is not None,
+        sink_tensor=v.sink or "",
     )
     src = _environment().get_template("decode/decode.cu.j2").render(**ctx)
     return src, dp

@@ -17,6 +17,7 @@ from attngen import fuzz
 from gpu_helpers import examples, spec_text, variant_of
 
 CACHE = ("input cache_lens: i32[B]",)
+SINK = ("input sinks: fp32[H]", "sink sinks")
 SPECS = [
     spec_text("d_none_fp16_d64", dtype="fp16", D=64, H=4, Hkv=4, kind="cross", lse=True),
     spec_text("d_causal_bf16_d128_g4", dtype="bf16", D=128, H=32, Hkv=8, kind="cross", layout="bshd", mask="causal",
@@ -32,6 +33,8 @@ SPECS = [
               scores=("alibi",), lse=True),
     spec_text("d_headmask_fp16_d64_g4", dtype="fp16", D=64, H=8, Hkv=2, kind="cross", mask="h % 3 != 0 || kv < 7", lse=True),
     spec_text("d_self_bf16_d64_g4", dtype="bf16", D=64, H=8, Hkv=2, mask="causal"),
+    spec_text("d_sink_bf16_d64_g8", dtype="bf16", D=64, H=64, Hkv=8, kind="cross", mask="causal && window(127, 0)",
+              lse=True, extra=SINK),
 ]
 
 
@@ -130,3 +133,33 @@ def test_decode_refuses_bad_splits_and_arrays() -> None:
         kernel(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), splits=1000)
     with pytest.raises(ValueError, match="k:"):
         kernel(fuzz.to_device(q), fuzz.to_device(k[:, :, :, :32].copy()), fuzz.to_device(vv))
+
+
+# Attention sinks in the forward family, one spec per engine (wgmma on sm_90a for the 128-row
+# bf16 tile, mma.sync for a 64-row tile, FFMA for fp32), forced to the forward family.
+FORWARD_SINKS = [
+    spec_text("f_sink_wgmma_bf16", dtype="bf16", D=64, H=8, Hkv=2, mask="causal", lse=True, extra=SINK),
+    spec_text("f_sink_mma_fp16", dtype="fp16", D=128, H=4, Hkv=2, kind="cross", mask="causal", lse=True,
+              extra=(*SINK, "tile block_m 64 block_n 64 warps 4 stages 2")),
+    spec_text("f_sink_ffma_fp32", dtype="fp32", D=64, H=4, Hkv=1, kind="cross", layout="bshd", mask="padding", lse=True,
+              extra=SINK),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", FORWARD_SINKS, ids=_id)
+def test_forward_sinks_match_reference(text: str) -> None:
+    from attngen import runtime
+
+    v = variant_of(text)
+    kernel = runtime.compile(v, family="forward")
+
+    @settings(max_examples=examples(1 / 8))
+    @given(fuzz.case_strategy(v, max_len=700))
+    def run(case: fuzz.Case) -> None:
+        arrays = fuzz.case_inputs(v, case)
+        out, lse = fuzz.run_kernel(kernel, v, arrays)
+        bad = [r.summary() for r in fuzz.compare(v, arrays, out, lse) if not r.ok]
+        assert not bad, f"{v.name} at {case.describe()}:\n" + "\n".join(bad)
+
+    run()
