@@ -238,6 +238,8 @@ class _Builder:
                 for o in ch[3:]
             )
             return A.NormStmt(self.word(ch[0]), self.word(ch[1]), self.signed(ch[2]), opts, sp)
+        if d == "kv_cache_stmt":
+            return A.KvCacheStmt(self.word(ch[0]), self.num(ch[1]), sp)
         if d in ("residual_stmt", "nan_check_stmt"):
             return A.FlagStmt(A.StmtKind(d[: -len("_stmt")]), sp)
         if d == "tile_stmt":

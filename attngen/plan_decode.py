@@ -58,6 +58,13 @@ def decode_unsupported(v: Variant) -> str | None:
     return None
 
 
+def forward_unsupported(v: Variant) -> str | None:
+    """Why the forward family cannot run `v` (None when it can)."""
+    if v.page_size is not None:
+        return "`kv_cache paged` runs on the decode family (attngen.compile(..., family=\"decode\") or \"auto\")"
+    return None
+
+
 def mask_uses_head(v: Variant) -> bool:
     """Whether the mask reads `h` (then a CTA's packed rows, which span heads, are classified
     head by head)."""
@@ -183,6 +190,8 @@ def choose_family(v: Variant, Lq: int, family: Family = Family.AUTO) -> Family:
     small Lq where supported."""
     if family != Family.AUTO:
         return family
+    if v.page_size is not None:
+        return Family.DECODE  # the paged cache runs on the decode family only (any Lq)
     return Family.DECODE if Lq <= DECODE_MAX_LQ and decode_unsupported(v) is None else Family.FORWARD
 
 

@@ -182,6 +182,8 @@ def _preps(v: Variant) -> tuple[Prep, ...]:
 
 def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> KernelPlan:
     """Kernel name, ABI fields, tile, block size, shared memory and prep kernels of a variant."""
+    if v.page_size is not None:  # the forward kernels read contiguous K/V only
+        raise ValueError(f"variant {v.name}: `kv_cache paged` runs on the decode family (render_decode), not the forward kernel")
     tile = resolve_tile(v, arch)
     preps = _preps(v)
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)

@@ -366,8 +366,11 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
     v = _resolve(spec, variant)
     a = Arch(arch) if isinstance(arch, str) else (arch or device_arch())
     fam = plan_decode.Family(family)
-    if fam == plan_decode.Family.DECODE:
+    no_forward = plan_decode.forward_unsupported(v)
+    if fam == plan_decode.Family.DECODE or (fam == plan_decode.Family.AUTO and no_forward):
         return runtime_decode.compile_decode(v, a, verbose=verbose)
+    if no_forward:
+        raise ValueError(f"variant {v.name}: {no_forward}")
     if fam == plan_decode.Family.AUTO and plan_decode.decode_unsupported(v) is None:
         return runtime_decode.Dispatch(compile(v, arch=a, verbose=verbose, family="forward"), a, verbose)
     dev = cupy.cuda.Device().id

@@ -20,7 +20,7 @@ from typing import Any
 
 from attngen import abi
 from attngen.compile_cuda import compile_source
-from attngen.ir import DType, Layout, Variant
+from attngen.ir import BLOCK_TABLE, DType, Layout, Variant
 from attngen.plan_decode import DecodePlan, Family, choose_family
 from attngen.render_decode import render_decode
 from attngen.runtime import (
@@ -37,14 +37,16 @@ from attngen.runtime import (
 from attngen.schedule import Arch
 
 
-def _strides(var: Variant, a: _Arr, name: str) -> tuple[int, int, int]:
-    """(batch, head, sequence) strides of a 4-D q/k/v/o view, checked for the kernels' 16-byte
-    copies."""
+def _strides(var: Variant, a: _Arr, name: str, paged: bool = False) -> tuple[int, int, int]:
+    """(batch, head, sequence) strides of a 4-D q/k/v/o view, or (page, head, slot) of a paged
+    K/V cache [num_pages, page_size, Hkv, D], checked for the kernels' 16-byte copies."""
     if len(a.shape) != 4:
         raise ValueError(f"{name}: expected a 4-D array, got shape {a.shape}")
     if a.strides[-1] != 1:
         raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got strides {a.strides}")
-    if var.layout == Layout.BHSD:
+    if paged:
+        sb, ss, sh = a.strides[0], a.strides[1], a.strides[2]
+    elif var.layout == Layout.BHSD:
         sb, sh, ss = a.strides[0], a.strides[1], a.strides[2]
     else:
         sb, ss, sh = a.strides[0], a.strides[1], a.strides[2]
@@ -54,6 +56,14 @@ def _strides(var: Variant, a: _Arr, name: str) -> tuple[int, int, int]:
     if a.ptr % 16:
         raise ValueError(f"{name}: expected a 16-byte aligned data pointer")
     return sb, sh, ss
+
+
+def _check_pages(table: Any, num_pages: int) -> None:
+    """Refuse a block table with a page id outside [0, num_pages) (one small device reduction and
+    a synchronisation: the price of never reading outside the cache)."""
+    lo, hi = int(table.min()), int(table.max())
+    if lo < 0 or hi >= num_pages:
+        raise ValueError(f"block_table: expected page ids in [0, {num_pages}), got values from {lo} to {hi}")
 
 
 @dataclass
@@ -93,7 +103,10 @@ class DecodeKernel:
             if a.device != dev:
                 raise ValueError(f"{name}: expected an array on the current device cuda:{dev}, got cuda:{a.device}")
         B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
-        qs, ks, vs = _strides(var, aq, "q"), _strides(var, ak, "k"), _strides(var, av, "v")
+        paged = var.page_size is not None
+        qs, ks, vs = _strides(var, aq, "q"), _strides(var, ak, "k", paged), _strides(var, av, "v", paged)
+        if paged:
+            _check_pages(given[BLOCK_TABLE].obj, ak.shape[0])
         xp_torch = aq.is_torch
         o_shape = abi.o_shape(var, B, Lq)
         if out is None:
@@ -148,6 +161,7 @@ class DecodeKernel:
             np.uint64(flag.data.ptr if flag is not None else 0),
             np.uint64(_view(ws_o, "ws_o").ptr), np.uint64(_view(ws_lse, "ws_lse").ptr),
             np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(n_split), np.int32(per),
+            *((np.int32(ak.shape[0]),) if paged else ()),
             *(np.int64(s) for s in (*qs, *ks, *vs, *os_)),
         ]
         for d in var.runtime_inputs():

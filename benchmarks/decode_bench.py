@@ -117,13 +117,53 @@ def main() -> int:
                 row[f"{name}_us"] = t
             except Exception as e:  # a backend that refuses the shape is reported, not fatal
                 row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+        # Split-count sweep through the `splits` override: the launch-time policy against others.
+        n_chunks = -(-Lk // dec.plan.chunk)
+        sweep = {}
+        for s in sorted({max(1, row["splits"] // 2), row["splits"], 2 * row["splits"], 4 * row["splits"], 8 * row["splits"]}):
+            if s <= n_chunks:
+                sweep[s], _ = _time(lambda q, k, v, s=s: dec(q, k, v, splits=s), sets, args.iters, repeats=3)
+        row["splits_sweep_us"] = sweep
         results.append(row)
         del sets
         torch.cuda.empty_cache()
+    # Paged caches (shuffled pages) against the contiguous cache, same mask, same cache lengths.
+    paged_rows = []
+    for B, Lk in ((8, 32768), (1, 131072), (64, 4096)):
+        kv_bytes = 2 * B * HKV * Lk * D * 2
+        n = max(2, min(8, -(-(256 << 20) // kv_bytes)))
+        q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
+        lens = torch.full((B,), Lk, dtype=torch.int32, device=dev)
+        csets = [(q, torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16),
+                  torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16)) for _ in range(n)]
+        t_contig, _ = _time(lambda q, k, v: dec_cache(q, k, v, cache_lens=lens), csets, args.iters)
+        del csets
+        prow = dict(B=B, Lk=Lk, kv_bytes=kv_bytes, contiguous_us=t_contig)
+        for page in (16, 64, 256):
+            vp = frontend.loads(SPEC % f"input cache_lens: i32[B]\n  kv_cache paged({page})\n  mask causal && kv < cache_lens[b]", "<bench>").get()
+            kp = attngen.compile(vp)
+            pages = Lk // page
+            psets = []
+            for _ in range(n):
+                kpg = torch.randn(B * pages, page, HKV, D, device=dev, dtype=torch.bfloat16)
+                vpg = torch.randn(B * pages, page, HKV, D, device=dev, dtype=torch.bfloat16)
+                table = torch.randperm(B * pages, device=dev).to(torch.int32).reshape(B, pages)
+                psets.append((q, kpg, vpg, table))
+            # correctness: paged equals the contiguous kernel on the gathered cache
+            q0, k0, v0, t0 = psets[0]
+            kc = k0[t0.long()].reshape(B, Lk, HKV, D).transpose(1, 2).contiguous()
+            vc = v0[t0.long()].reshape(B, Lk, HKV, D).transpose(1, 2).contiguous()
+            prow[f"paged{page}_err_vs_contiguous"] = (kp(q0, k0, v0, cache_lens=lens, block_table=t0).float()
+                                                      - dec_cache(q0, kc, vc, cache_lens=lens).float()).abs().max().item()
+            del kc, vc
+            prow[f"paged{page}_us"], _ = _time(lambda q, k, v, t: kp(q, k, v, cache_lens=lens, block_table=t), psets, args.iters)
+            del psets
+            torch.cuda.empty_cache()
+        paged_rows.append(prow)
     env = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, sms=sm)
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "w") as f:
-        json.dump(dict(env=env, rows=results), f, indent=1)
+        json.dump(dict(env=env, rows=results, paged=paged_rows), f, indent=1)
 
     def gbs(r, key):
         return f"{r[key]:8.1f} us ({r['kv_bytes'] / r[key] / 1e3:6.0f} GB/s)" if key in r else f"{'n/a':>24}"
@@ -132,6 +172,15 @@ def main() -> int:
     for r in results:
         print(f"{r['B']:>5}, {r['Lk']:>6}, {r['Lq']:>2} | {r['splits']:>6} | {gbs(r, 'ours_us')} | {gbs(r, 'ours_cache_lens_us')} | "
               f"{gbs(r, 'sdpa_flash_us')} | {gbs(r, 'cudnn_us')} | {gbs(r, 'forward_family_us')} | {r['max_abs_err_vs_fp32_sdpa']:.2e}")
+    print("\nsplit sweep (us by splits; * = launch-time choice):")
+    for r in results:
+        print(f"  ({r['B']}, {r['Lk']}, Lq {r['Lq']}): " + "  ".join(
+            f"{s}{'*' if int(s) == r['splits'] else ''}: {t:.1f}" for s, t in r["splits_sweep_us"].items()))
+    print("\npaged decode (causal && kv < cache_lens, shuffled pages) vs contiguous:")
+    for r in paged_rows:
+        print(f"  ({r['B']}, {r['Lk']}): contiguous {gbs(r, 'contiguous_us')}; " + "; ".join(
+            f"page {pg}: {gbs(r, f'paged{pg}_us')} ({r[f'paged{pg}_us'] / r['contiguous_us']:.3f}x, err {r[f'paged{pg}_err_vs_contiguous']:.1e})"
+            for pg in (16, 64, 256)))
     for r in results:
         for k_ in ("sdpa_flash_error", "cudnn_error"):
             if k_ in r:

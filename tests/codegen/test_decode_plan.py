@@ -107,3 +107,28 @@ def test_decode_compiles_without_spills_or_warnings(text: str, arch: Arch) -> No
 def test_every_decodable_example_renders(path, name) -> None:
     src, dp = render_decode(variant(path, name))
     assert dp.kernel_name in src
+
+
+PAGED = SPEC.replace("  output lse", "  kv_cache paged(16)\n  output lse")
+
+
+def test_paged_fields_and_routing() -> None:
+    from attngen import render_cuda
+    from attngen.render_decode import decode_fields
+
+    v = _v(PAGED)
+    names = [f.name for f in decode_fields(v)]
+    assert "num_pages" in names and "in_block_table" in names
+    assert choose_family(v, 100) == Family.DECODE  # chunked prefill against the cache too
+    assert plan_decode.forward_unsupported(v) is not None
+    with pytest.raises(ValueError, match="decode family"):
+        render_cuda.plan(v)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("page", [8, 16, 64, 256])
+def test_paged_decode_compiles_without_spills(page: int) -> None:
+    src, dp = render_decode(_v(PAGED.replace("paged(16)", f"paged({page})")), Arch.SM90A)
+    assert "ag_ld_block_table" in src
+    for r in compile_cuda.resources(src, Arch.SM90A):
+        assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, r

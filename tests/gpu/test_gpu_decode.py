@@ -35,6 +35,15 @@ SPECS = [
     spec_text("d_self_bf16_d64_g4", dtype="bf16", D=64, H=8, Hkv=2, mask="causal"),
     spec_text("d_sink_bf16_d64_g8", dtype="bf16", D=64, H=64, Hkv=8, kind="cross", mask="causal && window(127, 0)",
               lse=True, extra=SINK),
+    # Paged KV caches (pages shuffled by the workload, plus spare pages no row uses).
+    spec_text("d_paged16_bf16_d128_g4", dtype="bf16", D=128, H=32, Hkv=8, kind="cross",
+              mask="causal && kv < cache_lens[b]", lse=True, extra=(*CACHE, "kv_cache paged(16)")),
+    spec_text("d_paged8_fp16_d64_g8", dtype="fp16", D=64, H=8, Hkv=1, kind="cross", layout="bshd",
+              mask="kv < cache_lens[b]", lse=True, extra=(*CACHE, "kv_cache paged(8)")),
+    spec_text("d_paged64_bf16_d64_sink", dtype="bf16", D=64, H=16, Hkv=2, kind="cross", mask="causal && kv < cache_lens[b]",
+              lse=True, extra=(*CACHE, *SINK, "kv_cache paged(64)")),
+    spec_text("d_paged256_fp16_d128", dtype="fp16", D=128, H=4, Hkv=4, kind="cross", mask="causal",
+              scores=("softcap(20.0)",), lse=True, extra=("kv_cache paged(256)",)),
 ]
 
 
@@ -163,3 +172,25 @@ def test_forward_sinks_match_reference(text: str) -> None:
         assert not bad, f"{v.name} at {case.describe()}:\n" + "\n".join(bad)
 
     run()
+
+
+@pytest.mark.gpu
+def test_paged_refuses_out_of_range_pages_and_runs_chunked_prefill() -> None:
+    """A page id outside the cache is refused before launch; Lq beyond the decode range (chunked
+    prefill against the cache) runs on the decode family too, and matches the reference."""
+    from attngen import runtime
+
+    v = variant_of(SPECS[SPECS.index(next(s for s in SPECS if "d_paged16" in s))])
+    kernel = runtime.compile(v)  # auto: a paged cache always takes the decode family
+    assert kernel.plan.kernels[0].endswith("_decode")
+    arrays = fuzz.case_inputs(v, fuzz.Case(B=2, Lq=40, Lk=300, seed=5))
+    out, lse = fuzz.run_kernel(kernel, v, arrays)
+    assert all(r.ok for r in fuzz.compare(v, arrays, out, lse))
+    q, k, vv, rest = fuzz.split_inputs(arrays)
+    bad = dict(rest)
+    bad["block_table"] = rest["block_table"].copy()
+    bad["block_table"][1, 0] = k.shape[0]
+    with pytest.raises(ValueError, match="block_table: expected page ids"):
+        kernel(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), **{n: fuzz.to_device(a) for n, a in bad.items()})
+    with pytest.raises(ValueError, match="decode family"):
+        runtime.compile(v, family="forward")
