@@ -164,15 +164,19 @@ def smem_bytes(v: Variant, block_n: int, stages: int) -> int:
     return max(tiles, reduce)
 
 
-def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> DecodePlan:
-    """The decode plan of a variant; ValueError when the family cannot run it."""
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None) -> DecodePlan:
+    """The decode plan of a variant; ValueError when the family cannot run it. `tile` overrides
+    (keys a warp, stages) for schedule sweeps (benchmarks/decode_bench.py)."""
     why = decode_unsupported(v)
     if why is not None:
         raise ValueError(f"variant {v.name}: {why}")
-    block_n, stages = _tile(v.head_dim)
+    block_n, stages = tile or _tile(v.head_dim)
+    if block_n % 16 or not 2 <= stages <= 6:
+        raise ValueError(f"decode tile: expected keys a warp a multiple of 16 and 2..6 stages, got {block_n}, {stages}")
+    suffix = "" if tile is None else f"_n{block_n}s{stages}"
     return DecodePlan(
-        kernel_name=f"attngen_{v.name}_decode",
-        combine_name=f"attngen_{v.name}_decode_combine",
+        kernel_name=f"attngen_{v.name}_decode{suffix}",
+        combine_name=f"attngen_{v.name}_decode{suffix}_combine",
         heads=v.heads,
         kv_heads=v.kv_heads,
         value_head_dim=v.value_head_dim,

@@ -80,10 +80,10 @@ def _header(v: Variant, dp: DecodePlan, fields: tuple[Field, ...]) -> str:
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
 
 
-def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, DecodePlan]:
+def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None) -> tuple[str, DecodePlan]:
     """The decode family's `.cu` source for one variant and its plan (ValueError when the family
-    cannot run the variant)."""
-    dp = plan(v, arch)
+    cannot run the variant); `tile` as in `plan_decode.plan`."""
+    dp = plan(v, arch, tile)
     fields = decode_fields(v)
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}

@@ -82,9 +82,12 @@ class DecodeKernel:
     family = Family.DECODE
 
     def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None,
-                 splits: int | None = None, **inputs: Any) -> Any:
+                 splits: int | None = None, check_pages: bool = True, **inputs: Any) -> Any:
         """Runs split-KV attention then the combine; returns `o`, or `(o, lse)` with `output lse`.
-        `splits` overrides the launch-time choice (tests use it to cover many splits)."""
+        `splits` overrides the launch-time choice (tests use it to cover many splits).
+        `check_pages=False` skips the paged cache's page-id check, which synchronises the stream
+        (for callers that validated their block table once; the kernel still reads an
+        out-of-range page as zeros, never outside the cache)."""
         import cupy
         import numpy as np
 
@@ -105,7 +108,7 @@ class DecodeKernel:
         B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
         paged = var.page_size is not None
         qs, ks, vs = _strides(var, aq, "q"), _strides(var, ak, "k", paged), _strides(var, av, "v", paged)
-        if paged:
+        if paged and check_pages:
             _check_pages(given[BLOCK_TABLE].obj, ak.shape[0])
         xp_torch = aq.is_torch
         o_shape = abi.o_shape(var, B, Lq)
@@ -178,21 +181,22 @@ class DecodeKernel:
         return (out, lse) if var.lse else out
 
 
-_DECODE: dict[tuple[Variant, Arch, int], DecodeKernel] = {}
+_DECODE: dict[tuple[Variant, Arch, int, tuple[int, int] | None], DecodeKernel] = {}
 _LOCK = threading.Lock()
 
 
-def compile_decode(v: Variant, arch: Arch, *, verbose: bool = False) -> DecodeKernel:
-    """Render, compile (cached) and load a variant's decode kernels for the current device."""
+def compile_decode(v: Variant, arch: Arch, *, verbose: bool = False, tile: tuple[int, int] | None = None) -> DecodeKernel:
+    """Render, compile (cached) and load a variant's decode kernels for the current device
+    (`tile` overrides the schedule, for sweeps)."""
     import cupy
 
     dev = cupy.cuda.Device().id
-    key = (v, arch, dev)
+    key = (v, arch, dev, tile)
     with _LOCK:
         if key in _DECODE:
             return _DECODE[key]
     t0 = time.perf_counter()
-    src, dp = render_decode(v, arch)
+    src, dp = render_decode(v, arch, tile)
     binary = compile_source(src, arch)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(binary.cubin)

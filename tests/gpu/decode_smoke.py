@@ -1,6 +1,8 @@
 """A quick, non-stopping GPU pass over the decode specs (fixed shapes): prints one line a case.
 
-    python tests/gpu/decode_smoke.py
+    python tests/gpu/decode_smoke.py [--only NAME ...] [--quick]
+
+(`--quick`: two shapes a spec, for compute-sanitizer runs.)
 
 For a device run where a failing hypothesis test would spend the budget shrinking: every spec of
 test_gpu_decode.py at a few fixed shapes and split counts, errors summarised, never stopping early.
@@ -22,9 +24,18 @@ SHAPES = [(1, 1, 1, None), (2, 1, 777, None), (1, 3, 4097, None), (3, 16, 129, 2
 
 
 def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    shapes = SHAPES[1:3] if args.quick else SHAPES
     bad = 0
     for text in SPECS:
         v = variant_of(text)
+        if args.only and v.name not in args.only:
+            continue
         t0 = time.perf_counter()
         try:
             k = runtime.compile(v, family="decode")
@@ -33,7 +44,7 @@ def main() -> int:
             bad += 1
             continue
         print(f"{v.name}: compiled in {time.perf_counter() - t0:.1f} s, chunk {k.plan.chunk}")
-        for B, Lq, Lk, splits in SHAPES:
+        for B, Lq, Lk, splits in shapes:
             if v.kind.value == "self":
                 Lk = Lq
             n_chunks = -(-Lk // k.plan.chunk)
