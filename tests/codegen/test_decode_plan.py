@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _codegen_util import VARIANT_IDS, VARIANTS, variant
+from _codegen_util import ALL_VARIANT_IDS, ALL_VARIANTS, DECODE_ONLY, DECODE_ONLY_IDS, variant
 
 from attngen import compile_cuda, frontend, plan_decode
 from attngen.plan_decode import DECODE_MAX_LQ, Family, choose_family, decode_unsupported
@@ -86,7 +86,7 @@ def test_mask_reading_h_is_classified_head_by_head() -> None:
     assert "for (int h = h0; h <= h1; ++h)" not in b
 
 
-DECODABLE = [(p, n) for p, n in VARIANTS if decode_unsupported(variant(p, n)) is None]
+DECODABLE = [(p, n) for p, n in ALL_VARIANTS if decode_unsupported(variant(p, n)) is None]
 
 
 @pytest.mark.nvcc
@@ -104,10 +104,29 @@ def test_decode_compiles_without_spills_or_warnings(text: str, arch: Arch) -> No
     assert "warning" not in log.lower()
 
 
-@pytest.mark.parametrize("path,name", DECODABLE, ids=[i for (p, n), i in zip(VARIANTS, VARIANT_IDS) if (p, n) in DECODABLE])
-def test_every_decodable_example_renders(path, name) -> None:
-    src, dp = render_decode(variant(path, name))
-    assert dp.kernel_name in src
+@pytest.mark.parametrize("path,name", DECODABLE, ids=[i for (p, n), i in zip(ALL_VARIANTS, ALL_VARIANT_IDS) if (p, n) in DECODABLE])
+def test_every_decodable_example_renders_stably(path, name) -> None:
+    v = variant(path, name)
+    src, dp = render_decode(v)
+    assert dp.kernel_name in src and render_decode(v)[0] == src
+    again = frontend.loads(path.read_text(encoding="utf-8"), "elsewhere/copy.attn").get(name)
+    assert render_decode(again)[0] == src  # no path, no timestamp
+    assert str(path.parent) not in src and "/work/" not in src and "/tmp/" not in src
+
+
+def test_paged_example_exists_and_is_decode_only() -> None:
+    assert any("paged" in p.stem for p, _ in DECODE_ONLY)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("path,name", DECODE_ONLY, ids=DECODE_ONLY_IDS)
+@pytest.mark.parametrize("arch", [Arch.SM80, Arch.SM90A], ids=lambda a: a.value)
+def test_decode_only_examples_compile_without_spills(path, name, arch: Arch) -> None:
+    src, dp = render_decode(variant(path, name), arch)
+    res = compile_cuda.resources(src, arch)
+    assert {r.kernel for r in res} == set(dp.kernels)
+    for r in res:
+        assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, r
 
 
 PAGED = SPEC.replace("  output lse", "  kv_cache paged(16)\n  output lse")
