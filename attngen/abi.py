@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from attngen.ir import AttnKind, DType, Layout, NormScope, NormTarget, SizeSym, TensorDecl, Variant
+from attngen.ir import BLOCK_TABLE, AttnKind, DType, Layout, NormScope, NormTarget, SizeSym, TensorDecl, Variant
 
 Shape = tuple[int, ...]
 
@@ -101,9 +101,13 @@ def q_shape(v: Variant, B: int, Lq: int) -> Shape:
     return (B, v.heads, Lq, v.head_dim) if v.layout == Layout.BHSD else (B, Lq, v.heads, v.head_dim)
 
 
-def kv_shape(v: Variant, B: int, Lk: int, value: bool) -> Shape:
-    """Shape of k (value=False) or v (value=True): Hkv heads, D or Dv wide."""
+def kv_shape(v: Variant, B: int, Lk: int, value: bool, num_pages: int | None = None) -> Shape:
+    """Shape of k (value=False) or v (value=True): Hkv heads, D or Dv wide. With `kv_cache
+    paged(N)`: [num_pages, N, Hkv, D] (by default just enough pages for B rows of Lk keys)."""
     d = v.value_head_dim if value else v.head_dim
+    if v.page_size is not None:
+        n = num_pages if num_pages is not None else B * -(-Lk // v.page_size)
+        return (n, v.page_size, v.kv_heads, d)
     return (B, v.kv_heads, Lk, d) if v.layout == Layout.BHSD else (B, Lk, v.kv_heads, d)
 
 
@@ -204,11 +208,25 @@ def bind_sizes(
             return [("B", B), ("Hkv", Hkv), ("Lk", lk), (width_name, width)]
         return [("B", B), ("Lk", lk), ("Hkv", Hkv), (width_name, width)]
 
-    k = _check("k", lay, kv_dims("D", D, lk_fixed), k_shape)
-    Lk = k[2] if bhsd else k[1]
-    if Lk < 1:
-        raise ValueError(f"k: expected a key length Lk >= 1, got Lk={Lk}")
-    _check("v", lay, kv_dims("Dv", Dv, Lk), v_shape)
+    given = dict(inputs or {})
+    if v.page_size is not None:
+        # Paged K/V: [num_pages, page_size, Hkv, D]; Lk is the block table's pages times the page
+        # size (a missing or misshapen block table is reported with the other inputs below).
+        ps = v.page_size
+        k = _check("k", "paged", [("num_pages", None), ("page_size", ps), ("Hkv", Hkv), ("D", D)], k_shape)
+        if k[0] < 1:
+            raise ValueError(f"k: expected at least one page, got num_pages={k[0]}")
+        _check("v", "paged", [("num_pages", k[0]), ("page_size", ps), ("Hkv", Hkv), ("Dv", Dv)], v_shape)
+        bt = given.get(BLOCK_TABLE)
+        bt_shape = tuple(int(x) for x in bt[0]) if bt is not None else ()
+        Lk = bt_shape[1] * ps if len(bt_shape) == 2 and bt_shape[1] >= 1 else ps
+    else:
+        k = _check("k", lay, kv_dims("D", D, lk_fixed), k_shape)
+        Lk = k[2] if bhsd else k[1]
+        if Lk < 1:
+            raise ValueError(f"k: expected a key length Lk >= 1, got Lk={Lk}")
+        _check("v", lay, kv_dims("Dv", Dv, Lk), v_shape)
+
     # The lengths runtime inputs and masks see: the whole sequence's when this call is a shard.
     seen = Sizes(B, Lq, Lk)
     if shard:
@@ -217,7 +235,6 @@ def bind_sizes(
             raise ValueError(f"positions: `kind self` expects Lq_total == Lk_total, got {pos.Lq_total} and {pos.Lk_total}")
         seen = Sizes(B, int(pos.Lq_total), int(pos.Lk_total))  # type: ignore[arg-type]
 
-    given = dict(inputs or {})
     decls = v.runtime_inputs()
     expected_names = [d.name for d in decls]
     missing = [n for n in expected_names if n not in given]

@@ -106,12 +106,14 @@ class StmtKind(enum.Enum):
     RESIDUAL = "residual"
     NAN_CHECK = "nan_check"
     OUTPUT = "output"
+    SINK = "sink"
+    KV_CACHE = "kv_cache"
     TILE = "tile"
 
 
 @dataclass(frozen=True, slots=True)
 class WordStmt:
-    """`dtype W`, `kind W`, `layout W`, `output W`."""
+    """`dtype W`, `kind W`, `layout W`, `output W`, `sink W`."""
 
     kind: StmtKind
     value: Word
@@ -172,6 +174,16 @@ class NormStmt:
 
 
 @dataclass(frozen=True, slots=True)
+class KvCacheStmt:
+    """`kv_cache paged(N)`: K/V live in pages of N tokens, found through a block table."""
+
+    layout: Word
+    page_size: Num
+    span: Span
+    kind: StmtKind = StmtKind.KV_CACHE
+
+
+@dataclass(frozen=True, slots=True)
 class FlagStmt:
     """`residual`, `nan_check`."""
 
@@ -193,7 +205,7 @@ class TileStmt:
     kind: StmtKind = StmtKind.TILE
 
 
-Stmt = Union[WordStmt, PairStmt, ScaleStmt, InputStmt, ExprStmt, NormStmt, FlagStmt, TileStmt]
+Stmt = Union[WordStmt, PairStmt, ScaleStmt, InputStmt, ExprStmt, NormStmt, FlagStmt, TileStmt, KvCacheStmt]
 
 
 @dataclass(frozen=True, slots=True)

@@ -303,13 +303,24 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
         parts.append(f"norm {n.target.value} {n.kind.value} {n.scope.value}")
     if v.residual:
         parts.append("residual")
-    tile, auto = resolved_tile(v, arch)
-    smem = variant_smem_layout(v, tile, arch).bytes
-    parts.append(
-        f"tile {tile.block_m}x{tile.block_n} w{tile.warps} s{tile.stages}{' (auto)' if auto else ''} "
-        f"{engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch).value} "
-        f"{smem / 1024:.0f} KiB smem on {arch.value}"
-    )
+    if v.sink is not None:
+        parts.append(f"sink {v.sink}")
+    from attngen import plan_decode
+
+    if plan_decode.forward_unsupported(v) is not None:
+        dp = plan_decode.plan(v, arch)
+        parts.append(f"kv_cache paged({v.page_size}): decode family for every Lq (split-KV mma.sync, "
+                     f"{dp.block_n} keys a warp x {dp.warps} warps, {dp.stages} stages, {dp.smem_bytes / 1024:.0f} KiB smem on {arch.value})")
+    else:
+        tile, auto = resolved_tile(v, arch)
+        smem = variant_smem_layout(v, tile, arch).bytes
+        parts.append(
+            f"tile {tile.block_m}x{tile.block_n} w{tile.warps} s{tile.stages}{' (auto)' if auto else ''} "
+            f"{engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch).value} "
+            f"{smem / 1024:.0f} KiB smem on {arch.value}"
+        )
+        if plan_decode.decode_unsupported(v) is None:
+            parts.append(f"decode family (split-KV) for Lq <= {plan_decode.DECODE_MAX_LQ}")
     rt = v.runtime_inputs()
     if rt:
         parts.append("inputs " + ", ".join(f"{d.name}: {d.dtype.value}{_decl_symbolic(v, d)}" for d in rt))

@@ -26,6 +26,7 @@ from typing import Any
 
 from attngen.ir import (
     ALIBI_SLOPES,
+    BLOCK_TABLE,
     Binary,
     BinOp,
     Builtin,
@@ -381,6 +382,8 @@ def not_in_flex(variant: Variant) -> list[str]:
     out = [f"{n.target.value}-norm ({n.kind.value}, scope {n.scope.value})" for n in variant.norms]
     if variant.residual:
         out.append("residual")
+    if variant.sink is not None:
+        out.append(f"sink {variant.sink}")
     return out
 
 
@@ -461,12 +464,25 @@ def prepare_flex(
     torch = _torch()
     from torch.nn.attention.flex_attention import flex_attention
 
-    q, k, v = _as_torch(q), _as_torch(k), _as_torch(v)
+    q = _as_torch(q)
     device = q.device
     ins = {n: _as_torch(x, device) for n, x in (inputs or {}).items()}
     dt = torch_dtype(variant.dtype)
     H, Hkv, D = variant.heads, variant.kv_heads, variant.head_dim
     bshd = variant.layout == Layout.BSHD
+
+    def unpage(x: Any) -> Any:
+        # A paged cache [num_pages, N, Hkv, D] gathered through the block table [B, P] into the
+        # variant's layout with Lk = P * N (Flex attends over contiguous keys).
+        x = _as_torch(x)
+        if variant.page_size is None:
+            return x
+        table = ins[BLOCK_TABLE].long()
+        g = x[table]  # [B, P, N, Hkv, D]
+        g = g.reshape(g.shape[0], g.shape[1] * g.shape[2], g.shape[3], g.shape[4])
+        return g if bshd else g.transpose(1, 2)
+
+    k, v = unpage(k), unpage(v)
     B = q.shape[0]
     Lq = q.shape[1] if bshd else q.shape[2]
     Lk = k.shape[1] if bshd else k.shape[2]
@@ -486,8 +502,8 @@ def prepare_flex(
         # Other q/k/v of the same shapes reuse the mods and block mask (and torch.compile's graph:
         # new closures per input set would recompile Flex each time).
         qq = q if q_ is None else _as_torch(q_).reshape(q.shape)
-        kk = k if k_ is None else _as_torch(k_)
-        vv = v if v_ is None else _as_torch(v_)
+        kk = k if k_ is None else unpage(k_)
+        vv = v if v_ is None else unpage(v_)
         xq = qq
         if qn is not None:
             if qn.scope == NormScope.TOKEN:
@@ -512,6 +528,13 @@ def prepare_flex(
         empty = torch.isneginf(lse) | torch.isnan(lse)
         lse = torch.where(empty, torch.full_like(lse, -math.inf), lse.to(torch.float32))
         o = torch.where(empty[..., None], torch.zeros_like(o), o)
+        if variant.sink is not None:
+            # The sink joins the denominator: LSE' = logaddexp(LSE, sink[h]), O scaled by
+            # exp(LSE - LSE') (0 on empty rows, whose LSE' is the sink).
+            sk = ins[variant.sink].to(device=lse.device, dtype=torch.float32).reshape(1, H, 1)
+            lse2 = torch.logaddexp(lse, sk.expand_as(lse))
+            o = (o.to(torch.float32) * torch.exp(lse - lse2)[..., None]).to(o.dtype)
+            lse = lse2
         if on is not None or variant.residual:
             of = o.to(torch.float32)
             if on is not None:

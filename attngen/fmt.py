@@ -76,6 +76,8 @@ def format_stmt(st: A.Stmt) -> str:
         return text + "".join(f" {o.key} {o.value.text}" for o in st.options)
     if isinstance(st, A.FlagStmt):
         return st.kind.value
+    if isinstance(st, A.KvCacheStmt):
+        return f"kv_cache {st.layout.text}({_num(st.page_size)})"
     if isinstance(st, A.TileStmt):
         if not st.fields:
             return "tile auto"

@@ -355,6 +355,19 @@ def flex_crosscheck(v: Variant, arrays: Mapping[str, np.ndarray]) -> tolerance.R
     from attngen import flex
 
     q, k, vv, rest = split_inputs(arrays)
+    if v.page_size is not None:
+        # Flex reads a contiguous cache: gather the pages (as the reference does) first.
+        import dataclasses
+
+        from attngen.ir import BLOCK_TABLE
+        from attngen.reference import _unpage
+
+        table = np.asarray(rest[BLOCK_TABLE]).astype(np.int64)
+        k, vv = _unpage(k, table), _unpage(vv, table)
+        if v.layout == Layout.BSHD:
+            k, vv = k.transpose(0, 2, 1, 3), vv.transpose(0, 2, 1, 3)
+        rest = {n: a for n, a in rest.items() if n != BLOCK_TABLE}
+        v = dataclasses.replace(v, page_size=None)
     o_ref, _ = _last_ref[0] if _last_ref[0] is not None else (None, None)
     if o_ref is None:
         from attngen import reference
@@ -855,6 +868,14 @@ def spec_strategy(name: str = "fuzzed"):
             t = TileConfig(bm, bn, warps, stages)
             if not validate_tile(dt, D, Dv, t):
                 lines.append(f"tile block_m {bm} block_n {bn} warps {warps} stages {stages}")
+        # Drawn last so that the draws above (and the CI examples they give) stay as they were.
+        if draw(st.integers(0, 5)) == 0:
+            n = fresh("sinks")
+            inputs.append(f"input {n}: fp32[H]")
+            lines.append(f"sink {n}")
+        decodable = dtype != "fp32" and D == Dv and D in (64, 128) and not any(x.startswith(("norm", "residual")) for x in lines)
+        if kind == "cross" and decodable and draw(st.integers(0, 3)) == 0:
+            lines.append(f"kv_cache paged({draw(st.sampled_from([8, 16, 64, 256]))})")
         body = "\n".join(f"  {x}" for x in lines[:5] + inputs + lines[5:])
         return f"attention {name} {{\n{body}\n}}\n"
 
@@ -873,6 +894,7 @@ MUTATION_TOKENS = (
     "1e999", "1e-999", "99999999999999999999999999", "2147483648", "0.0", "nan", "inf", "1.2.3", "12x8", "0x10",
     "__import__", "os", "#", "\n", "\t", "é", "∞", "\x00", '"', "'", "/*", "*/", "\\", "`", "$", "@",
     "((((((((((((((((((((", "))))))))))))", "q_lens", "kv_lens", "q_norm_weight", "attention x {", "}}",
+    "sink", "kv_cache", "paged", "paged(16)", "block_table",
 )
 
 

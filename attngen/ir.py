@@ -13,6 +13,7 @@ Semantics of one variant (the numerics contract, implemented by `attngen.referen
     P            = softmax over kv of s where visible             fp32 or wider
     O[b,h,q,:]   = sum_kv P * V[b,hk,kv,:]                        0 for a row with nothing visible
     LSE[b,h,q]   = log(sum_kv exp(s) over visible kv)             -inf for a row with nothing visible
+    with `sink t`: exp(t[h]) joins the sum of P's denominator and of LSE (t[h] for an empty row)
     O            = post_norm(O) if an `o` norm is given; O = x + O if residual (x = the q input)
 
 Q' and K' are the q and k inputs after their pre-norms (if any), rounded to the spec dtype.
@@ -226,6 +227,9 @@ SCORE_BUILTINS = frozenset({BuiltinName.SOFTCAP, BuiltinName.ALIBI, BuiltinName.
 # `Variant.runtime_inputs()`, and may not be declared again by the user).
 PADDING_Q_LENS = "q_lens"
 PADDING_KV_LENS = "kv_lens"
+BLOCK_TABLE = "block_table"  # implied by `kv_cache paged(N)`: i32[B, BLOCK_TABLE_PAGES]
+BLOCK_TABLE_PAGES = "max_pages"
+PAGE_SIZES = (8, 256)  # smallest and largest page, tokens (multiples of 8)
 ALIBI_SLOPES = "alibi_slopes"  # only when `alibi(slopes)` is not given a tensor: standard slopes are
 # computed at compile time and are not an input.
 
@@ -416,6 +420,13 @@ class Variant:
     inputs: tuple[TensorDecl, ...]  # declared by the user, in source order
     tile: TileConfig | None  # None: `tile auto`
     span: Span | None = _span()
+    # `sink NAME`: a declared fp32[H] input of per-head logits that join every row's softmax
+    # denominator (gpt-oss attention sinks); None without one.
+    sink: str | None = None
+    # `kv_cache paged(N)`: K/V are [num_pages, N, Hkv, D] pages; the implied input
+    # block_table: i32[B, max_pages] maps each row's logical page t (keys t*N .. t*N + N - 1) to a
+    # page, and Lk = max_pages * N (vLLM / FlashInfer semantics). None: contiguous K/V.
+    page_size: int | None = None
 
     @property
     def effective_scale(self) -> float:
@@ -449,6 +460,8 @@ class Variant:
             implied[norm_weight_name(n.target)] = TensorDecl(norm_weight_name(n.target), DType.FP32, (width,))
             if n.kind == NormKind.LAYERNORM:
                 implied[norm_bias_name(n.target)] = TensorDecl(norm_bias_name(n.target), DType.FP32, (width,))
+        if self.page_size is not None:
+            implied[BLOCK_TABLE] = TensorDecl(BLOCK_TABLE, DType.I32, (SizeSym.B, BLOCK_TABLE_PAGES))
         declared = {d.name for d in self.inputs}
         extra = tuple(implied[k] for k in sorted(implied) if k not in declared)
         return self.inputs + extra

@@ -19,6 +19,9 @@ from attngen.diagnostics import Diagnostic, SpecError
 from attngen.ir import (
     ARITH_OPS,
     ALIBI_SLOPES,
+    BLOCK_TABLE,
+    BLOCK_TABLE_PAGES,
+    PAGE_SIZES,
     PADDING_KV_LENS,
     PADDING_Q_LENS,
     ATTENTION_DTYPES,
@@ -738,6 +741,9 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
             "the residual adds the q input (width D) to the output (width Dv)",
         )
 
+    sink = _sink(lw, seen.get(A.StmtKind.SINK), tensors)
+    page_size = _kv_cache(lw, seen.get(A.StmtKind.KV_CACHE), tensors, kind)
+
     tile = None
     ts = seen.get(A.StmtKind.TILE)
     if isinstance(ts, A.TileStmt) and ts.fields:
@@ -767,7 +773,50 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         inputs=tuple(inputs),
         tile=tile,
         span=v.span,
+        sink=sink,
+        page_size=page_size,
     )
+
+
+def _kv_cache(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl], kind: object) -> int | None:
+    """`kv_cache paged(N)`: the page size N (a multiple of 8 from 8 to 256); kind cross only."""
+    if not isinstance(st, A.KvCacheStmt):
+        return None
+    if st.layout.text != "paged":
+        lw.error(f"unknown kv_cache layout `{st.layout.text}`", st.layout.span, "the one layout is `paged(N)`, e.g. `kv_cache paged(16)`")
+        return None
+    n = lw.int_of(st.page_size, "page size")
+    if n is None:
+        return None
+    lo, hi = PAGE_SIZES
+    if not (lo <= n <= hi and n % 8 == 0):
+        lw.error(f"page size {n} is not supported", st.page_size.span, f"use a multiple of 8 from {lo} to {hi}")
+        return None
+    if kind != AttnKind.CROSS:
+        lw.error("`kv_cache paged` needs `kind cross`", st.span, "a KV cache has its own length: add `kind cross`")
+        return None
+    if BLOCK_TABLE in tensors:
+        lw.error(f"`{BLOCK_TABLE}` is implied by `kv_cache paged`", tensors[BLOCK_TABLE].span or st.span,
+                 f"remove its `input` line: it is i32[B, {BLOCK_TABLE_PAGES}]")
+        return None
+    return n
+
+
+def _sink(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl]) -> str | None:
+    """`sink NAME`: NAME must be a declared fp32[H] input (one learnable logit a query head)."""
+    if not isinstance(st, A.WordStmt):
+        return None
+    name = st.value.text
+    d = tensors.get(name)
+    if d is None:
+        lw.error(f"`sink {name}` names no declared input", st.value.span, f"declare it first: `input {name}: fp32[H]`")
+        return None
+    if d.dtype != DType.FP32 or d.shape != (SizeSym.H,):
+        shape = ", ".join(x.value if isinstance(x, SizeSym) else str(x) for x in d.shape)
+        lw.error(f"a sink input must be fp32[H], got {d.dtype.value}[{shape}]", st.value.span,
+                 f"declare it as `input {name}: fp32[H]` (one logit a query head)")
+        return None
+    return name
 
 
 def _head_dim(lw: _Lowerer, n: A.Num, what: str) -> int | None:

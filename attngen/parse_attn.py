@@ -218,7 +218,7 @@ class _Builder:
 
     def stmt(self, t: Tree) -> A.Stmt:
         d, ch, sp = t.data, t.children, self.span(t)
-        if d in ("dtype_stmt", "kind_stmt", "layout_stmt", "output_stmt"):
+        if d in ("dtype_stmt", "kind_stmt", "layout_stmt", "output_stmt", "sink_stmt"):
             return A.WordStmt(A.StmtKind(d[: -len("_stmt")]), self.word(ch[0]), sp)
         if d in ("head_dim_stmt", "heads_stmt"):
             second = self.num(ch[1]) if len(ch) > 1 and ch[1] is not None else None
@@ -238,6 +238,8 @@ class _Builder:
                 for o in ch[3:]
             )
             return A.NormStmt(self.word(ch[0]), self.word(ch[1]), self.signed(ch[2]), opts, sp)
+        if d == "kv_cache_stmt":
+            return A.KvCacheStmt(self.word(ch[0]), self.num(ch[1]), sp)
         if d in ("residual_stmt", "nan_check_stmt"):
             return A.FlagStmt(A.StmtKind(d[: -len("_stmt")]), sp)
         if d == "tile_stmt":

@@ -153,6 +153,10 @@ def variant_lines(v: Variant) -> list[str]:
         lines.append(f"mask {print_expr(v.mask)}")
     lines.extend(f"score {print_expr(s)}" for s in v.scores)
     lines.extend(_norm(n) for n in v.norms)
+    if v.sink is not None:
+        lines.append(f"sink {v.sink}")
+    if v.page_size is not None:
+        lines.append(f"kv_cache paged({v.page_size})")
     if v.residual:
         lines.append("residual")
     if v.nan_check:

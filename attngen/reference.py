@@ -18,6 +18,7 @@ import numpy as np
 from attngen import abi, tolerance
 from attngen.abi import Sizes
 from attngen.ir import (
+    BLOCK_TABLE,
     Binary,
     BinOp,
     Builtin,
@@ -272,6 +273,18 @@ def _as_bhsd(x: np.ndarray, layout: Layout, heads: int) -> np.ndarray:
 # Masks
 
 
+def _unpage(x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Paged K or V [num_pages, N, Hkv, D] gathered through the block table [B, P] into the
+    logical [B, Hkv, P * N, D]; page ids outside [0, num_pages) are refused."""
+    x = np.asarray(x)
+    n = x.shape[0]
+    if table.size and (table.min() < 0 or table.max() >= n):
+        raise ValueError(f"block_table: expected page ids in [0, {n}), got values from {table.min()} to {table.max()}")
+    g = x[table]  # [B, P, N, Hkv, D]
+    B, P, N = g.shape[:3]
+    return g.reshape(B, P * N, *x.shape[2:]).transpose(0, 2, 1, 3)
+
+
 def _check_mask(v: Variant) -> None:
     if uses_score(v.mask):
         raise ValueError("mask: expected an expression of indices and inputs, got one that reads the score `s`")
@@ -399,8 +412,11 @@ def attention(
     D, Dv = v.head_dim, v.value_head_dim
 
     q4 = _as_bhsd(q, v.layout, H)
-    k4 = _as_bhsd(k, v.layout, Hkv)
-    v4 = _as_bhsd(v_, v.layout, Hkv)
+    if v.page_size is not None:
+        k4, v4 = _unpage(k, tensors[BLOCK_TABLE]), _unpage(v_, tensors[BLOCK_TABLE])
+    else:
+        k4 = _as_bhsd(k, v.layout, Hkv)
+        v4 = _as_bhsd(v_, v.layout, Hkv)
     out = np.zeros(abi.o_shape(v, B, Lq), dtype=dtype_of(v.dtype))
     o4 = _as_bhsd(out, v.layout, H)
     lse = np.full((B, H, Lq), -np.inf, dtype=np.float32)
@@ -414,6 +430,7 @@ def attention(
         raise ValueError(f"residual: expected Dv == D, got D={D}, Dv={Dv}")
 
     # Query rows per step: bounded by the score block (G x cq x Lk) and the token-norm row block.
+    sink = np.asarray(tensors[v.sink], dtype=np.float64).reshape(-1) if v.sink is not None else None
     cq = max(1, min(Lq, CHUNK_BYTES // (8 * max(G * Lk, H * D, G * max(D, Dv)))))
     scale = v.effective_scale
     with np.errstate(all="ignore"):
@@ -448,10 +465,16 @@ def attention(
                     # scores are all -inf is empty (O = 0, LSE = -inf) rather than 0/0 = NaN.
                     s = np.where(vis, s, -np.inf)
                     m = s.max(axis=-1, keepdims=True)
+                    if sink is not None:
+                        # exp(sink[h]) joins the denominator: the max runs over it too, and a row
+                        # with nothing visible has O = 0 and LSE = sink[h].
+                        m = np.maximum(m, sink[heads][:, None, None])
                     empty = ~(m > -np.inf)
                     m = np.where(empty, 0.0, m)
                     p = np.exp(s - m)
                     l = p.sum(axis=-1, keepdims=True)
+                    if sink is not None:
+                        l = l + np.exp(sink[heads][:, None, None] - m)
                     o = np.matmul(p, vv) / np.where(empty, 1.0, l)
                     o = np.where(empty, 0.0, o)
                     row_lse = np.where(empty[..., 0], -np.inf, m[..., 0] + np.log(np.where(empty, 1.0, l))[..., 0])

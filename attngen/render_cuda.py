@@ -338,6 +338,8 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> OpPlan:
 
 @functools.lru_cache(maxsize=512)
 def _plan(v: Variant, arch: Arch) -> OpPlan:
+    if v.page_size is not None:  # the forward kernels read contiguous K/V only
+        raise ValueError(f"variant {v.name}: `kv_cache paged` runs on the decode family (render_decode), not the forward kernel")
     tile = resolve_tile(v, arch)
     preps = _preps(v)
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
@@ -532,6 +534,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, OpPlan
         residual_smem=kp.smem.residual_copy,
         nan_check=v.nan_check,
         lse=v.lse,
+        sink=v.sink is not None,
+        sink_tensor=v.sink or "",
         preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows_expr, workspace=pr.field.name, doc=pr.doc) for pr in kp.preps],
         prep_threads=PREP_THREADS,
         prep_rows_per_block=PREP_ROWS_PER_BLOCK,

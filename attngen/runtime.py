@@ -712,14 +712,28 @@ def _resolve(spec: Any, variant: str | None) -> Variant:
     return loads(str(spec)).get(variant)
 
 
-def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = None, verbose: bool = False) -> Kernel:
+def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = None, verbose: bool = False,
+            family: str = "auto") -> Any:
     """Parse (if needed), render, compile and load one variant for the current CUDA device.
 
-    `spec` is a Variant, a Program, a path to a `.attn` file, or `.attn` source text."""
+    `spec` is a Variant, a Program, a path to a `.attn` file, or `.attn` source text. `family`:
+    "forward" gives the forward `Kernel`; "decode" forces the split-KV decode family
+    (`runtime_decode.DecodeKernel`); "auto" (default) gives the forward kernel, wrapped so that
+    calls with small Lq run the decode family where the variant supports it."""
     import cupy
+
+    from attngen import plan_decode, runtime_decode
 
     v = _resolve(spec, variant)
     a = Arch(arch) if isinstance(arch, str) else (arch or device_arch())
+    fam = plan_decode.Family(family)
+    no_forward = plan_decode.forward_unsupported(v)
+    if fam == plan_decode.Family.DECODE or (fam == plan_decode.Family.AUTO and no_forward):
+        return runtime_decode.compile_decode(v, a, verbose=verbose)
+    if no_forward:
+        raise ValueError(f"variant {v.name}: {no_forward}")
+    if fam == plan_decode.Family.AUTO and plan_decode.decode_unsupported(v) is None:
+        return runtime_decode.Dispatch(compile(v, arch=a, verbose=verbose, family="forward"), a, verbose)
     dev = cupy.cuda.Device().id
     key = (v, a, dev)
     with _KERNELS_LOCK:

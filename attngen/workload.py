@@ -16,6 +16,8 @@ import numpy as np
 from attngen import abi
 from attngen.abi import Sizes
 from attngen.ir import (
+    BLOCK_TABLE,
+    BLOCK_TABLE_PAGES,
     PADDING_KV_LENS,
     PADDING_Q_LENS,
     BuiltinName,
@@ -166,15 +168,27 @@ def make_inputs(
         raise ValueError(f"sizes: expected Lq == Lk for self attention, got Lq={Lq}, Lk={Lk}")
     syms = default_symbols(v, Lq, Lk)
     syms.update(symbols or {})
+    num_pages = None
+    if v.page_size is not None:
+        # Paged K/V: Lk rounds up to whole pages; the pages of all rows, plus a few spare ones
+        # no row uses, are shuffled so that no row's pages are adjacent or in order.
+        pages = -(-Lk // v.page_size)
+        Lk = pages * v.page_size
+        syms[BLOCK_TABLE_PAGES] = pages
+        num_pages = B * pages + 3
     sizes = Sizes(B, Lq, Lk, tuple(sorted(syms.items())))
     out = {
         "q": _qkv(rng, abi.q_shape(v, B, Lq), dist, v.dtype),
-        "k": _qkv(rng, abi.kv_shape(v, B, Lk, value=False), dist, v.dtype),
-        "v": _qkv(rng, abi.kv_shape(v, B, Lk, value=True), dist, v.dtype),
+        "k": _qkv(rng, abi.kv_shape(v, B, Lk, value=False, num_pages=num_pages), dist, v.dtype),
+        "v": _qkv(rng, abi.kv_shape(v, B, Lk, value=True, num_pages=num_pages), dist, v.dtype),
     }
+    if num_pages is not None:
+        out[BLOCK_TABLE] = rng.permutation(num_pages)[: B * syms[BLOCK_TABLE_PAGES]].reshape(B, -1).astype(np.int32)
     roles = _role_of_tensors(v)
     lengths = {"q": Lq, "kv": Lk}
     for decl in v.runtime_inputs():
+        if decl.name in out:
+            continue
         shape = abi.input_shape(v, decl, sizes)
         out[decl.name] = _fill(v, decl, shape, roles.get(decl.name), rng, lengths)
     return out

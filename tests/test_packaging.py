@@ -65,8 +65,8 @@ def test_wheel_contains_grammar_and_templates(wheel):
     templates = [n for n in names if n.startswith("attngen/backends/cuda/") and n.endswith(".cu.j2")]
     assert templates, sorted(names)
     # every template in the checkout made it in
-    for t in (ROOT / "backends" / "cuda").glob("*.cu.j2"):
-        assert f"attngen/backends/cuda/{t.name}" in names
+    for t in (ROOT / "backends" / "cuda").rglob("*.cu.j2"):
+        assert f"attngen/backends/cuda/{t.relative_to(ROOT / 'backends' / 'cuda').as_posix()}" in names
     for mod in ("attngen/__init__.py", "attngen/cli.py", "attngen/ir.py"):
         assert mod in names
 

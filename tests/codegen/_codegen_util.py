@@ -29,5 +29,21 @@ def variant(path: Path, name: str):
     return load_example(str(path)).get(name)
 
 
-VARIANTS = example_variants()
-VARIANT_IDS = [f"{p.stem}:{n}" if p.stem != n else n for p, n in VARIANTS]
+def _id(p: Path, n: str) -> str:
+    return f"{p.stem}:{n}" if p.stem != n else n
+
+
+def _forward_ok(p: Path, n: str) -> bool:
+    from attngen.plan_decode import forward_unsupported
+
+    return forward_unsupported(variant(p, n)) is None
+
+
+ALL_VARIANTS = example_variants()
+ALL_VARIANT_IDS = [_id(p, n) for p, n in ALL_VARIANTS]
+# The forward kernel's examples; those only the decode family runs (a paged KV cache) are
+# rendered and compiled by test_decode_plan.py.
+VARIANTS = [(p, n) for p, n in ALL_VARIANTS if _forward_ok(p, n)]
+VARIANT_IDS = [_id(p, n) for p, n in VARIANTS]
+DECODE_ONLY = [(p, n) for p, n in ALL_VARIANTS if not _forward_ok(p, n)]
+DECODE_ONLY_IDS = [_id(p, n) for p, n in DECODE_ONLY]

@@ -1,0 +1,225 @@
+"""Decode benchmark (issue 15): the decode family against SDPA flash and cuDNN, same run.
+
+    python benchmarks/decode_bench.py [--out PATH] [--iters N]
+
+bf16, D128, H32, Hkv8, `kind cross`, Lq = 1 (and a speculative-decoding row, Lq = 4), at the
+issue's (B, Lk) rows, plus the cache-length-masked variant. Every peer's output is compared with
+ours first. Timing: the GPU is held busy by a spin kernel while every timed launch is queued, so
+the events measure back-to-back GPU time, not Python launch overhead (the same for every column);
+launches rotate through K/V copies totalling >= 256 MB (the H200's L2 is 60 MB), inputs random
+normal, never zeros. Bandwidth = K+V bytes read / time. Results: JSON to PATH (default
+$OUT/decode_bench.json, else benchmarks/results/h200_decode.json) and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ROWS = [(1, 8192), (1, 131072), (8, 32768), (64, 4096), (128, 1024)]
+SPEC = """
+attention dec {
+  dtype bf16
+  head_dim 128
+  heads 32 kv 8
+  kind cross
+  %s
+}
+"""
+H, HKV, D = 32, 8, 128
+
+
+def _time(fn, sets, iters: int, repeats: int = 5) -> tuple[float, float]:
+    """(median, min) microseconds per call over `repeats` rounds of `iters` queued calls."""
+    import torch
+
+    for s in sets[:2]:
+        fn(*s)
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(20_000_000)  # ~10 ms of spin: the CPU queues every launch behind it
+        e0.record()
+        for i in range(iters):
+            fn(*sets[i % len(sets)])
+        e1.record()
+        torch.cuda.synchronize()
+        out.append(e0.elapsed_time(e1) * 1000.0 / iters)
+    return statistics.median(out), min(out)
+
+
+def main() -> int:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import attngen
+    from attngen import frontend
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    out_path = args.out or (os.path.join(os.environ["OUT"], "decode_bench.json") if os.environ.get("OUT")
+                            else str(ROOT / "benchmarks/results/h200_decode.json"))
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    v_plain = frontend.loads(SPEC % "output lse", "<bench>").get()
+    v_cache = frontend.loads(SPEC % "input cache_lens: i32[B]\n  mask causal && kv < cache_lens[b]", "<bench>").get()
+    dec = attngen.compile(v_plain, family="decode")
+    fwd = attngen.compile(v_plain, family="forward")
+    dec_cache = attngen.compile(v_cache, family="decode")
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    results = []
+    rows = [(B, Lk, 1) for B, Lk in ROWS] + [(8, 32768, 4)]
+    for B, Lk, Lq in rows:
+        kv_bytes = 2 * B * HKV * Lk * D * 2
+        n = max(2, min(8, -(-(256 << 20) // kv_bytes)))
+        sets = []
+        for _ in range(n):
+            q = torch.randn(B, H, Lq, D, device=dev, dtype=torch.bfloat16)
+            k = torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16)
+            v = torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16)
+            sets.append((q, k, v))
+        q, k, v = sets[0]
+        lens = torch.full((B,), Lk, dtype=torch.int32, device=dev)
+        o_ours, lse_ours = dec(q, k, v)
+        row = dict(B=B, Lk=Lk, Lq=Lq, H=H, Hkv=HKV, D=D, kv_bytes=kv_bytes, splits=dec.plan.splits(B, Lq, Lk, sm)[0])
+
+        def sdpa(q, k, v, backend):
+            with sdpa_kernel(backend):
+                # bottom-right causal would be needed for Lq > 1 with a mask; these rows have none.
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True).to(torch.bfloat16)
+        err = (o_ours.float() - ref.float()).abs().max().item()
+        row["max_abs_err_vs_fp32_sdpa"] = err
+        t, tmin = _time(lambda q, k, v: dec(q, k, v), sets, args.iters)
+        row["ours_us"], row["ours_min_us"] = t, tmin
+        t, _ = _time(lambda q, k, v: dec_cache(q, k, v, cache_lens=lens), sets, args.iters)
+        row["ours_cache_lens_us"] = t
+        t, _ = _time(lambda q, k, v: fwd(q, k, v), sets, max(5, args.iters // 4), repeats=3)
+        row["forward_family_us"] = t
+        for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                o_p = sdpa(q, k, v, be)
+                row[f"{name}_err_vs_ours"] = (o_p.float() - o_ours.float()).abs().max().item()
+                t, _ = _time(lambda q, k, v, be=be: sdpa(q, k, v, be), sets, args.iters)
+                row[f"{name}_us"] = t
+            except Exception as e:  # a backend that refuses the shape is reported, not fatal
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+        # Split-count sweep through the `splits` override: the launch-time policy against others.
+        n_chunks = -(-Lk // dec.plan.chunk)
+        sweep = {}
+        for s in sorted({max(1, row["splits"] // 2), row["splits"], 2 * row["splits"], 4 * row["splits"], 8 * row["splits"]}):
+            if s <= n_chunks:
+                sweep[s], _ = _time(lambda q, k, v, s=s: dec(q, k, v, splits=s), sets, args.iters, repeats=3)
+        row["splits_sweep_us"] = sweep
+        results.append(row)
+        del sets
+        torch.cuda.empty_cache()
+    # Schedule sweep: (keys a warp, ring stages) of the split kernel, at two rows.
+    from attngen import runtime_decode
+    from attngen.runtime import device_arch
+
+    tile_rows = []
+    for B, Lk in ((8, 32768), (1, 131072)):
+        kv_bytes = 2 * B * HKV * Lk * D * 2
+        sets = [(torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16),
+                 torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16),
+                 torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16)) for _ in range(2)]
+        ref = F.scaled_dot_product_attention(sets[0][0].float(), sets[0][1].float(), sets[0][2].float(), enable_gqa=True)
+        trow = dict(B=B, Lk=Lk, kv_bytes=kv_bytes, tiles={})
+        for tile in ((16, 2), (16, 3), (16, 4), (32, 2), (32, 3)):
+            try:
+                kt = runtime_decode.compile_decode(v_plain, device_arch(), tile=tile)
+                err = (kt(*sets[0])[0].float() - ref).abs().max().item()
+                t, _ = _time(lambda q, k, v, kt=kt: kt(q, k, v), sets, args.iters, repeats=3)
+            except Exception as e:  # a schedule that fails is reported, not fatal
+                print(f"tile {tile}: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            trow["tiles"][f"{tile[0]}x{tile[1]}"] = dict(us=t, err=err, ctas_per_sm=kt.plan.ctas_per_sm(),
+                                                        splits=kt.plan.splits(B, 1, Lk, sm)[0])
+        tile_rows.append(trow)
+        del sets
+        torch.cuda.empty_cache()
+    # Paged caches (shuffled pages) against the contiguous cache, same mask, same cache lengths.
+    paged_rows = []
+    for B, Lk in ((8, 32768), (1, 131072), (64, 4096)):
+        kv_bytes = 2 * B * HKV * Lk * D * 2
+        n = max(2, min(8, -(-(256 << 20) // kv_bytes)))
+        q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
+        lens = torch.full((B,), Lk, dtype=torch.int32, device=dev)
+        csets = [(q, torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16),
+                  torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16)) for _ in range(n)]
+        t_contig, _ = _time(lambda q, k, v: dec_cache(q, k, v, cache_lens=lens), csets, args.iters)
+        del csets
+        prow = dict(B=B, Lk=Lk, kv_bytes=kv_bytes, contiguous_us=t_contig)
+        for page in (16, 64, 256):
+            vp = frontend.loads(SPEC % f"input cache_lens: i32[B]\n  kv_cache paged({page})\n  mask causal && kv < cache_lens[b]", "<bench>").get()
+            kp = attngen.compile(vp)
+            pages = Lk // page
+            psets = []
+            for _ in range(n):
+                kpg = torch.randn(B * pages, page, HKV, D, device=dev, dtype=torch.bfloat16)
+                vpg = torch.randn(B * pages, page, HKV, D, device=dev, dtype=torch.bfloat16)
+                table = torch.randperm(B * pages, device=dev).to(torch.int32).reshape(B, pages)
+                psets.append((q, kpg, vpg, table))
+            # correctness: paged equals the contiguous kernel on the gathered cache
+            q0, k0, v0, t0 = psets[0]
+            kc = k0[t0.long()].reshape(B, Lk, HKV, D).transpose(1, 2).contiguous()
+            vc = v0[t0.long()].reshape(B, Lk, HKV, D).transpose(1, 2).contiguous()
+            prow[f"paged{page}_err_vs_contiguous"] = (kp(q0, k0, v0, cache_lens=lens, block_table=t0).float()
+                                                      - dec_cache(q0, kc, vc, cache_lens=lens).float()).abs().max().item()
+            del kc, vc
+            # Timed without the per-call page-id check (it synchronises the stream; an engine
+            # validates a block table once when it builds it).
+            prow[f"paged{page}_us"], _ = _time(lambda q, k, v, t: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False),
+                                               psets, args.iters)
+            del psets
+            torch.cuda.empty_cache()
+        paged_rows.append(prow)
+    env = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, sms=sm)
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path, "w") as f:
+        json.dump(dict(env=env, rows=results, paged=paged_rows, tiles=tile_rows), f, indent=1)
+
+    def gbs(r, key):
+        return f"{r[key]:8.1f} us ({r['kv_bytes'] / r[key] / 1e3:6.0f} GB/s)" if key in r else f"{'n/a':>24}"
+
+    print(f"{'B, Lk, Lq':>16} | {'splits':>6} | {'attngen decode':>24} | {'cache_lens mask':>24} | {'SDPA flash':>24} | {'cuDNN':>24} | {'forward family':>24} | err")
+    for r in results:
+        print(f"{r['B']:>5}, {r['Lk']:>6}, {r['Lq']:>2} | {r['splits']:>6} | {gbs(r, 'ours_us')} | {gbs(r, 'ours_cache_lens_us')} | "
+              f"{gbs(r, 'sdpa_flash_us')} | {gbs(r, 'cudnn_us')} | {gbs(r, 'forward_family_us')} | {r['max_abs_err_vs_fp32_sdpa']:.2e}")
+    print("\nsplit sweep (us by splits; * = launch-time choice):")
+    for r in results:
+        print(f"  ({r['B']}, {r['Lk']}, Lq {r['Lq']}): " + "  ".join(
+            f"{s}{'*' if int(s) == r['splits'] else ''}: {t:.1f}" for s, t in r["splits_sweep_us"].items()))
+    print("\nsplit-kernel schedule sweep (keys a warp x stages: us, GB/s, CTAs an SM, splits, max err vs fp32 SDPA):")
+    for r in tile_rows:
+        print(f"  ({r['B']}, {r['Lk']}): " + "; ".join(
+            f"{n}: {x['us']:.1f} us {r['kv_bytes'] / x['us'] / 1e3:.0f} GB/s {x['ctas_per_sm']}/SM s{x['splits']} err {x['err']:.1e}"
+            for n, x in r["tiles"].items()))
+    print("\npaged decode (causal && kv < cache_lens, shuffled pages) vs contiguous:")
+    for r in paged_rows:
+        print(f"  ({r['B']}, {r['Lk']}): contiguous {gbs(r, 'contiguous_us')}; " + "; ".join(
+            f"page {pg}: {gbs(r, f'paged{pg}_us')} ({r[f'paged{pg}_us'] / r['contiguous_us']:.3f}x, err {r[f'paged{pg}_err_vs_contiguous']:.1e})"
+            for pg in (16, 64, 256)))
+    for r in results:
+        for k_ in ("sdpa_flash_error", "cudnn_error"):
+            if k_ in r:
+                print(f"  ({r['B']}, {r['Lk']}): {k_}: {r[k_]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

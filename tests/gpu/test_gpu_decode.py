@@ -1,0 +1,196 @@
+"""The decode family (split-KV + GQA packing + combine) against the NumPy reference (GPU only).
+
+Specs cover fp16/bf16, head dims 64 and 128, GQA ratios 1/4/8, both layouts, and every mask and
+score kind the forward fuses (bottom-right causal, cache lengths, windows, padding, a mask that
+reads h, softcap, alibi), with `output lse`. Shapes: Lq 1..16, Lk from 1 (and odd lengths) to a
+few thousand, and forced split counts from 1 to the number of key chunks, so the combine meets
+splits that see nothing (LSE -inf) beside splits that see everything.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attngen import fuzz
+from gpu_helpers import examples, spec_text, variant_of
+
+CACHE = ("input cache_lens: i32[B]",)
+SINK = ("input sinks: fp32[H]", "sink sinks")
+SPECS = [
+    spec_text("d_none_fp16_d64", dtype="fp16", D=64, H=4, Hkv=4, kind="cross", lse=True),
+    spec_text("d_causal_bf16_d128_g4", dtype="bf16", D=128, H=32, Hkv=8, kind="cross", layout="bshd", mask="causal",
+              lse=True),
+    spec_text("d_cache_bf16_d128_g8", dtype="bf16", D=128, H=16, Hkv=2, kind="cross", mask="causal && kv < cache_lens[b]",
+              lse=True, extra=CACHE),
+    spec_text("d_window_fp16_d128_g4", dtype="fp16", D=128, H=8, Hkv=2, kind="cross", layout="bshd",
+              mask="window(100, 0) && kv < cache_lens[b]", lse=True, extra=CACHE),
+    spec_text("d_padding_bf16_d64_g8", dtype="bf16", D=64, H=8, Hkv=1, kind="cross", mask="padding && causal", lse=True),
+    spec_text("d_softcap_bf16_d128_g4", dtype="bf16", D=128, H=8, Hkv=2, kind="cross", mask="causal",
+              scores=("softcap(30.0)",), lse=True),
+    spec_text("d_alibi_fp16_d64_g1", dtype="fp16", D=64, H=4, Hkv=4, kind="cross", layout="bshd", mask="causal",
+              scores=("alibi",), lse=True),
+    spec_text("d_headmask_fp16_d64_g4", dtype="fp16", D=64, H=8, Hkv=2, kind="cross", mask="h % 3 != 0 || kv < 7", lse=True),
+    spec_text("d_self_bf16_d64_g4", dtype="bf16", D=64, H=8, Hkv=2, mask="causal"),
+    spec_text("d_sink_bf16_d64_g8", dtype="bf16", D=64, H=64, Hkv=8, kind="cross", mask="causal && window(127, 0)",
+              lse=True, extra=SINK),
+    # Paged KV caches (pages shuffled by the workload, plus spare pages no row uses).
+    spec_text("d_paged16_bf16_d128_g4", dtype="bf16", D=128, H=32, Hkv=8, kind="cross",
+              mask="causal && kv < cache_lens[b]", lse=True, extra=(*CACHE, "kv_cache paged(16)")),
+    spec_text("d_paged8_fp16_d64_g8", dtype="fp16", D=64, H=8, Hkv=1, kind="cross", layout="bshd",
+              mask="kv < cache_lens[b]", lse=True, extra=(*CACHE, "kv_cache paged(8)")),
+    spec_text("d_paged64_bf16_d64_sink", dtype="bf16", D=64, H=16, Hkv=2, kind="cross", mask="causal && kv < cache_lens[b]",
+              lse=True, extra=(*CACHE, *SINK, "kv_cache paged(64)")),
+    spec_text("d_paged256_fp16_d128", dtype="fp16", D=128, H=4, Hkv=4, kind="cross", mask="causal",
+              scores=("softcap(20.0)",), lse=True, extra=("kv_cache paged(256)",)),
+]
+
+
+def _id(text: str) -> str:
+    return text.split()[1]
+
+
+def _decode(v):
+    from attngen import runtime
+
+    return runtime.compile(v, family="decode")
+
+
+def _check(v, kernel, case: fuzz.Case, splits: int | None = None) -> None:
+    arrays = fuzz.case_inputs(v, case)
+
+    def call(q, k, vv, **kw):
+        return kernel(q, k, vv, splits=splits, **kw)
+
+    out, lse = fuzz.run_kernel(call, v, arrays)
+    reports = fuzz.compare(v, arrays, out, lse)
+    bad = [r.summary() for r in reports if not r.ok]
+    assert not bad, f"{v.name} at {case.describe()} splits={splits}:\n" + "\n".join(bad)
+
+
+@st.composite
+def _cases(draw, v):
+    B = draw(st.integers(1, 3))
+    Lq = draw(st.integers(1, 16))
+    if v.kind.value == "self":
+        Lk = Lq
+    else:
+        Lk = draw(st.one_of(st.sampled_from([1, 2, 3, 63, 64, 65, 127, 129, 255, 1000, 2049]), st.integers(1, 3000)))
+    dist = draw(st.sampled_from(["normal", "normal", "large", "uniform"]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    lens = None
+    kv_lens = None
+    if any(d.name == "kv_lens" for d in v.runtime_inputs()):
+        kv_lens = tuple(draw(st.lists(st.sampled_from([0, 1, Lk, max(0, Lk - 1), Lk // 2]), min_size=B, max_size=B)))
+        lens = tuple(draw(st.lists(st.sampled_from([0, 1, Lq]), min_size=B, max_size=B)))
+    forced = draw(st.one_of(st.none(), st.integers(1, 64)))
+    return fuzz.Case(B, Lq, Lk, dist, seed, q_lens=lens, kv_lens=kv_lens), forced
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", SPECS, ids=_id)
+def test_decode_matches_reference(text: str) -> None:
+    v = variant_of(text)
+    kernel = _decode(v)
+    chunk = kernel.plan.chunk
+
+    @settings(max_examples=examples(1 / 5))
+    @given(_cases(v))
+    def run(drawn) -> None:
+        case, forced = drawn
+        n_chunks = -(-case.Lk // chunk)
+        _check(v, kernel, case, None if forced is None else min(forced, n_chunks))
+
+    run()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Lk", [1, 63, 4097, 40000])
+def test_decode_every_split_count_edge(Lk: int) -> None:
+    """One split, as many splits as chunks, and the launch-time choice, on long and tiny caches."""
+    v = variant_of(SPECS[2])
+    kernel = _decode(v)
+    n_chunks = -(-Lk // kernel.plan.chunk)
+    for splits in sorted({1, n_chunks, None} - {0}, key=lambda s: -1 if s is None else s):
+        _check(v, kernel, fuzz.Case(B=2, Lq=1, Lk=Lk, seed=Lk), splits)
+
+
+@pytest.mark.gpu
+def test_auto_family_routes_small_lq_to_decode() -> None:
+    from attngen import runtime
+    from attngen.plan_decode import Family
+
+    v = variant_of(SPECS[1])
+    k = runtime.compile(v)
+    assert k.family_for(1) == Family.DECODE and k.family_for(16) == Family.DECODE
+    assert k.family_for(17) == Family.FORWARD
+    for Lq in (1, 5, 17):
+        case = fuzz.Case(B=2, Lq=Lq, Lk=777, seed=Lq)
+        arrays = fuzz.case_inputs(v, case)
+        out, lse = fuzz.run_kernel(k, v, arrays)
+        assert all(r.ok for r in fuzz.compare(v, arrays, out, lse))
+
+
+@pytest.mark.gpu
+def test_decode_refuses_bad_splits_and_arrays() -> None:
+    v = variant_of(SPECS[0])
+    kernel = _decode(v)
+    arrays = fuzz.case_inputs(v, fuzz.Case(B=1, Lq=1, Lk=100))
+    q, k, vv, _ = fuzz.split_inputs(arrays)
+    with pytest.raises(ValueError, match="splits"):
+        kernel(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), splits=1000)
+    with pytest.raises(ValueError, match="k:"):
+        kernel(fuzz.to_device(q), fuzz.to_device(k[:, :, :, :32].copy()), fuzz.to_device(vv))
+
+
+# Attention sinks in the forward family, one spec per engine (wgmma on sm_90a for the 128-row
+# bf16 tile, mma.sync for a 64-row tile, FFMA for fp32), forced to the forward family.
+FORWARD_SINKS = [
+    spec_text("f_sink_wgmma_bf16", dtype="bf16", D=64, H=8, Hkv=2, mask="causal", lse=True, extra=SINK),
+    spec_text("f_sink_mma_fp16", dtype="fp16", D=128, H=4, Hkv=2, kind="cross", mask="causal", lse=True,
+              extra=(*SINK, "tile block_m 64 block_n 64 warps 4 stages 2")),
+    spec_text("f_sink_ffma_fp32", dtype="fp32", D=64, H=4, Hkv=1, kind="cross", layout="bshd", mask="padding", lse=True,
+              extra=SINK),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", FORWARD_SINKS, ids=_id)
+def test_forward_sinks_match_reference(text: str) -> None:
+    from attngen import runtime
+
+    v = variant_of(text)
+    kernel = runtime.compile(v, family="forward")
+
+    @settings(max_examples=examples(1 / 8))
+    @given(fuzz.case_strategy(v, max_len=700))
+    def run(case: fuzz.Case) -> None:
+        arrays = fuzz.case_inputs(v, case)
+        out, lse = fuzz.run_kernel(kernel, v, arrays)
+        bad = [r.summary() for r in fuzz.compare(v, arrays, out, lse) if not r.ok]
+        assert not bad, f"{v.name} at {case.describe()}:\n" + "\n".join(bad)
+
+    run()
+
+
+@pytest.mark.gpu
+def test_paged_refuses_out_of_range_pages_and_runs_chunked_prefill() -> None:
+    """A page id outside the cache is refused before launch; Lq beyond the decode range (chunked
+    prefill against the cache) runs on the decode family too, and matches the reference."""
+    from attngen import runtime
+
+    v = variant_of(next(s for s in SPECS if "d_paged16" in s))
+    kernel = runtime.compile(v)  # auto: a paged cache always takes the decode family
+    assert kernel.plan.kernels[0].endswith("_decode")
+    arrays = fuzz.case_inputs(v, fuzz.Case(B=2, Lq=40, Lk=300, seed=5))
+    out, lse = fuzz.run_kernel(kernel, v, arrays)
+    assert all(r.ok for r in fuzz.compare(v, arrays, out, lse))
+    q, k, vv, rest = fuzz.split_inputs(arrays)
+    bad = dict(rest)
+    bad["block_table"] = rest["block_table"].copy()
+    bad["block_table"][1, 0] = k.shape[0]
+    with pytest.raises(ValueError, match="block_table: expected page ids"):
+        kernel(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), **{n: fuzz.to_device(a) for n, a in bad.items()})
+    with pytest.raises(ValueError, match="decode family"):
+        runtime.compile(v, family="forward")
