@@ -7,6 +7,8 @@ always give the same bytes: no timestamps, no dict-order dependence, no absolute
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 import jinja2
@@ -75,6 +77,12 @@ class Prep:
         heads = f" * {self.heads}" if self.heads != 1 else ""
         return f"(long long)p.B{heads} * p.{'Lq' if self.queries else 'Lk'}"
 
+    @property
+    def bytes_expr(self) -> str:
+        """Its workspace's bytes, as a C expression over ints B, Lq and Lk."""
+        heads = f" * {self.heads}" if self.heads != 1 else ""
+        return f"(size_t)B{heads} * {'Lq' if self.queries else 'Lk'} * {self.width * self.dtype.itemsize}"
+
     def rows(self, B: int, Lq: int, Lk: int) -> int:
         return B * self.heads * (Lq if self.queries else Lk)
 
@@ -115,8 +123,17 @@ class KernelPlan:
         return min(rows // PREP_ROWS_PER_BLOCK + 1, PREP_MAX_BLOCKS)
 
 
-def kernel_name(v: Variant) -> str:
-    return f"attngen_{v.name}"
+DEFAULT_PREFIX = "attngen"
+_C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def kernel_name(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
+    """`{prefix}_{variant}`: every exported symbol of the generated code starts with it (the
+    kernel, its prep kernels, its namespace, the launcher and the workspace functions), so two
+    variants, or one variant built for two arches under two prefixes, link into one binary."""
+    if not _C_IDENT.fullmatch(prefix):
+        raise ValueError(f"prefix {prefix!r} is not a C identifier (letters, digits and _, not starting with a digit)")
+    return f"{prefix}_{v.name}"
 
 
 def resolve_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
@@ -158,10 +175,10 @@ def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple
     return tuple(f)
 
 
-def _preps(v: Variant) -> tuple[Prep, ...]:
+def _preps(v: Variant, prefix: str = DEFAULT_PREFIX) -> tuple[Prep, ...]:
     """The prep kernels a variant needs, in ABI order of their workspace fields."""
     out = []
-    name = kernel_name(v)
+    name = kernel_name(v, prefix)
     elem = "elem_t* __restrict__"
     qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
     if qn is not None and qn.scope == NormScope.TOKEN:
@@ -180,13 +197,14 @@ def _preps(v: Variant) -> tuple[Prep, ...]:
     return tuple(out)
 
 
-def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> KernelPlan:
-    """Kernel name, ABI fields, tile, block size, shared memory and prep kernels of a variant."""
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> KernelPlan:
+    """Kernel name, ABI fields, tile, block size, shared memory and prep kernels of a variant
+    (`prefix` starts every symbol name: see `kernel_name`)."""
     tile = resolve_tile(v, arch)
-    preps = _preps(v)
+    preps = _preps(v, prefix)
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     return KernelPlan(
-        kernel_name=kernel_name(v),
+        kernel_name=kernel_name(v, prefix),
         fields=_fields(v, preps, persistent(eng)),
         tile=tile,
         threads=threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
@@ -319,13 +337,13 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def render(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
+def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> str:
     """The complete `.cu` source for one variant (kernel, helpers, extern "C" host launcher)."""
-    return render_with_plan(v, arch)[0]
+    return render_with_plan(v, arch, prefix=prefix)[0]
 
 
-def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, KernelPlan]:
-    kp = plan(v, arch)
+def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> tuple[str, KernelPlan]:
+    kp = plan(v, arch, prefix=prefix)
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
     tc = kp.engine != Engine.FFMA
@@ -338,6 +356,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         elem_ctype=tensor_ctype(v.dtype),
         mma_type={"bf16": "bf16", "fp16": "f16"}.get(v.dtype.value, "none"),
         path={Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
+        cp_async=arch.cp_async,
+        mma_k16=arch.mma_k16,
         persistent=persistent(kp.engine),
         D=v.head_dim,
         DV=v.value_head_dim,
@@ -368,7 +388,10 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, Kernel
         residual_smem=kp.smem.residual_copy,
         nan_check=v.nan_check,
         lse=v.lse,
-        preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows_expr, workspace=pr.field.name, doc=pr.doc) for pr in kp.preps],
+        preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows_expr, workspace=pr.field.name, doc=pr.doc,
+                    ws_bytes=pr.bytes_expr,
+                    ws_ctype=pr.field.ctype.replace("__restrict__", "").strip().replace("elem_t", f"{kp.kernel_name}_impl::elem_t"))
+               for pr in kp.preps],
         prep_threads=PREP_THREADS,
         prep_rows_per_block=PREP_ROWS_PER_BLOCK,
         prep_max_blocks=PREP_MAX_BLOCKS,
