@@ -183,7 +183,7 @@ def test_installed_wheel_imports_from_the_venv(installed, tmp_path):
     assert Path(grammar, "attn.lark").is_file() and Path(templates, "attention.cu.j2").is_file()
 
 
-def test_installed_console_script_checks_explains_compiles(installed, tmp_path):
+def test_installed_console_script_checks_explains_compiles_fuzzes(installed, tmp_path):
     spec = tmp_path / "llama3_gqa_causal.attn"
     spec.write_text((ROOT / "examples" / "llama3_gqa_causal.attn").read_text())  # outside the checkout
     p = _in_venv(installed, tmp_path, "attngen", "check", spec.name)
@@ -195,5 +195,9 @@ def test_installed_console_script_checks_explains_compiles(installed, tmp_path):
     assert "__global__" in (tmp_path / "k.cu").read_text()
     p = _in_venv(installed, tmp_path, "attngen", "compile", spec.name, "--emit", "header", "-o", "k.h")
     assert p.returncode == 0 and "_launch(" in (tmp_path / "k.h").read_text(), p.stderr
+    # fuzzing is a base-install command (hypothesis is a dependency); without a GPU it fuzzes the
+    # front end and the reference only, and says so
+    p = _in_venv(installed, tmp_path, "attngen", "fuzz", spec.name, "--max-examples", "3", "--seconds", "30")
+    assert p.returncode == 0 and "0 failing" in p.stdout + p.stderr, p.stdout + p.stderr
     p = _in_venv(installed, tmp_path, "attngen", "--version")
     assert p.returncode == 0 and p.stdout.strip() == f"attngen {attngen.__version__}", p.stdout + p.stderr
