@@ -219,7 +219,8 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-ARCH_HELP = "target GPU: sm_80, sm_86, sm_89 or sm_90a (default sm_90a)"
+ARCH_HELP = ("target GPU: sm_75, sm_80, sm_86, sm_89, sm_90 (Hopper, mma.sync), sm_90a (Hopper, wgmma; the default), "
+             "sm_100 or sm_120")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("-o", "--output", help="output path (default: stdout)")
     k.add_argument("--variant", help="the variant to compile (needed when the file has several)")
     k.add_argument("--arch", help=ARCH_HELP)
+    k.add_argument("--prefix", help="start every exported symbol with this C identifier instead of `attngen` "
+                   "(link two variants, or two arches of one, into one binary)")
     k.add_argument("--emit", choices=["cu", "ptx", "cubin", "header"], default="cu", help="what to write")
     k.add_argument("--resources", action="store_true", help="print ptxas registers, shared memory, spills")
     k.add_argument("--verbose", "-v", action="store_true", help="print compile times and cache use")

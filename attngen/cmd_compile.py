@@ -1,6 +1,6 @@
 """`attngen compile`: a spec file → CUDA source, a C header, PTX or a cubin (and a resource table).
 
-    attngen compile FILE [-o OUT] [--variant NAME] [--arch sm_80|sm_86|sm_89|sm_90a]
+    attngen compile FILE [-o OUT] [--variant NAME] [--arch ARCH] [--prefix NAME]
                          [--emit cu|ptx|cubin|header] [--resources] [--verbose]
 
 `cu` (the default) is the self-contained `.cu` (kernel + `extern "C"` host launcher); `header` is a
@@ -8,7 +8,9 @@ plain C header declaring the launcher's parameter struct and prototype for a C++
 `cubin` run nvcc. Without `-o` (or with `-o -`) the result goes to stdout (not for `cubin`).
 `--resources` runs ptxas and prints a table (registers, spills, stack, static and dynamic shared
 memory) to stdout, or to stderr when the artifact itself goes to stdout. `--verbose` prints stage
-timings to stderr.
+timings to stderr. `--prefix NAME` starts every exported symbol with NAME instead of `attngen`
+(NAME_variant, NAME_variant_launch, ...), so that two variants, or one variant built for two
+arches, link into one binary.
 
 Exit codes (as for every subcommand): 0 ok; 1 a spec error, or a tile that does not fit the chosen
 arch; 2 a usage error (unknown arch or variant, several variants and no --variant, an unwritable
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import time
@@ -67,12 +70,13 @@ def _c_layout(types: list[str]) -> tuple[list[int], int]:
     return offsets, (off + align - 1) // align * align
 
 
-def render_header(v, arch) -> str:
-    """A C header (C99/C++) for the launcher of `v` on `arch`: stable bytes, guards from the kernel name."""
+def render_header(v, arch, prefix: str | None = None) -> str:
+    """A C header (C99/C++) for the launcher of `v` on `arch`: stable bytes, guards from the kernel
+    name (`prefix`: see render_cuda.kernel_name)."""
     from attngen import __version__
-    from attngen.render_cuda import grid_text, plan
+    from attngen.render_cuda import DEFAULT_PREFIX, grid_text, plan
 
-    kp = plan(v, arch)
+    kp = plan(v, arch, prefix=prefix or DEFAULT_PREFIX)
     v = kp.problem  # the header reads only the plan
     name = kp.kernel_name
     guard = name.upper() + "_H"
@@ -131,6 +135,13 @@ def render_header(v, arch) -> str:
         + (" or a workspace pointer is null" if kp.preps else "")
         + (" or work_counter is null" if any(f.name == "work_counter" for f in kp.fields) else "") + ", else the launch error.",
         f"cudaError_t {name}_launch(const {st}* params, cudaStream_t stream);",
+        "",
+        "// Workspace: the device bytes the workspace fields need for these sizes ("
+        + ("; ".join(pr.field.name for pr in kp.preps) if kp.preps else "none for this variant: 0") + "),",
+        "// and the call that points those fields of `params` (whose B, Lq and Lk it reads) into one",
+        "// buffer of that size, 256-byte aligned. Size it, allocate it, bind it, then launch.",
+        f"size_t {name}_workspace_bytes(int B, int Lq, int Lk);",
+        f"void {name}_bind_workspace({st}* params, void* workspace);",
         "",
         "#ifdef __cplusplus",
         '}  // extern "C"',
@@ -223,6 +234,9 @@ def _run(args: argparse.Namespace) -> int:
         text = cli._read(args.file)
     except cli.UsageError as e:
         raise _Usage(str(e)) from None
+    prefix = getattr(args, "prefix", None) or "attngen"  # render_cuda.DEFAULT_PREFIX, without importing jinja2 yet
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix):
+        raise _Usage(f"--prefix {prefix!r} is not a C identifier (letters, digits and _, not starting with a digit)")
     if emit == "cubin" and out_path in (None, "-"):
         raise _Usage("--emit cubin writes a binary file: give it a path with -o")
     _check_output(out_path)
@@ -252,7 +266,7 @@ def _run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
-        source, kp = render_cuda.render_with_plan(v, arch)
+        source, kp = render_cuda.render_with_plan(v, arch, prefix=prefix)
     except ValueError as e:  # resolve_tile: the tile does not fit this arch
         print(f"{args.file}: error: {e}", file=sys.stderr)
         return EXIT_SPEC
@@ -262,7 +276,7 @@ def _run(args: argparse.Namespace) -> int:
         if emit == "cu":
             data = source.encode("utf-8")
         elif emit == "header":
-            data = render_header(v, arch).encode("utf-8")
+            data = render_header(v, arch, prefix).encode("utf-8")
         else:
             t0 = time.perf_counter()
             data, _log = compile_cuda.nvcc(source, arch, emit)

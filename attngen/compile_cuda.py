@@ -114,11 +114,35 @@ def _cache_put(key: str, data: bytes) -> None:
         pass  # a read-only or full cache directory only costs a recompile
 
 
+def _wheel_include_dirs() -> list[str]:
+    """Headers of NVIDIA's CUDA 13 runtime wheel (the `cuda` extra's nvidia-cuda-runtime), which
+    installs cuda_fp16.h and cuda_bf16.h under site-packages/nvidia/cu13/include: with the NVRTC
+    wheel beside it that is all NVRTC needs for generated kernels (whose host launcher and
+    <cuda_runtime.h> are hidden from NVRTC; NVRTC has <nv/target> built in)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    out = []
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        inc = os.path.join(root, "cu13", "include")
+        if os.path.isfile(os.path.join(inc, "cuda_fp16.h")):
+            out.append(inc)
+    return out
+
+
 def _cuda_include_dirs() -> list[str]:
+    """Where NVRTC finds cuda_fp16.h and friends: an explicit CUDA_PATH or CUDA_HOME first, then
+    the `cuda` extra's wheels (whose NVRTC CuPy loads first, so headers and compiler match), then
+    a toolkit (nvcc's, /usr/local/cuda, CuPy's guess). A directory counts only if it has
+    cuda_fp16.h."""
     dirs = []
     for env in ("CUDA_PATH", "CUDA_HOME"):
         if os.environ.get(env):
             dirs.append(os.path.join(os.environ[env], "include"))
+    dirs += _wheel_include_dirs()
     nvcc = shutil.which("nvcc")
     if nvcc:
         dirs.append(str(Path(nvcc).resolve().parent.parent / "include"))

@@ -660,6 +660,9 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     dtype = word_stmt(A.StmtKind.DTYPE, _ATTN_DTYPES, "attention dtype")
     if A.StmtKind.DTYPE not in seen:
         lw.error(f"variant `{v.name.text}` has no `dtype`", v.name.span, "add e.g. `dtype bf16` (fp32, fp16 or bf16)")
+    elif dtype == DType.BF16 and not lw.arch.bf16:
+        lw.error(f"bf16 needs sm_80 or newer; {lw.arch.value} has no bf16 tensor cores", seen[A.StmtKind.DTYPE].span,
+                 "use fp16 or fp32 on this arch, or compile for sm_80 or newer")
     layout = word_stmt(A.StmtKind.LAYOUT, _LAYOUTS, "layout") or Layout.BHSD
     kind = word_stmt(A.StmtKind.KIND, _KINDS, "kind") or AttnKind.SELF
     lse = word_stmt(A.StmtKind.OUTPUT, _OUTPUTS, "output") or False

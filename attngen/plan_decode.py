@@ -177,6 +177,9 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = N
     why = decode_unsupported(v)
     if why is not None:
         raise ValueError(f"variant {v.name}: {why}")
+    if not arch.cp_async or not arch.mma_k16:
+        raise ValueError(f"variant {v.name}: the decode family needs cp.async and m16n8k16 tensor cores (sm_80 or newer), "
+                         f"not {arch.value}")
     block_n, stages = tile or _tile(v.head_dim)
     if block_n % 16 or not 2 <= stages <= 6:
         raise ValueError(f"decode tile: expected keys a warp a multiple of 16 and 2..6 stages, got {block_n}, {stages}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import re
 from dataclasses import dataclass
 
 import jinja2
@@ -78,6 +79,12 @@ class Prep:
         """How many rows it covers, as a C++ expression over Params `p`."""
         heads = f" * {self.heads}" if self.heads != 1 else ""
         return f"(long long)p.B{heads} * p.{'Lq' if self.queries else 'Lk'}"
+
+    @property
+    def bytes_expr(self) -> str:
+        """Its workspace's bytes, as a C expression over ints B, Lq and Lk."""
+        heads = f" * {self.heads}" if self.heads != 1 else ""
+        return f"(size_t)B{heads} * {'Lq' if self.queries else 'Lk'} * {self.width * self.dtype.itemsize}"
 
     def rows(self, B: int, Lq: int, Lk: int) -> int:
         return B * self.heads * (Lq if self.queries else Lk)
@@ -259,8 +266,17 @@ class OpPlan:
 KernelPlan = OpPlan
 
 
-def kernel_name(v: Variant) -> str:
-    return f"attngen_{v.name}"
+DEFAULT_PREFIX = "attngen"
+_C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def kernel_name(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
+    """`{prefix}_{variant}`: every exported symbol of the generated code starts with it (the
+    kernel, its prep kernels, its namespace, the launcher and the workspace functions), so two
+    variants, or one variant built for two arches under two prefixes, link into one binary."""
+    if not _C_IDENT.fullmatch(prefix):
+        raise ValueError(f"prefix {prefix!r} is not a C identifier (letters, digits and _, not starting with a digit)")
+    return f"{prefix}_{v.name}"
 
 
 def resolve_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
@@ -309,10 +325,10 @@ def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple
     return tuple(f)
 
 
-def _preps(v: Variant) -> tuple[Prep, ...]:
+def _preps(v: Variant, prefix: str = DEFAULT_PREFIX) -> tuple[Prep, ...]:
     """The prep kernels a variant needs, in ABI order of their workspace fields."""
     out = []
-    name = kernel_name(v)
+    name = kernel_name(v, prefix)
     elem = "elem_t* __restrict__"
     qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
     if qn is not None and qn.scope == NormScope.TOKEN:
@@ -331,17 +347,18 @@ def _preps(v: Variant) -> tuple[Prep, ...]:
     return tuple(out)
 
 
-def plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> OpPlan:
-    """The frozen plan of a variant on `arch` (computed once per (variant, arch), then cached)."""
-    return _plan(v, arch)
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> OpPlan:
+    """The frozen plan of a variant on `arch` (computed once per (variant, arch, prefix), then
+    cached; `prefix` starts every symbol name: see `kernel_name`)."""
+    return _plan(v, arch, prefix)
 
 
 @functools.lru_cache(maxsize=512)
-def _plan(v: Variant, arch: Arch) -> OpPlan:
+def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX) -> OpPlan:
     if v.page_size is not None:  # the forward kernels read contiguous K/V only
         raise ValueError(f"variant {v.name}: `kv_cache paged` runs on the decode family (render_decode), not the forward kernel")
     tile = resolve_tile(v, arch)
-    preps = _preps(v)
+    preps = _preps(v, prefix)
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     pers = persistent(eng)
     problem = Problem(
@@ -350,7 +367,7 @@ def _plan(v: Variant, arch: Arch) -> OpPlan:
         residual=v.residual, token_norm=q_token_norm(v), runtime_inputs=v.runtime_inputs(),
     )
     attention = OpKernel(
-        name=kernel_name(v),
+        name=kernel_name(v, prefix),
         role=KernelRole.ATTENTION,
         threads=threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
         grid_rule=GridRule.PERSISTENT if pers else GridRule.TILES,
@@ -484,13 +501,13 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def render(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
+def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> str:
     """The complete `.cu` source for one variant (kernel, helpers, extern "C" host launcher)."""
-    return render_with_plan(v, arch)[0]
+    return render_with_plan(v, arch, prefix=prefix)[0]
 
 
-def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, OpPlan]:
-    kp = plan(v, arch)
+def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> tuple[str, OpPlan]:
+    kp = plan(v, arch, prefix=prefix)
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
     tc = kp.engine != Engine.FFMA
@@ -503,6 +520,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, OpPlan
         elem_ctype=tensor_ctype(v.dtype),
         mma_type={"bf16": "bf16", "fp16": "f16"}.get(v.dtype.value, "none"),
         path={Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
+        cp_async=arch.cp_async,
+        mma_k16=arch.mma_k16,
         persistent=persistent(kp.engine),
         grid_cpp=kp.attention.grid_cpp(f"{kp.kernel_name}_impl"),
         D=v.head_dim,
@@ -536,7 +555,10 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[str, OpPlan
         lse=v.lse,
         sink=v.sink is not None,
         sink_tensor=v.sink or "",
-        preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows_expr, workspace=pr.field.name, doc=pr.doc) for pr in kp.preps],
+        preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows_expr, workspace=pr.field.name, doc=pr.doc,
+                    ws_bytes=pr.bytes_expr,
+                    ws_ctype=pr.field.ctype.replace("__restrict__", "").strip().replace("elem_t", f"{kp.kernel_name}_impl::elem_t"))
+               for pr in kp.preps],
         prep_threads=PREP_THREADS,
         prep_rows_per_block=PREP_ROWS_PER_BLOCK,
         prep_max_blocks=PREP_MAX_BLOCKS,

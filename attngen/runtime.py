@@ -33,28 +33,23 @@ from attngen.ir import DType, Layout, NormScope, NormTarget, Program, TileConfig
 from attngen.binder import CALL_SCALARS, MAX_BINDINGS, ArgBuffer, Binding, Launch, cu_function, driver, launch_cupy, launch_driver, slot_kind
 from attngen.checks import CHECK_THREADS, NO_ERROR, check_args, check_grid, check_kernel_name, flat_to_index, render_checks
 from attngen.render_cuda import OpPlan, render_with_plan
-from attngen.schedule import Arch, persistent, uses_tensor_cores
+from attngen.schedule import Arch, arch_for_cc, persistent, uses_tensor_cores
 
 
 class NaNCheckError(FloatingPointError):
     """A `nan_check` variant found NaN or Inf in its output."""
 
 
-_CC_TO_ARCH = {80: Arch.SM80, 86: Arch.SM86, 87: Arch.SM86, 89: Arch.SM89, 90: Arch.SM90A}
-
-
 def device_arch(device_id: int | None = None) -> Arch:
-    """The attngen target for a CUDA device (newer chips run the closest older target's code)."""
+    """The attngen target for a CUDA device: its own arch's code (schedule.arch_for_cc), or a
+    RuntimeError naming the device where attngen has none."""
     import cupy
 
     dev = cupy.cuda.Device(device_id) if device_id is not None else cupy.cuda.Device()
-    cc = int(dev.compute_capability)
-    if cc in _CC_TO_ARCH:
-        return _CC_TO_ARCH[cc]
-    if cc < 80:
-        raise RuntimeError(f"attngen kernels need compute capability 8.0 or newer; device {dev.id} is {cc // 10}.{cc % 10}")
-    # Later chips (sm_100, sm_120): sm_90a code does not run there, sm_80 code does.
-    return Arch.SM80
+    try:
+        return arch_for_cc(int(dev.compute_capability))
+    except ValueError as e:
+        raise RuntimeError(f"device {dev.id}: {e}") from None
 
 
 _SM_COUNTS: dict[int, int] = {}

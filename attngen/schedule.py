@@ -15,27 +15,87 @@ from attngen.ir import TRUE, Builtin, BuiltinName, DType, NormScope, NormTarget,
 
 
 class Arch(enum.Enum):
+    """A compilation target. Each gets its own cubin: since Blackwell a cubin runs only on its own
+    major version (and sm_90a code only on 9.0), so 10.x and 12.x devices get sm_100 / sm_120
+    builds of the same mma.sync and FFMA code. sm_90 is Hopper without its arch-specific
+    instructions (the mma.sync path; sm_90a adds the wgmma engine). sm_75 (Turing) has neither
+    cp.async (tiles are loaded synchronously) nor bf16 nor the m16n8k16 MMA (fp16 uses two
+    m16n8k8 MMAs instead)."""
+
+    SM75 = "sm_75"
     SM80 = "sm_80"
     SM86 = "sm_86"
     SM89 = "sm_89"
+    SM90 = "sm_90"
     SM90A = "sm_90a"
+    SM100 = "sm_100"
+    SM120 = "sm_120"
 
     @property
     def smem_budget(self) -> int:
         """Largest dynamic shared memory one block may opt into (bytes)."""
-        return {"sm_80": 166912, "sm_86": 101376, "sm_89": 101376, "sm_90a": 232448}[self.value]
+        return _ARCH_SMEM[self][0]
 
     @property
     def smem_per_sm(self) -> int:
         """Shared memory of one SM (bytes); each resident block also takes 1 KiB of it."""
-        return {"sm_80": 167936, "sm_86": 102400, "sm_89": 102400, "sm_90a": 233472}[self.value]
+        return _ARCH_SMEM[self][1]
 
     @property
     def cc(self) -> int:
-        return {"sm_80": 80, "sm_86": 86, "sm_89": 89, "sm_90a": 90}[self.value]
+        """The compute capability as major * 10 + minor (sm_100: 100)."""
+        return int(self.value.removeprefix("sm_").rstrip("a"))
 
+    @property
+    def cp_async(self) -> bool:
+        """Whether cp.async (global -> shared copies without registers) exists: sm_80 and up."""
+        return self.cc >= 80
+
+    @property
+    def bf16(self) -> bool:
+        """Whether bf16 tensor-core MMAs exist: sm_80 and up."""
+        return self.cc >= 80
+
+    @property
+    def mma_k16(self) -> bool:
+        """Whether the m16n8k16 fp16 mma.sync exists (sm_80 and up; sm_75 has m16n8k8)."""
+        return self.cc >= 80
+
+
+# (per-block opt-in budget, per-SM shared memory), bytes, from the CUDA programming guide's
+# table of compute capabilities.
+_ARCH_SMEM = {
+    Arch.SM75: (65536, 65536),
+    Arch.SM80: (166912, 167936),
+    Arch.SM86: (101376, 102400),
+    Arch.SM89: (101376, 102400),
+    Arch.SM90: (232448, 233472),
+    Arch.SM90A: (232448, 233472),
+    Arch.SM100: (232448, 233472),
+    Arch.SM120: (101376, 102400),
+}
 
 DEFAULT_ARCH = Arch.SM90A
+
+
+def arch_for_cc(cc: int) -> Arch:
+    """The target whose cubin a device of compute capability `cc` (major * 10 + minor) runs.
+
+    A cubin runs only on its own major version, at its minor or later (and sm_90a code only on
+    9.0, where it is the choice): 8.7 takes sm_86, 10.3 sm_100, 12.1 sm_120. A device with no
+    target of its major (before 7.5, or 11.x) is refused with ValueError rather than handed a
+    cubin it cannot load."""
+    if cc == 90:
+        return Arch.SM90A
+    same = [a for a in Arch if a != Arch.SM90A and a.cc // 10 == cc // 10 and a.cc <= cc]
+    if same:
+        return max(same, key=lambda a: a.cc)
+    targets = ", ".join(a.value for a in Arch)
+    if cc < 75:
+        raise ValueError(f"attngen kernels need compute capability 7.5 or newer (ldmatrix and mma.sync); "
+                         f"this device is {cc // 10}.{cc % 10}")
+    raise ValueError(f"attngen has no target for compute capability {cc // 10}.{cc % 10} (a cubin runs only on "
+                     f"its own major version; targets: {targets})")
 
 
 class Engine(enum.Enum):
@@ -249,6 +309,9 @@ def validate_tile(
     """Every reason this tile cannot be used; empty when it is fine (`token_norm`: q has a
     token-scope norm, whose statistics take shared memory on the wgmma engine)."""
     errs: list[str] = []
+    if dtype == DType.BF16 and not arch.bf16:
+        errs.append(f"bf16 needs sm_80 or newer ({arch.value} has no bf16 tensor cores)")
+        return errs
     if tile.block_m <= 0 or tile.block_m % 16:
         errs.append(f"block_m must be a positive multiple of 16, got {tile.block_m}")
     if tile.block_n <= 0 or tile.block_n % 16:
@@ -326,9 +389,10 @@ def auto_tile(
         # 16 x 128 x 8 warps 9.3 us; 16 x 64 x 8 10.3, 16 x 64 x 4 10.5, 16 x 128 x 4 11.1,
         # 32 x 128 x 8 11.7, 32 x 64 x 4 13.7, 16 x 256 x 8 17.3 (short CTAs in the one wave of
         # 256 win). Larger head dims keep the 4-warp tile (64 output accumulators a thread).
-        if max(head_dim, value_head_dim) <= 64:
-            return TileConfig(block_m=16, block_n=128, warps=8, stages=1)
-        return TileConfig(block_m=16, block_n=64, warps=4, stages=1)
+        # Where shared memory is short (sm_75's 64 KiB) the next smaller tile that fits.
+        tiles = [TileConfig(16, 128, 8, 1)] if max(head_dim, value_head_dim) <= 64 else []
+        tiles += [TileConfig(16, 64, 4, 1), TileConfig(16, 32, 4, 1)]
+        return next((t for t in tiles if not validate_tile(dtype, head_dim, value_head_dim, t, arch)), tiles[-1])
     if max(head_dim, value_head_dim) <= 64:
         t = TileConfig(block_m=128, block_n=128 if dense else 64, warps=4, stages=2)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -30,15 +31,14 @@ def _pyproject() -> dict:
 
 
 def _can_build_without_isolation() -> bool:
-    # setuptools >= 70.1 builds wheels by itself; older ones need the `wheel` package.
+    # pyproject's build-system asks for setuptools >= 77 (PEP 639 license fields), which builds
+    # wheels by itself.
     if importlib.util.find_spec("setuptools") is None:
         return False
     import setuptools
 
-    major, minor = (int(x) for x in setuptools.__version__.split(".")[:2])
-    if (major, minor) < (61, 0):
-        return False
-    return (major, minor) >= (70, 1) or importlib.util.find_spec("wheel") is not None
+    major = int(setuptools.__version__.split(".")[0])
+    return major >= 77
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +80,37 @@ def test_wheel_declares_console_script_and_version(wheel):
     assert f"Version: {attngen.__version__}" in meta
 
 
-def test_version_matches_pyproject():
-    assert attngen.__version__ == _pyproject()["project"]["version"]
+def test_version_is_kept_in_one_place():
+    # pyproject reads it from attngen/__init__.py; the wheel's METADATA (above) shows it arrives.
+    project = _pyproject()["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    dyn = _pyproject()["tool"]["setuptools"]["dynamic"]["version"]
+    assert dyn == {"attr": "attngen.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", attngen.__version__)
+
+
+def test_license_file_matches_pyproject(wheel):
+    project = _pyproject()["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    z = zipfile.ZipFile(wheel)
+    dist = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    meta = z.read(f"{dist}/METADATA").decode()
+    assert re.search(r"^License-Expression: Apache-2.0$", meta, re.M), meta[:800]
+    assert any(n.startswith(dist) and n.endswith("LICENSE") for n in z.namelist())
+
+
+def test_base_install_can_fuzz_and_extras_are_declared():
+    project = _pyproject()["project"]
+    names = [re.split(r"[<>=!~ ;\[]", d)[0] for d in project["dependencies"]]
+    assert "hypothesis" in names  # `attngen fuzz` on a base install
+    extras = project["optional-dependencies"]
+    assert any(d.startswith("torch>=2.4") for d in extras["torch"])
+    cuda = [re.split(r"[<>=!~ ;\[]", d)[0] for d in extras["cuda"]]
+    # CuPy, and NVRTC with the headers it compiles against, for a machine with only a driver
+    assert {"cupy-cuda13x", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime"} <= set(cuda), cuda
 
 
 def test_every_package_dir_exists():
@@ -106,3 +135,69 @@ def test_public_api_is_lazy_and_complete():
 def test_unknown_attribute_is_attribute_error():
     with pytest.raises(AttributeError):
         attngen.no_such_thing  # noqa: B018
+
+
+# --------------------------------------------------------------------------------------------
+# Installed as users install: the wheel in a fresh virtual environment, used from outside the
+# checkout. The venv reuses this environment's dependencies through a .pth line (after its own
+# site-packages, so the wheel's attngen is the one imported) instead of downloading them.
+
+
+def _purelib() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("venv")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
+                        str(wheel)], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # Only now (pip would see this environment's own attngen, editable, as already installed).
+    Path(site, "zz_deps_from_test_env.pth").write_text(_purelib() + "\n")
+    return venv
+
+
+def _in_venv(venv: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return subprocess.run([str(venv / "bin" / argv[0]), *argv[1:]], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def test_installed_wheel_imports_from_the_venv(installed, tmp_path):
+    p = _in_venv(installed, tmp_path, "python", "-c",
+                 "import attngen, attngen.resources as r; print(attngen.__file__); print(r.grammar_dir()); "
+                 "print(r.cuda_template_dir())")
+    assert p.returncode == 0, p.stderr
+    mod, grammar, templates = p.stdout.split()
+    for path in (mod, grammar, templates):
+        assert path.startswith(str(installed)), (path, installed)  # not the checkout
+    assert Path(grammar, "attn.lark").is_file() and Path(templates, "attention.cu.j2").is_file()
+
+
+def test_installed_console_script_checks_explains_compiles_fuzzes(installed, tmp_path):
+    spec = tmp_path / "llama3_gqa_causal.attn"
+    spec.write_text((ROOT / "examples" / "llama3_gqa_causal.attn").read_text())  # outside the checkout
+    p = _in_venv(installed, tmp_path, "attngen", "check", spec.name)
+    assert p.returncode == 0 and ": ok: llama3_gqa_causal" in p.stdout, p.stdout + p.stderr
+    p = _in_venv(installed, tmp_path, "attngen", "explain", spec.name)
+    assert p.returncode == 0 and "llama3_gqa_causal" in p.stdout and "Tile plan" in p.stdout, p.stdout + p.stderr
+    p = _in_venv(installed, tmp_path, "attngen", "compile", spec.name, "-o", "k.cu")
+    assert p.returncode == 0, p.stderr
+    assert "__global__" in (tmp_path / "k.cu").read_text()
+    p = _in_venv(installed, tmp_path, "attngen", "compile", spec.name, "--emit", "header", "-o", "k.h")
+    assert p.returncode == 0 and "_launch(" in (tmp_path / "k.h").read_text(), p.stderr
+    # fuzzing is a base-install command (hypothesis is a dependency); without a GPU it fuzzes the
+    # front end and the reference only, and says so
+    p = _in_venv(installed, tmp_path, "attngen", "fuzz", spec.name, "--max-examples", "3", "--seconds", "30")
+    assert p.returncode == 0 and "0 failing" in p.stdout + p.stderr, p.stdout + p.stderr
+    p = _in_venv(installed, tmp_path, "attngen", "--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"attngen {attngen.__version__}", p.stdout + p.stderr

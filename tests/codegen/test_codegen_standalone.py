@@ -75,7 +75,8 @@ def test_header_is_plain_c(built):
 
 def test_header_layout_matches_params(built):
     """The header's struct and the .cu's Params agree field by field (size and offset), checked
-    by the compiler in one translation unit (the header's prototype renamed out of the way)."""
+    by the compiler in one translation unit (the header's prototypes that take the struct renamed
+    out of the way)."""
     from attngen.frontend import load
     from attngen.render_cuda import plan
 
@@ -87,6 +88,7 @@ def test_header_layout_matches_params(built):
     (built / "layout.cu").write_text(
         '#include <cstddef>\n#include "x.cu"\n'
         f"#define {KERNEL}_launch {KERNEL}_launch_as_declared_by_header\n"
+        f"#define {KERNEL}_bind_workspace {KERNEL}_bind_workspace_as_declared_by_header\n"
         '#include "x.h"\n'
         f"typedef {KERNEL}_impl::Params P;\ntypedef {KERNEL}_params H;\n"
         "static_assert(sizeof(P) == sizeof(H) && alignof(P) == alignof(H), \"sizeof\");\n"
