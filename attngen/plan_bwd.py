@@ -1,0 +1,161 @@
+"""The backward pass's plan (stage: plan): which constructs the backward kernels take, their tile,
+shared memory, kernels, launch grids and ABI.
+
+The backward is three launches on one stream (see `backends/cuda/bwd/backward.cu.j2`):
+
+    <name>_bwd_pre      delta = rowsum(dO * O') per query row; zeroes the fp32 dQ accumulator
+    <name>_bwd_dkdv     per (key tile, kv head, batch): walks the visible query tiles of every head
+                        of the group; dK, dV (no atomics), dQ by fp32 atomics (default)
+    <name>_bwd_dq       deterministic: per (query tile, head, batch), dQ without atomics
+    <name>_bwd_dq_convert  atomic mode: fp32 accumulator -> dq's element type (+ dO for a residual)
+
+Engine: FFMA (every product in fp32) for every element type; tensor-core engines come later. The
+forward must have saved the LSE (natural log, [B, H, Lq] fp32, -inf for rows with nothing visible).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attngen.diagnostics import Diagnostic
+from attngen.ir import Variant
+from attngen.render_cuda import Field, kernel_name
+from attngen.lower_cuda import tensor_ctype
+from attngen.schedule import DEFAULT_ARCH, Arch
+
+THREADS = 256  # per CTA of the dK/dV and dQ kernels
+PRE_THREADS = 256  # per CTA of the grid-stride pre / convert kernels (8 warps, a row each)
+PRE_MAX_BLOCKS = 4096
+TILE_CHOICES = (64, 32, 16)  # square tiles, the largest whose shared memory fits the arch
+
+
+@dataclass(frozen=True, slots=True)
+class BwdKernel:
+    name: str
+    func: str  # the device function in the template
+    threads: int
+    smem: int  # dynamic shared memory, bytes
+    grid_code: str  # the launch grid as C++ over Params `p` (the launcher's formula)
+    doc: str
+
+
+@dataclass(frozen=True, slots=True)
+class BwdPlan:
+    """What a runtime needs to launch the backward of a variant."""
+
+    base_name: str
+    fields: tuple[Field, ...]
+    block_m: int
+    block_n: int
+    deterministic: bool
+    arch: Arch
+    kernels: tuple[BwdKernel, ...]
+
+    @property
+    def launcher(self) -> str:
+        return f"{self.base_name}_launch"
+
+    def kernel(self, func: str) -> BwdKernel:
+        return next(k for k in self.kernels if k.func == func)
+
+    def grid(self, func: str, B: int, Lq: int, Lk: int, heads: int, kv_heads: int, head_dim: int) -> tuple[int, int, int]:
+        """The launch grid of one kernel (the launcher's formula, in Python)."""
+        if func == "ag_bwd_pre":
+            return (min(B * heads * Lq // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
+        if func == "ag_bwd_dkdv":
+            return ((Lk + self.block_n - 1) // self.block_n, kv_heads, B)
+        if func == "ag_bwd_dq":
+            return ((Lq + self.block_m - 1) // self.block_m, heads, B)
+        return (min(B * heads * Lq * head_dim // PRE_THREADS + 1, PRE_MAX_BLOCKS), 1, 1)
+
+
+def unsupported(v: Variant) -> list[Diagnostic]:
+    """What the backward kernels cannot differentiate yet, located at the construct (the NumPy
+    reference, `attngen.reference.attention_backward`, covers all of it)."""
+    out = []
+    for n in v.norms:
+        out.append(Diagnostic(
+            f"--pass backward: `norm {n.target.value}` is not supported by the backward kernels yet",
+            n.span or v.span,
+            "the float64 reference (attngen.reference.attention_backward) differentiates it; the kernels "
+            "cover masks, scores, GQA and the residual",
+        ))
+    return out
+
+
+def smem_floats(block_m: int, block_n: int, D: int, Dv: int, deterministic_dq: bool) -> int:
+    """fp32 words of shared memory of the dK/dV kernel (or of the dQ kernel)."""
+    common = block_n * (D + 1) + block_n * (Dv + 1) + block_m * (D + 1) + block_m * (Dv + 1) + 2 * block_m * (block_n + 1) + 2 * block_m
+    return common + (block_m * D if deterministic_dq else block_n * (D + Dv))
+
+
+def choose_tile(v: Variant, arch: Arch) -> int:
+    """The largest square tile with room for two CTAs an SM, else the largest that fits at all."""
+    def need(t: int) -> int:
+        return 4 * max(smem_floats(t, t, v.head_dim, v.value_head_dim, False), smem_floats(t, t, v.head_dim, v.value_head_dim, True))
+
+    for limit in (arch.smem_per_sm // 2 - 1024, arch.smem_budget):
+        for t in TILE_CHOICES:
+            if need(t) <= limit:
+                return t
+    raise ValueError(f"variant {v.name}: the backward's smallest tile ({TILE_CHOICES[-1]}) does not fit {arch.value}'s shared memory")
+
+
+def _fields(v: Variant) -> tuple[Field, ...]:
+    e, w = "const elem_t* __restrict__", "elem_t* __restrict__"
+    f = [
+        Field(e, "q", "query (the forward's input)"),
+        Field(e, "k", "keys"),
+        Field(e, "v", "values"),
+        Field(e, "o", "the forward's output"),
+        Field(e, "dO", "gradient at the output (o's shape)"),
+        Field("const float* __restrict__", "lse", "the forward's log-sum-exp [B, H, Lq], contiguous, natural log"),
+        Field(w, "dq", "gradient of q (q's shape)"),
+        Field(w, "dk", "gradient of k (k's shape)"),
+        Field(w, "dv", "gradient of v (v's shape)"),
+        Field("float* __restrict__", "ws_delta", "workspace, B*H*Lq floats: rowsum(dO * O') per query row"),
+        Field("float* __restrict__", "ws_dq", "workspace, B*H*Lq*D floats: the dQ accumulator (nullptr when deterministic)"),
+        Field("int", "B", "batch"),
+        Field("int", "Lq", "query length"),
+        Field("int", "Lk", "key length"),
+    ]
+    for t in ("q", "k", "v", "o", "dO", "dq", "dk", "dv"):
+        for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
+            f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
+    for d in v.runtime_inputs():
+        f.append(Field(f"const {tensor_ctype(d.dtype)}* __restrict__", f"in_{d.name}", f"runtime input {d.name}: {d.dtype.value}"))
+        for i in range(len(d.shape)):
+            f.append(Field("int", f"in_{d.name}_n{i}", f"{d.name} size of dim {i}"))
+        for i in range(len(d.shape)):
+            f.append(Field("long long", f"in_{d.name}_s{i}", f"{d.name} stride of dim {i}, elements"))
+    return tuple(f)
+
+
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) -> BwdPlan:
+    """The backward kernels of a variant. ValueError if a construct is unsupported (see
+    `unsupported`, which locates it) or no tile fits."""
+    bad = unsupported(v)
+    if bad:
+        raise ValueError("; ".join(d.message for d in bad))
+    t = choose_tile(v, arch)
+    base = kernel_name(v) + "_bwd"
+    pre_grid = f"(unsigned)((long long)p.B * {v.heads} * p.Lq / {PRE_THREADS // 32} + 1 < {PRE_MAX_BLOCKS} ? (long long)p.B * {v.heads} * p.Lq / {PRE_THREADS // 32} + 1 : {PRE_MAX_BLOCKS})"
+    kernels = [
+        BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 0, pre_grid,
+                  "delta = rowsum(dO * O') per query row" + ("" if deterministic else "; zero the dQ accumulator")),
+        BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, False),
+                  f"(p.Lk + {t - 1}) / {t}, {v.kv_heads}, p.B",
+                  "dK, dV per key tile over the visible query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")),
+    ]
+    if deterministic:
+        kernels.append(BwdKernel(f"{base}_dq", "ag_bwd_dq", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True),
+                                 f"(p.Lq + {t - 1}) / {t}, {v.heads}, p.B", "dQ per query tile over the visible key tiles, no atomics"))
+    else:
+        n = f"(long long)p.B * {v.heads} * p.Lq * {v.head_dim}"
+        kernels.append(BwdKernel(f"{base}_dq_convert", "ag_bwd_dq_convert", PRE_THREADS, 0,
+                                 f"(unsigned)({n} / {PRE_THREADS} + 1 < {PRE_MAX_BLOCKS} ? {n} / {PRE_THREADS} + 1 : {PRE_MAX_BLOCKS})",
+                                 "dq = the fp32 accumulator in dq's element type"))
+    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels))
+
+
+__all__ = ["BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
