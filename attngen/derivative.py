@@ -67,10 +67,28 @@ def sub(a: Expr, b: Expr) -> Expr:
     return Binary(BinOp.SUB, a, b, F)
 
 
+def _fconst(e: Expr) -> float | None:
+    """The value of a float constant (None for anything else)."""
+    if isinstance(e, Const) and e.type == F:
+        return float(e.value)
+    return None
+
+
 def mul(a: Expr, b: Expr) -> Expr:
     # 0 * x is taken as 0 even where x is inf: a zero derivative stays zero, as in the kernels.
     if _is(a, 0.0) or _is(b, 0.0):
         return ZERO
+    ca, cb = _fconst(a), _fconst(b)
+    if ca is not None and cb is not None:
+        return Const(ca * cb, F)
+    if cb is not None:  # constants to the left: c * x
+        a, b, ca, cb = b, a, cb, ca
+    if ca is not None and isinstance(b, Binary) and b.op == BinOp.MUL and b.type == F:
+        # c * (x * d) and c * (d * x) fold to (c d) * x: softcap's c * (...) * (1/c) becomes (...)
+        for inner, other in ((b.rhs, b.lhs), (b.lhs, b.rhs)):
+            d = _fconst(inner)
+            if d is not None:
+                return mul(Const(ca * d, F), other)
     if _is(a, 1.0):
         return b if b.type == F else Binary(BinOp.MUL, ONE, b, F)
     if _is(b, 1.0):
@@ -81,6 +99,9 @@ def mul(a: Expr, b: Expr) -> Expr:
 def div(a: Expr, b: Expr) -> Expr:
     if _is(a, 0.0):
         return ZERO
+    ca, cb = _fconst(a), _fconst(b)
+    if ca is not None and cb:
+        return Const(ca / cb, F)
     if _is(b, 1.0) and a.type == F:
         return a
     return Binary(BinOp.DIV, a, b, F)
