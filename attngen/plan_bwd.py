@@ -158,4 +158,29 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels))
 
 
-__all__ = ["BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
+    """`attngen explain`'s lines about the backward pass of a variant."""
+    from attngen import derivative
+    from attngen.printer import print_expr
+
+    out = ["Backward pass (attngen compile --pass backward): gradients of sum(dO * O)"]
+    out.append(f"  d(score)/ds = {print_expr(derivative.score_derivative(v.scores))} (from the score expressions, by the chain rule)")
+    learn = derivative.learnable_tensors(v.scores)
+    if learn:
+        out.append(f"  score inputs with a gradient (NumPy reference; not yet in the kernels): {', '.join(learn)}")
+    bad = unsupported(v)
+    if bad:
+        for d in bad:
+            where = f" (line {d.span.line})" if d.span else ""
+            out.append(f"  refused{where}: {d.message.removeprefix('--pass backward: ')}")
+        return out
+    bp = plan(v, arch)
+    out.append(f"  on {arch.value}: FFMA engine (fp32 products for every dtype), tile {bp.block_m} x {bp.block_n}; P recomputed from the forward's LSE")
+    for k in bp.kernels:
+        out.append(f"  {k.name}: {k.threads} threads, {k.smem} bytes of shared memory; {k.doc}")
+    out.append("  --deterministic: dQ by a kernel per query tile instead of fp32 atomics (bitwise reproducible)")
+    return out
+
+
+__all__ = [
+    "describe","BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
