@@ -128,7 +128,18 @@ def _fields(v: Variant) -> tuple[Field, ...]:
             f.append(Field("int", f"in_{d.name}_n{i}", f"{d.name} size of dim {i}"))
         for i in range(len(d.shape)):
             f.append(Field("long long", f"in_{d.name}_s{i}", f"{d.name} stride of dim {i}, elements"))
+    for name in learnable(v):
+        f.append(Field("float* __restrict__", f"grad_{name}",
+                       f"gradient of {name}: fp32, contiguous in {name}'s shape, zeroed by the caller (nullptr: not computed)"))
     return tuple(f)
+
+
+def learnable(v: Variant) -> tuple[str, ...]:
+    """Score inputs the backward kernels can return a gradient for (`bias`, `alibi(slopes)`,
+    `rel_bias` tables, float lookups in custom scores), in first-appearance order."""
+    from attngen import derivative
+
+    return derivative.learnable_tensors(v.scores)
 
 
 def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) -> BwdPlan:
@@ -165,9 +176,9 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 
     out = ["Backward pass (attngen compile --pass backward): gradients of sum(dO * O)"]
     out.append(f"  d(score)/ds = {print_expr(derivative.score_derivative(v.scores))} (from the score expressions, by the chain rule)")
-    learn = derivative.learnable_tensors(v.scores)
-    if learn:
-        out.append(f"  score inputs with a gradient (NumPy reference; not yet in the kernels): {', '.join(learn)}")
+    for ld, de in derivative.param_derivatives(v.scores):
+        idx = ", ".join(print_expr(i) for i in ld.indices)
+        out.append(f"  d(score)/d{ld.tensor}[{idx}] = {print_expr(de)} (on request: fp32 atomics of dS times it)")
     bad = unsupported(v)
     if bad:
         for d in bad:
@@ -183,4 +194,5 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 
 
 __all__ = [
-    "describe","BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "describe",
+    "learnable","BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

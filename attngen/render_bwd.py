@@ -40,6 +40,16 @@ def _header(v: Variant, bp: BwdPlan) -> str:
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
 
 
+def _param_grads(v: Variant, elem: ElementEmitter) -> list[dict]:
+    """Per learnable score input: its dims, and per lookup of it the index and derivative code."""
+    decls = {d.name: d for d in v.runtime_inputs()}
+    out: dict[str, dict] = {}
+    for ld, de in derivative.param_derivatives(v.scores):
+        t = out.setdefault(ld.tensor, dict(name=ld.tensor, dims=list(range(len(decls[ld.tensor].shape))), sites=[]))
+        t["sites"].append(dict(text=_expr_text(de), indices=", ".join(elem.emit(i) for i in ld.indices), code=elem.emit(de)))
+    return list(out.values())
+
+
 def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) -> tuple[str, BwdPlan]:
     """The complete backward `.cu` source for one variant, and its plan. ValueError when the
     backward kernels do not support a construct of the variant (`plan_bwd.unsupported`)."""
@@ -74,6 +84,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         score_codes=[elem.emit(s) for s in v.scores],
         dscore_text=_expr_text(ds),
         dscore_code=elem.emit(ds),
+        param_grads=_param_grads(v, elem),
         residual=v.residual,
         deterministic=deterministic,
         kernels=[dict(name=k.name, func=k.func, threads=k.threads, smem=k.smem, grid_code=k.grid_code, doc=k.doc) for k in bp.kernels],

@@ -24,7 +24,7 @@ from typing import Any
 from attngen import abi
 from attngen.compile_cuda import compile_source
 from attngen.ir import DType, Layout, Variant
-from attngen.plan_bwd import BwdPlan, unsupported
+from attngen.plan_bwd import BwdPlan, learnable, unsupported
 from attngen.render_bwd import render_with_plan
 from attngen.schedule import Arch
 
@@ -97,10 +97,13 @@ def backward(
     o: Any = None,
     lse: Any = None,
     deterministic: bool = False,
+    wrt: tuple[str, ...] = (),
     stream: Any = None,
     **inputs: Any,
-) -> tuple[Any, Any, Any]:
-    """(dq, dk, dv) for a compiled forward `kernel` (attngen.compile); see the module doc."""
+) -> tuple[Any, ...]:
+    """(dq, dk, dv) for a compiled forward `kernel` (attngen.compile); see the module doc. With
+    `wrt` naming score inputs (`plan_bwd.learnable`: bias, alibi slopes, rel_bias tables, float
+    lookups), (dq, dk, dv, {name: gradient}) with each gradient fp32 in its input's shape."""
     import cupy
     import numpy as np
 
@@ -109,6 +112,11 @@ def backward(
     var = kernel.variant
     arch = kernel.plan.arch
     bk = compile_backward(var, arch, deterministic=deterministic)  # refuses unsupported constructs first
+    wrt = tuple(wrt)
+    allowed = learnable(var)
+    for name in wrt:
+        if name not in allowed:
+            raise ValueError(f"wrt: expected names of score inputs with a gradient ({', '.join(allowed) or 'none in this variant'}), got {name!r}")
     aq, ak, av, ado = (runtime._view(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dO, "dO")))
     for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ado, "dO")):
         runtime._check_dtype(a, var.dtype, n)
@@ -171,11 +179,28 @@ def backward(
         args.append(np.uint64(a.ptr))
         args.extend(np.int32(n) for n in a.shape)
         args.extend(np.int64(s) for s in a.strides)
+    param_grads: dict[str, Any] = {}
+    for name in allowed:
+        if name in wrt:
+            shape = given[name].shape
+            if aq.is_torch:
+                import torch
+
+                with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=aq.obj.device)):
+                    param_grads[name] = torch.zeros(shape, dtype=torch.float32, device=aq.obj.device)
+            else:
+                with stream:
+                    param_grads[name] = cupy.zeros(shape, dtype=cupy.float32)
+            args.append(np.uint64(runtime._view(param_grads[name], name).ptr))
+        else:
+            args.append(np.uint64(0))
     bp = bk.plan
     for kern in bp.kernels:
         grid = bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim)
         bk.functions[kern.func](grid, (kern.threads,), tuple(args), shared_mem=kern.smem, stream=stream)
     # The workspaces were allocated in the launch stream's order: dropping them here is safe.
+    if wrt:
+        return grads[0], grads[1], grads[2], {n: param_grads[n] for n in wrt}
     return grads[0], grads[1], grads[2]
 
 

@@ -91,7 +91,7 @@ def available() -> str | None:
     return None
 
 
-def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]]) -> str:
+def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wanted: tuple[str, ...]) -> str:
     lines = [f"namespace {ns} {{ float smem[{max(k.smem for k in bp.kernels) // 4 + 1}]; }}",
              "static std::vector<std::vector<char>> blobs;",
              "int main(int argc, char** argv) {",
@@ -114,7 +114,7 @@ def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]]) -> st
         gx, gy, gz = grids[k.func]
         lines.append(f"  ag_launch({gx}, {gy}, {gz}, {k.threads}, [&] {{ {k.name}({args}); }});")
     lines += ["  FILE* o = std::fopen(argv[2], \"wb\");"]
-    for name in ("dq", "dk", "dv"):
+    for name in wanted:
         idx = [i for i, fl in enumerate(bp.fields) if "*" in fl.ctype].index([i for i, fl in enumerate(bp.fields) if fl.name == name][0])
         lines.append(f"  std::fwrite(blobs[{idx}].data(), 1, blobs[{idx}].size(), o);")
     lines += ["  std::fclose(o);", "  return 0;", "}"]
@@ -122,9 +122,10 @@ def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]]) -> st
 
 
 def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray, dO: np.ndarray, o: np.ndarray,
-        workdir: str | None = None) -> dict[str, np.ndarray]:
+        workdir: str | None = None, wrt: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Compile `src` for the host and run its kernels on the arrays (numpy, spec dtypes, the
-    variant's layout, contiguous); returns dq, dk, dv as float64 in q/k/v's shapes."""
+    variant's layout, contiguous); returns dq, dk, dv (and the gradients of the score inputs named
+    in `wrt`) as float64 in their inputs' shapes."""
     from attngen.reference import dtype_of
 
     ns = f"{bp.base_name}_impl"
@@ -141,6 +142,11 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
         "ws_delta": np.zeros(B * v.heads * Lq, np.float32),
         "ws_dq": None if bp.deterministic else np.full(B * v.heads * Lq * v.head_dim, np.nan, np.float32),
     }
+    for n in wrt:
+        outs[n] = bufs[f"grad_{n}"] = np.zeros(arrays[n].shape, np.float32)
+    for fl in bp.fields:
+        if fl.name.startswith("grad_") and fl.name not in bufs:
+            bufs[fl.name] = None
 
     def strides(a):
         s = [x // a.itemsize for x in a.strides]
@@ -150,7 +156,7 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
     for fl in bp.fields:
         n = fl.name
         if "*" in fl.ctype:
-            a = bufs.get(n) if not n.startswith("in_") else arrays[n[3:]]
+            a = bufs[n] if not n.startswith("in_") else arrays[n[3:]]
             if a is None:
                 blob += np.int64(0).tobytes()
                 continue
@@ -180,10 +186,11 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
         "ag_bwd_dkdv": bp.grid("ag_bwd_dkdv", B, Lq, Lk, H, Hkv, D),
         "ag_bwd_dq": bp.grid("ag_bwd_dq", B, Lq, Lk, H, Hkv, D),
     }
+    wanted = ("dq", "dk", "dv", *(f"grad_{n}" for n in wrt))
     tmp = workdir or tempfile.mkdtemp(prefix="attngen-emu-")
     cpp = os.path.join(tmp, "k.cpp")
     exe = os.path.join(tmp, "k")
-    Path(cpp).write_text(SHIM + body + _harness(bp, ns, grids))
+    Path(cpp).write_text(SHIM + body + _harness(bp, ns, grids, wanted))
     r = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", f"-I{CUDA_INCLUDE}", cpp, "-o", exe],
                        capture_output=True, text=True, check=False)
     if r.returncode != 0:
@@ -194,8 +201,8 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
         raise RuntimeError(f"emulated kernels failed ({r.returncode}):\n{r.stderr[-4000:]}")
     raw = Path(tmp, "out.bin").read_bytes()
     res, off = {}, 0
-    for n in ("dq", "dk", "dv"):
+    for n in ("dq", "dk", "dv", *wrt):
         a = outs[n]
-        res[n] = np.frombuffer(raw[off:off + a.nbytes], dtype=et).reshape(a.shape).astype(np.float64)
+        res[n] = np.frombuffer(raw[off:off + a.nbytes], dtype=a.dtype).reshape(a.shape).astype(np.float64)
         off += a.nbytes
     return res

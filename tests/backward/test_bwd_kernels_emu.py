@@ -88,3 +88,31 @@ def test_deterministic_matches_atomic_mode():
     b, _, _ = _run(v, 1, 130, 130, seed=5, deterministic=False)
     np.testing.assert_array_equal(a["dk"], b["dk"])  # same dK/dV kernel
     np.testing.assert_allclose(a["dq"], b["dq"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_score_input_gradients(deterministic):
+    # bias at rank 3 (summed over the batch), alibi slopes (summed over q, kv) and a rel_bias table
+    # (clipped distances collect sums), under a causal mask with GQA, against the reference's.
+    v = T.variant(T.causal(), (T.bias("bb", 3), T.alibi(slopes="sl"), T.rel_bias("rt", 5), T.softcap(6.0)),
+                  D=16, heads=4, kv_heads=2, dtype=DType.FP16,
+                  inputs=(T.decl("bb", DType.FP32, SizeSym.H, SizeSym.LQ, SizeSym.LK), T.decl("sl", DType.FP32, SizeSym.H),
+                          T.decl("rt", DType.FP32, SizeSym.H, 11)))
+    rng = np.random.default_rng(9)
+    B, L = 2, 70
+    arrays = workload.make_inputs(v, B, L, L, rng)
+    arrays["sl"] = rng.uniform(0.01, 0.1, size=4).astype(np.float32)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    dO = rng.normal(size=o.shape).astype(o.dtype)
+    wrt = ("bb", "sl", "rt")
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
+    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        scale = float(np.abs(want[n]).max())
+        assert scale > 0
+        err = float(np.abs(got[n] - want[n]).max())
+        assert err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+    # The upper triangle of the bias is masked: its gradient is exactly zero.
+    assert not np.any(got["bb"][:, np.triu_indices(L, 1)[0], np.triu_indices(L, 1)[1]])

@@ -30,6 +30,9 @@ SPECS = {
     "bf16_gqa4_local_softcap": "dtype bf16; head_dim 128; heads 8 kv 2; mask causal && window(100, 0); score softcap(30.0)",
     "fp32_block_sparse": "dtype fp32; head_dim 128; heads 2; input blk: u8[B, H, QB, KB]; mask block_sparse(blk, 64, 64)",
     "fp16_padding_softcap_gqa": "dtype fp16; head_dim 128; heads 4 kv 2; mask padding && causal; score softcap(20.0)",
+    "fp16_learnable": ("dtype fp16; head_dim 64; heads 4 kv 2; input bb: fp32[H, Lq, Lk]; input sl: fp32[H]; "
+                       "input rel: fp32[H, 17]; mask causal; score bias(bb); score alibi(sl); score rel_bias(rel, 8); "
+                       "score softcap(10.0)"),
 }
 
 # Max error over the largest reference magnitude: fp32 sums in every engine; half-precision
@@ -140,3 +143,29 @@ def test_backward_refuses_bad_arguments_before_launch():
     normed = runtime.compile(variant_of("attention b_normed { dtype fp16; head_dim 64; heads 2; norm q rmsnorm(1e-6) }"))
     with pytest.raises(ValueError, match="not supported by the backward kernels yet"):
         normed.backward(q, k, vv, q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_score_input_gradients(deterministic):
+    """Gradients of bias (rank 3: summed over the batch), alibi slopes and a rel_bias table."""
+    v = _variant("fp16_learnable")
+    arrays = fuzz.case_inputs(v, fuzz.Case(B=2, Lq=97, Lk=97, seed=3))
+    q, k, vv, rest = fuzz.split_inputs(arrays)
+    dO = np.random.default_rng(4).normal(size=q.shape[:3] + (v.value_head_dim,)).astype(reference.dtype_of(v.dtype))
+    wrt = ("bb", "sl", "rel")
+    want = reference.attention_backward(v, q, k, vv, rest, dO.astype(np.float64), wrt=wrt)
+    dev = {n: fuzz.to_device(a) for n, a in rest.items()}
+    dq, dk, dv, g = kernel_for(v).backward(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO),
+                                           deterministic=deterministic, wrt=wrt, **dev)
+    fuzz.synchronize()
+    got = {"dq": fuzz.to_host(dq, v.dtype), "dk": fuzz.to_host(dk, v.dtype), "dv": fuzz.to_host(dv, v.dtype)}
+    got.update({n: fuzz.to_host(g[n]) for n in wrt})
+    for n, x in got.items():
+        x = x.astype(np.float64)
+        scale = float(np.abs(want[n]).max())
+        assert scale > 0 and x.shape == want[n].shape
+        err = float(np.abs(x - want[n]).max())
+        assert err <= TOL[v.dtype] * scale, f"{n}: max error {err:.4g} > {TOL[v.dtype]} x {scale:.4g}"
+    with pytest.raises(ValueError, match="wrt: expected names of score inputs"):
+        kernel_for(v).backward(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO), wrt=("q",), **dev)
