@@ -287,13 +287,6 @@ class Kernel:
                 raise NaNCheckError(f"variant {var.name}: the output holds NaN or Inf (nan_check)")
         return (out, lse) if var.lse else out
 
-    def backward(self, q: Any, k: Any, v: Any, dO: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
-        """(dq, dk, dv), the gradients of sum(dO * O): see `attngen.runtime_bwd.backward` (same
-        argument checks as a forward call; `o=`, `lse=` pass the forward's saved ones)."""
-        from attngen.runtime_bwd import backward
-
-        return backward(self, q, k, v, dO, **kwargs)
-
 
 class _StreamHandle:
     """A raw cudaStream_t in the CUDA stream protocol (`__cuda_stream__`: version 0, handle)."""

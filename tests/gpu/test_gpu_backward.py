@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attngen import abi, fuzz, reference
+from attngen.runtime_bwd import backward
 from attngen.ir import AttnKind, DType
 
 SPECS = {
@@ -61,7 +62,7 @@ def _grads(v, arrays, dO, deterministic):
     q, k, vv, rest = fuzz.split_inputs(arrays)
     kern = kernel_for(v)
     dev = {n: fuzz.to_device(a) for n, a in rest.items()}
-    dq, dk, dv = kern.backward(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO),
+    dq, dk, dv = backward(kern, fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO),
                                deterministic=deterministic, **dev)
     fuzz.synchronize()
     return {n: fuzz.to_host(x, v.dtype).astype(np.float64) for n, x in (("dq", dq), ("dk", dk), ("dv", dv))}
@@ -135,14 +136,14 @@ def test_backward_refuses_bad_arguments_before_launch():
     q, k, vv = (fuzz.to_device(arrays[n]) for n in ("q", "k", "v"))
     kern = kernel_for(v)
     with pytest.raises(ValueError, match="dO: expected the output's shape"):
-        kern.backward(q, k, vv, fuzz.to_device(np.zeros((1, 4, 15, 64), np.float32)))
+        backward(kern, q, k, vv, fuzz.to_device(np.zeros((1, 4, 15, 64), np.float32)))
     with pytest.raises(ValueError, match="dO: expected dtype"):
-        kern.backward(q, k, vv, fuzz.to_device(np.zeros((1, 4, 16, 64), np.float16)))
+        backward(kern, q, k, vv, fuzz.to_device(np.zeros((1, 4, 16, 64), np.float16)))
     with pytest.raises(ValueError, match="o, lse"):
-        kern.backward(q, k, vv, fuzz.to_device(np.zeros((1, 4, 16, 64), np.float32)), o=q)
+        backward(kern, q, k, vv, fuzz.to_device(np.zeros((1, 4, 16, 64), np.float32)), o=q)
     normed = runtime.compile(variant_of("attention b_normed { dtype fp16; head_dim 64; heads 2; norm q rmsnorm(1e-6) }"))
     with pytest.raises(ValueError, match="not supported by the backward kernels yet"):
-        normed.backward(q, k, vv, q)
+        backward(normed, q, k, vv, q)
 
 
 @pytest.mark.gpu
@@ -156,7 +157,7 @@ def test_score_input_gradients(deterministic):
     wrt = ("bb", "sl", "rel")
     want = reference.attention_backward(v, q, k, vv, rest, dO.astype(np.float64), wrt=wrt)
     dev = {n: fuzz.to_device(a) for n, a in rest.items()}
-    dq, dk, dv, g = kernel_for(v).backward(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO),
+    dq, dk, dv, g = backward(kernel_for(v), fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO),
                                            deterministic=deterministic, wrt=wrt, **dev)
     fuzz.synchronize()
     got = {"dq": fuzz.to_host(dq, v.dtype), "dk": fuzz.to_host(dk, v.dtype), "dv": fuzz.to_host(dv, v.dtype)}
@@ -168,4 +169,4 @@ def test_score_input_gradients(deterministic):
         err = float(np.abs(x - want[n]).max())
         assert err <= TOL[v.dtype] * scale, f"{n}: max error {err:.4g} > {TOL[v.dtype]} x {scale:.4g}"
     with pytest.raises(ValueError, match="wrt: expected names of score inputs"):
-        kernel_for(v).backward(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO), wrt=("q",), **dev)
+        backward(kernel_for(v), fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO), wrt=("q",), **dev)
