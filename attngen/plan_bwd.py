@@ -1,13 +1,15 @@
 """The backward pass's plan (stage: plan): which constructs the backward kernels take, their tile,
 shared memory, kernels, launch grids and ABI.
 
-The backward is three launches on one stream (see `backends/cuda/bwd/backward.cu.j2`):
+The backward is three to five launches on one stream (see `backends/cuda/bwd/backward.cu.j2`):
 
     <name>_bwd_pre      delta = rowsum(dO * O') per query row; zeroes the fp32 dQ accumulator
+    <name>_bwd_prep     with q/k pre-norms: the normalised rows Q', K' into workspaces
     <name>_bwd_dkdv     per (key tile, kv head, batch): walks the visible query tiles of every head
-                        of the group; dK, dV (no atomics), dQ by fp32 atomics (default)
-    <name>_bwd_dq       deterministic: per (query tile, head, batch), dQ without atomics
-    <name>_bwd_dq_convert  atomic mode: fp32 accumulator -> dq's element type (+ dO for a residual)
+                        of the group; dK, dV (no atomics), dQ' by fp32 atomics (default)
+    <name>_bwd_dq       deterministic: per (query tile, head, batch), dQ' without atomics
+    <name>_bwd_finish   dq from dQ' (through the q norm's backward, + dO for a residual); dk from
+                        dK' through the k norm's backward
 
 Engine: FFMA (every product in fp32) for every element type; tensor-core engines come later. The
 forward must have saved the LSE (natural log, [B, H, Lq] fp32, -inf for rows with nothing visible).
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attngen.diagnostics import Diagnostic
-from attngen.ir import Variant
+from attngen.ir import NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name
 from attngen.render_cuda import Field, kernel_name
 from attngen.lower_cuda import tensor_ctype
 from attngen.schedule import DEFAULT_ARCH, Arch
@@ -50,6 +52,8 @@ class BwdPlan:
     deterministic: bool
     arch: Arch
     kernels: tuple[BwdKernel, ...]
+    q_norm: bool = False  # head-scope q pre-norm: Q' in ws_q, a norm backward for dq
+    k_norm: bool = False  # k pre-norm: K' in ws_k, dK' in ws_dk, a norm backward for dk
 
     @property
     def launcher(self) -> str:
@@ -66,19 +70,27 @@ class BwdPlan:
             return ((Lk + self.block_n - 1) // self.block_n, kv_heads, B)
         if func == "ag_bwd_dq":
             return ((Lq + self.block_m - 1) // self.block_m, heads, B)
-        return (min(B * heads * Lq * head_dim // PRE_THREADS + 1, PRE_MAX_BLOCKS), 1, 1)
+        if func == "ag_bwd_prep":
+            rows = (B * heads * Lq if self.q_norm else 0) + (B * kv_heads * Lk if self.k_norm else 0)
+            return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
+        # ag_bwd_finish: a warp a row of dq (and of dk with a k norm)
+        rows = B * heads * Lq + (B * kv_heads * Lk if self.k_norm else 0)
+        return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
 
 
 def unsupported(v: Variant) -> list[Diagnostic]:
     """What the backward kernels cannot differentiate yet, located at the construct (the NumPy
-    reference, `attngen.reference.attention_backward`, covers all of it)."""
+    reference, `attngen.reference.attention_backward`, covers all of it): the o post-norm and the
+    token-scope q norm. Head-scope q/k pre-norms are supported."""
     out = []
     for n in v.norms:
+        if n.target != NormTarget.O and n.scope == NormScope.HEAD:
+            continue
         out.append(Diagnostic(
-            f"--pass backward: `norm {n.target.value}` is not supported by the backward kernels yet",
+            f"--pass backward: `norm {n.target.value}`{' scope token' if n.scope == NormScope.TOKEN else ''} is not supported by the backward kernels yet",
             n.span or v.span,
             "the float64 reference (attngen.reference.attention_backward) differentiates it; the kernels "
-            "cover masks, scores, GQA and the residual",
+            "cover masks, scores, GQA, head-scope q/k pre-norms and the residual",
         ))
     return out
 
@@ -114,7 +126,12 @@ def _fields(v: Variant) -> tuple[Field, ...]:
         Field(w, "dk", "gradient of k (k's shape)"),
         Field(w, "dv", "gradient of v (v's shape)"),
         Field("float* __restrict__", "ws_delta", "workspace, B*H*Lq floats: rowsum(dO * O') per query row"),
-        Field("float* __restrict__", "ws_dq", "workspace, B*H*Lq*D floats: the dQ accumulator (nullptr when deterministic)"),
+        Field("float* __restrict__", "ws_dq", "workspace, B*H*Lq*D floats: dQ' (of the normalised q) in fp32"),
+        *([Field(w, "ws_q", "workspace, B*H*Lq*D elements: the pre-normalised queries, written by the prep kernel")]
+          if v.norm(NormTarget.Q) else []),
+        *([Field(w, "ws_k", "workspace, B*Hkv*Lk*D elements: the pre-normalised keys, written by the prep kernel"),
+           Field("float* __restrict__", "ws_dk", "workspace, B*Hkv*Lk*D floats: dK' (of the normalised k) in fp32")]
+          if v.norm(NormTarget.K) else []),
         Field("int", "B", "batch"),
         Field("int", "Lq", "query length"),
         Field("int", "Lk", "key length"),
@@ -128,10 +145,23 @@ def _fields(v: Variant) -> tuple[Field, ...]:
             f.append(Field("int", f"in_{d.name}_n{i}", f"{d.name} size of dim {i}"))
         for i in range(len(d.shape)):
             f.append(Field("long long", f"in_{d.name}_s{i}", f"{d.name} stride of dim {i}, elements"))
-    for name in learnable(v):
+    for name in learnable(v) + norm_params(v):
         f.append(Field("float* __restrict__", f"grad_{name}",
                        f"gradient of {name}: fp32, contiguous in {name}'s shape, zeroed by the caller (nullptr: not computed)"))
     return tuple(f)
+
+
+def norm_params(v: Variant) -> tuple[str, ...]:
+    """The affine weights (and layernorm biases) of the q/k pre-norms, which the backward kernels
+    can return gradients for."""
+    out: list[str] = []
+    for t in (NormTarget.Q, NormTarget.K):
+        n = v.norm(t)
+        if n is not None and n.affine:
+            out.append(norm_weight_name(t))
+            if n.kind == NormKind.LAYERNORM:
+                out.append(norm_bias_name(t))
+    return tuple(out)
 
 
 def learnable(v: Variant) -> tuple[str, ...]:
@@ -150,23 +180,35 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
         raise ValueError("; ".join(d.message for d in bad))
     t = choose_tile(v, arch)
     base = kernel_name(v) + "_bwd"
-    pre_grid = f"(unsigned)((long long)p.B * {v.heads} * p.Lq / {PRE_THREADS // 32} + 1 < {PRE_MAX_BLOCKS} ? (long long)p.B * {v.heads} * p.Lq / {PRE_THREADS // 32} + 1 : {PRE_MAX_BLOCKS})"
+    qn, kn = v.norm(NormTarget.Q) is not None, v.norm(NormTarget.K) is not None
+
+    def rows_grid(rows: str) -> str:
+        return f"(unsigned)({rows} / {PRE_THREADS // 32} + 1 < {PRE_MAX_BLOCKS} ? {rows} / {PRE_THREADS // 32} + 1 : {PRE_MAX_BLOCKS})"
+
+    q_rows = f"(long long)p.B * {v.heads} * p.Lq"
+    k_rows = f"(long long)p.B * {v.kv_heads} * p.Lk"
     kernels = [
-        BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 0, pre_grid,
+        BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 0, rows_grid(q_rows),
                   "delta = rowsum(dO * O') per query row" + ("" if deterministic else "; zero the dQ accumulator")),
+    ]
+    if qn or kn:
+        rows = " + ".join(r for r, on in ((q_rows, qn), (k_rows, kn)) if on)
+        kernels.append(BwdKernel(f"{base}_prep", "ag_bwd_prep", PRE_THREADS, 0, rows_grid(f"({rows})"),
+                                 "the pre-normalised " + " and ".join(n for n, on in (("queries (ws_q)", qn), ("keys (ws_k)", kn)) if on)
+                                 + ", rounded as the forward rounds them"))
+    kernels += [
         BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, False),
                   f"(p.Lk + {t - 1}) / {t}, {v.kv_heads}, p.B",
                   "dK, dV per key tile over the visible query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")),
     ]
     if deterministic:
         kernels.append(BwdKernel(f"{base}_dq", "ag_bwd_dq", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True),
-                                 f"(p.Lq + {t - 1}) / {t}, {v.heads}, p.B", "dQ per query tile over the visible key tiles, no atomics"))
-    else:
-        n = f"(long long)p.B * {v.heads} * p.Lq * {v.head_dim}"
-        kernels.append(BwdKernel(f"{base}_dq_convert", "ag_bwd_dq_convert", PRE_THREADS, 0,
-                                 f"(unsigned)({n} / {PRE_THREADS} + 1 < {PRE_MAX_BLOCKS} ? {n} / {PRE_THREADS} + 1 : {PRE_MAX_BLOCKS})",
-                                 "dq = the fp32 accumulator in dq's element type"))
-    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels))
+                                 f"(p.Lq + {t - 1}) / {t}, {v.heads}, p.B", "dQ' per query tile over the visible key tiles, no atomics"))
+    finish_rows = q_rows + (f" + {k_rows}" if kn else "")
+    kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 0, rows_grid(f"({finish_rows})"),
+                             "dq from dQ'" + (" through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
+                             + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"))
+    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, kn)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
@@ -195,4 +237,5 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 
 __all__ = [
     "describe",
-    "learnable","BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "learnable",
+    "norm_params","BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

@@ -10,7 +10,7 @@ variant, arch and options → same bytes.
 from __future__ import annotations
 
 from attngen import __version__, derivative
-from attngen.ir import SizeSym, Variant
+from attngen.ir import NormKind, NormTarget, SizeSym, Variant
 from attngen.lower_cuda import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan_bwd import PRE_THREADS, BwdPlan, plan
 from attngen.render_cuda import _environment, _expr_text, _spec_text, _tensor_ctx
@@ -38,6 +38,19 @@ def _header(v: Variant, bp: BwdPlan) -> str:
         f"Host: cudaError_t {bp.launcher}(const Params* p, cudaStream_t stream) (nvcc builds only).",
     ]
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
+
+
+def _norm_ctx(v: Variant) -> dict:
+    """Flags and constants of the q/k pre-norms (head scope; the plan refuses the others)."""
+    ctx: dict = {}
+    for t in (NormTarget.Q, NormTarget.K):
+        n = v.norm(t)
+        key = t.value
+        ctx[f"{key}_norm"] = n is not None
+        ctx[f"{key}_norm_layernorm"] = n is not None and n.kind == NormKind.LAYERNORM
+        ctx[f"{key}_norm_affine"] = n is not None and n.affine
+        ctx[f"{key}_norm_eps"] = float_literal(n.eps) if n is not None else "0.0f"
+    return ctx
 
 
 def _param_grads(v: Variant, elem: ElementEmitter) -> list[dict]:
@@ -86,6 +99,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         dscore_code=elem.emit(ds),
         param_grads=_param_grads(v, elem),
         residual=v.residual,
+        **_norm_ctx(v),
         deterministic=deterministic,
         kernels=[dict(name=k.name, func=k.func, threads=k.threads, smem=k.smem, grid_code=k.grid_code, doc=k.doc) for k in bp.kernels],
         launcher=bp.launcher,

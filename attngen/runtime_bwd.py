@@ -24,7 +24,7 @@ from typing import Any
 from attngen import abi
 from attngen.compile_cuda import compile_source
 from attngen.ir import DType, Layout, Variant
-from attngen.plan_bwd import BwdPlan, learnable, unsupported
+from attngen.plan_bwd import BwdPlan, learnable, norm_params, unsupported
 from attngen.render_bwd import render_with_plan
 from attngen.schedule import Arch
 
@@ -113,7 +113,7 @@ def backward(
     arch = kernel.plan.arch
     bk = compile_backward(var, arch, deterministic=deterministic)  # refuses unsupported constructs first
     wrt = tuple(wrt)
-    allowed = learnable(var)
+    allowed = learnable(var) + norm_params(var)
     for name in wrt:
         if name not in allowed:
             raise ValueError(f"wrt: expected names of score inputs with a gradient ({', '.join(allowed) or 'none in this variant'}), got {name!r}")
@@ -165,11 +165,17 @@ def backward(
         stream = runtime._external_stream(int(getattr(stream, "cuda_stream", stream)))
     grads = [runtime._empty(a.shape, var.dtype, aq.is_torch, aq.obj, stream) for a in (aq, ak, av)]
     agq, agk, agv = (runtime._view(g, n) for g, n in zip(grads, ("dq", "dk", "dv")))
-    with stream:
+    bp = bk.plan
+    elem = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[var.dtype]
+    with stream:  # workspaces in the launch stream's order (they grow with B*L, never Lq*Lk)
         delta = cupy.empty(B * var.heads * Lq, dtype=cupy.float32)
-        ws_dq = None if deterministic else cupy.empty(B * var.heads * Lq * var.head_dim, dtype=cupy.float32)
+        ws_dq = cupy.empty(B * var.heads * Lq * var.head_dim, dtype=cupy.float32)
+        ws = {"ws_q": cupy.empty(B * var.heads * Lq * var.head_dim, dtype=elem) if bp.q_norm else None,
+              "ws_k": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=elem) if bp.k_norm else None,
+              "ws_dk": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=cupy.float32) if bp.k_norm else None}
     args: list[Any] = [np.uint64(a.ptr) for a in (aq, ak, av, ao, ado, al, agq, agk, agv)]
-    args += [np.uint64(delta.data.ptr), np.uint64(0 if ws_dq is None else ws_dq.data.ptr)]
+    args += [np.uint64(delta.data.ptr), np.uint64(ws_dq.data.ptr)]
+    args += [np.uint64(ws[f.name].data.ptr) for f in bp.fields if f.name in ws]
     args += [np.int32(B), np.int32(Lq), np.int32(Lk)]
     for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ao, "o"), (ado, "dO"), (agq, "dq"), (agk, "dk"), (agv, "dv")):
         args += [np.int64(s) for s in strides3(a, n)]
@@ -182,6 +188,8 @@ def backward(
     param_grads: dict[str, Any] = {}
     for name in allowed:
         if name in wrt:
+            if name not in given:
+                raise ValueError(f"wrt: {name!r} is not an input of this call (affine-free norms have no weights)")
             shape = given[name].shape
             if aq.is_torch:
                 import torch
@@ -194,7 +202,6 @@ def backward(
             args.append(np.uint64(runtime._view(param_grads[name], name).ptr))
         else:
             args.append(np.uint64(0))
-    bp = bk.plan
     for kern in bp.kernels:
         grid = bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim)
         bk.functions[kern.func](grid, (kern.threads,), tuple(args), shared_mem=kern.smem, stream=stream)

@@ -60,6 +60,7 @@ inline float __shfl_xor_sync(unsigned, float x, int o) {
   return ag_warp_buf[w][l ^ o];
 }
 inline float __fdividef(float a, float b) { return a / b; }  // (declared for ag_tanh_fast, unused here)
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float atomicAdd(float* a, float v) { return std::atomic_ref<float>(*a).fetch_add(v); }
 template <class A, class B> inline std::common_type_t<A, B> min(A a, B b) { return a < b ? a : b; }
 template <class A, class B> inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
@@ -140,7 +141,11 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
         "q": arrays["q"], "k": arrays["k"], "v": arrays["v"], "o": o, "dO": dO.astype(et), "lse": lse.astype(np.float32),
         "dq": outs["dq"], "dk": outs["dk"], "dv": outs["dv"],
         "ws_delta": np.zeros(B * v.heads * Lq, np.float32),
-        "ws_dq": None if bp.deterministic else np.full(B * v.heads * Lq * v.head_dim, np.nan, np.float32),
+        # NaN poison: every element the kernels read must have been written first.
+        "ws_dq": np.full(B * v.heads * Lq * v.head_dim, np.nan, np.float32),
+        "ws_q": np.zeros(B * v.heads * Lq * v.head_dim, et) + np.array(np.nan, et),
+        "ws_k": np.zeros(B * v.kv_heads * Lk * v.head_dim, et) + np.array(np.nan, et),
+        "ws_dk": np.full(B * v.kv_heads * Lk * v.head_dim, np.nan, np.float32),
     }
     for n in wrt:
         outs[n] = bufs[f"grad_{n}"] = np.zeros(arrays[n].shape, np.float32)
@@ -182,7 +187,8 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
     H, Hkv, D = v.heads, v.kv_heads, v.head_dim
     grids = {
         "ag_bwd_pre": (2, 1, 1),  # grid-stride kernels: any grid is correct; a small one tests the stride
-        "ag_bwd_dq_convert": (3, 1, 1),
+        "ag_bwd_prep": (3, 1, 1),
+        "ag_bwd_finish": (3, 1, 1),
         "ag_bwd_dkdv": bp.grid("ag_bwd_dkdv", B, Lq, Lk, H, Hkv, D),
         "ag_bwd_dq": bp.grid("ag_bwd_dq", B, Lq, Lk, H, Hkv, D),
     }

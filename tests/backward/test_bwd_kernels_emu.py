@@ -17,7 +17,7 @@ import _host_emu  # noqa: E402
 import _irb as T  # noqa: E402
 
 from attngen import reference, render_bwd, workload  # noqa: E402
-from attngen.ir import AttnKind, DType, Layout, SizeSym  # noqa: E402
+from attngen.ir import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym  # noqa: E402
 from attngen.schedule import Arch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(_host_emu.available() is not None, reason=f"no host emulation: {_host_emu.available()}")
@@ -116,3 +116,28 @@ def test_score_input_gradients(deterministic):
         assert err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
     # The upper triangle of the bias is masked: its gradient is exactly zero.
     assert not np.any(got["bb"][:, np.triu_indices(L, 1)[0], np.triu_indices(L, 1)[1]])
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("qkind,kkind", [(NormKind.RMSNORM, NormKind.RMSNORM), (NormKind.LAYERNORM, NormKind.LAYERNORM)])
+def test_head_scope_qk_norms_with_weight_gradients(qkind, kkind, deterministic):
+    v = T.variant(T.causal(), (T.softcap(8.0),), D=16, heads=4, kv_heads=2, dtype=DType.BF16, residual=True,
+                  norms=(Norm(NormTarget.Q, qkind, NormScope.HEAD, 1e-5), Norm(NormTarget.K, kkind, NormScope.HEAD, 1e-6)))
+    rng = np.random.default_rng(12)
+    arrays = workload.make_inputs(v, 2, 75, 75, rng)
+    from attngen import plan_bwd
+
+    wrt = plan_bwd.norm_params(v)
+    assert len(wrt) == (4 if qkind == NormKind.LAYERNORM else 2)
+    for n in wrt:
+        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    dO = rng.normal(size=o.shape).astype(o.dtype)
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
+    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        scale = float(np.abs(want[n]).max())
+        err = float(np.abs(got[n] - want[n]).max())
+        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"

@@ -31,6 +31,9 @@ SPECS = {
     "bf16_gqa4_local_softcap": "dtype bf16; head_dim 128; heads 8 kv 2; mask causal && window(100, 0); score softcap(30.0)",
     "fp32_block_sparse": "dtype fp32; head_dim 128; heads 2; input blk: u8[B, H, QB, KB]; mask block_sparse(blk, 64, 64)",
     "fp16_padding_softcap_gqa": "dtype fp16; head_dim 128; heads 4 kv 2; mask padding && causal; score softcap(20.0)",
+    "bf16_qk_rmsnorm_gqa": "dtype bf16; head_dim 128; heads 8 kv 2; mask causal; norm q rmsnorm(1e-6) scope head; norm k rmsnorm(1e-6) scope head",
+    "fp16_qk_layernorm_residual": ("dtype fp16; head_dim 64; heads 2; layout bshd; residual; mask window(30, 0); "
+                                   "norm q layernorm(1e-5); norm k layernorm(1e-5) affine false"),
     "fp16_learnable": ("dtype fp16; head_dim 64; heads 4 kv 2; input bb: fp32[H, Lq, Lk]; input sl: fp32[H]; "
                        "input rel: fp32[H, 17]; mask causal; score bias(bb); score alibi(sl); score rel_bias(rel, 8); "
                        "score softcap(10.0)"),
@@ -141,7 +144,7 @@ def test_backward_refuses_bad_arguments_before_launch():
         backward(kern, q, k, vv, fuzz.to_device(np.zeros((1, 4, 16, 64), np.float16)))
     with pytest.raises(ValueError, match="o, lse"):
         backward(kern, q, k, vv, fuzz.to_device(np.zeros((1, 4, 16, 64), np.float32)), o=q)
-    normed = runtime.compile(variant_of("attention b_normed { dtype fp16; head_dim 64; heads 2; norm q rmsnorm(1e-6) }"))
+    normed = runtime.compile(variant_of("attention b_normed { dtype fp16; head_dim 64; heads 2; norm o rmsnorm(1e-6) }"))
     with pytest.raises(ValueError, match="not supported by the backward kernels yet"):
         backward(normed, q, k, vv, q)
 
@@ -170,3 +173,31 @@ def test_score_input_gradients(deterministic):
         assert err <= TOL[v.dtype] * scale, f"{n}: max error {err:.4g} > {TOL[v.dtype]} x {scale:.4g}"
     with pytest.raises(ValueError, match="wrt: expected names of score inputs"):
         backward(kernel_for(v), fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO), wrt=("q",), **dev)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_norm_weight_gradients(deterministic):
+    """dgamma/dbeta of a head-scope layernorm q pre-norm (with a residual and an affine-free k norm)."""
+    from attngen import plan_bwd
+
+    v = _variant("fp16_qk_layernorm_residual")
+    arrays = fuzz.case_inputs(v, fuzz.Case(B=2, Lq=100, Lk=100, seed=8))
+    rng = np.random.default_rng(9)
+    wrt = plan_bwd.norm_params(v)
+    assert wrt == ("q_norm_weight", "q_norm_bias")
+    for n in wrt:
+        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
+    q, k, vv, rest = fuzz.split_inputs(arrays)
+    dO = rng.normal(size=abi.o_shape(v, 2, 100)).astype(reference.dtype_of(v.dtype))
+    want = reference.attention_backward(v, q, k, vv, rest, dO.astype(np.float64), wrt=wrt)
+    dev = {n: fuzz.to_device(a) for n, a in rest.items()}
+    dq, dk, dv, g = backward(kernel_for(v), fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO),
+                             deterministic=deterministic, wrt=wrt, **dev)
+    fuzz.synchronize()
+    got = {"dq": fuzz.to_host(dq, v.dtype), "dk": fuzz.to_host(dk, v.dtype), "dv": fuzz.to_host(dv, v.dtype)}
+    got.update({n: fuzz.to_host(g[n]) for n in wrt})
+    for n, x in got.items():
+        scale = float(np.abs(want[n]).max())
+        err = float(np.abs(x.astype(np.float64) - want[n]).max())
+        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.4g} > {TOL[v.dtype]} x {scale:.4g}"
