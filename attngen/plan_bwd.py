@@ -135,6 +135,13 @@ def _fields(v: Variant) -> tuple[Field, ...]:
         Field("int", "B", "batch"),
         Field("int", "Lq", "query length"),
         Field("int", "Lk", "key length"),
+        # As in the forward's ABI (position offsets): masks and scores read positions q + q_offset,
+        # kv + kv_offset and lengths Lq_total, Lk_total. The backward runs whole sequences for now:
+        # 0, 0, Lq, Lk.
+        Field("int", "q_offset", "global position of query row 0 (0: the backward runs whole sequences)"),
+        Field("int", "kv_offset", "global position of key row 0 (0)"),
+        Field("int", "Lq_total", "global query length the mask sees (Lq)"),
+        Field("int", "Lk_total", "global key length the mask sees (Lk)"),
     ]
     for t in ("q", "k", "v", "o", "dO", "dq", "dk", "dv"):
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):

@@ -176,7 +176,7 @@ def backward(
     args: list[Any] = [np.uint64(a.ptr) for a in (aq, ak, av, ao, ado, al, agq, agk, agv)]
     args += [np.uint64(delta.data.ptr), np.uint64(ws_dq.data.ptr)]
     args += [np.uint64(ws[f.name].data.ptr) for f in bp.fields if f.name in ws]
-    args += [np.int32(B), np.int32(Lq), np.int32(Lk)]
+    args += [np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(0), np.int32(0), np.int32(Lq), np.int32(Lk)]  # whole sequences
     for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ao, "o"), (ado, "dO"), (agq, "dq"), (agk, "dk"), (agv, "dv")):
         args += [np.int64(s) for s in strides3(a, n)]
     for d in var.runtime_inputs():

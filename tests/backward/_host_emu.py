@@ -171,8 +171,8 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
                 a = a.astype(dtype_of(decl.dtype))
             raw = a.tobytes()
             blob += np.int64(len(raw)).tobytes() + raw
-        elif n in ("B", "Lq", "Lk"):
-            blob += np.int32({"B": B, "Lq": Lq, "Lk": Lk}[n]).tobytes()
+        elif n in ("B", "Lq", "Lk", "q_offset", "kv_offset", "Lq_total", "Lk_total"):
+            blob += np.int32({"B": B, "Lq": Lq, "Lk": Lk, "q_offset": 0, "kv_offset": 0, "Lq_total": Lq, "Lk_total": Lk}[n]).tobytes()
         elif n.startswith("in_"):
             base, kind, i = n[3:].rsplit("_", 1)[0], n.rsplit("_", 1)[1][0], int(n.rsplit("_", 1)[1][1:])
             a = np.ascontiguousarray(arrays[base])
