@@ -177,6 +177,32 @@ def resource_table(res, kp) -> str:
     return "\n".join(out) + "\n"
 
 
+def _render_backward(v, arch, text: str, path: str, deterministic: bool, emit: str):
+    """`--pass backward`: the backward kernels' source and plan; a construct they do not support
+    yet is a located spec error (never silently wrong code)."""
+    from attngen import plan_bwd, render_bwd
+    from attngen.diagnostics import SpecError
+
+    if emit == "header":
+        raise _Usage("--emit header is for the forward pass; the backward's Params are in the .cu's header comment")
+    bad = plan_bwd.unsupported(v)
+    if bad:
+        raise SpecError(bad, text, path)
+    return render_bwd.render_with_plan(v, arch, deterministic=deterministic)
+
+
+def _bwd_resource_table(res, bp) -> str:
+    """ptxas's figures for the backward kernels, with each kernel's dynamic shared memory."""
+    by_name = {k.name: k for k in bp.kernels}
+    head = ("kernel", "arch", "regs", "spill st", "spill ld", "stack", "dyn smem", "threads")
+    rows = [(r.kernel, bp.arch.value, str(r.registers), str(r.spill_stores), str(r.spill_loads), str(r.stack_bytes),
+             str(by_name[r.kernel].smem if r.kernel in by_name else 0), str(by_name[r.kernel].threads if r.kernel in by_name else 0))
+            for r in res]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
+    return "\n".join([fmt(head)] + [fmt(r) for r in rows]) + f"\nbackward tile {bp.block_m}x{bp.block_n}\n"
+
+
 # --------------------------------------------------------------------------------------------
 # the command
 
@@ -264,9 +290,20 @@ def _run(args: argparse.Namespace) -> int:
 
     from attngen import compile_cuda, render_cuda
 
+    backward = getattr(args, "pass_", "forward") == "backward"
+    if getattr(args, "deterministic", False) and not backward:
+        raise _Usage("--deterministic is an option of the backward pass: add --pass backward")
+    if backward and getattr(args, "prefix", None):
+        raise _Usage("--prefix is not available with --pass backward yet (the backward kernels keep the attngen_ prefix)")
     t0 = time.perf_counter()
     try:
-        source, kp = render_cuda.render_with_plan(v, arch, prefix=prefix)
+        if backward:
+            source, kp = _render_backward(v, arch, text, args.file, bool(getattr(args, "deterministic", False)), emit)
+        else:
+            source, kp = render_cuda.render_with_plan(v, arch, prefix=prefix)
+    except SpecError as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_SPEC
     except ValueError as e:  # resolve_tile: the tile does not fit this arch
         print(f"{args.file}: error: {e}", file=sys.stderr)
         return EXIT_SPEC
@@ -297,10 +334,12 @@ def _run(args: argparse.Namespace) -> int:
 
     to_stdout = out_path in (None, "-")
     if res is not None:
-        print(resource_table(res, kp), end="", file=sys.stderr if to_stdout else sys.stdout)
+        table = _bwd_resource_table(res, kp) if backward else resource_table(res, kp)
+        print(table, end="", file=sys.stderr if to_stdout else sys.stdout)
     if verbose:
         where = "stdout" if to_stdout else out_path
-        print(f"attngen: {v.name} ({kp.kernel_name}) for {arch.value}: {emit}, {len(data)} bytes to {where}", file=sys.stderr)
+        kname = kp.base_name if backward else kp.kernel_name
+        print(f"attngen: {v.name} ({kname}) for {arch.value}: {emit}, {len(data)} bytes to {where}", file=sys.stderr)
         for stage, dt in timings:
             print(f"attngen:   {stage:<16} {dt * 1000:9.1f} ms", file=sys.stderr)
         print(f"attngen:   {'total':<16} {(time.perf_counter() - t_start) * 1000:9.1f} ms", file=sys.stderr)

@@ -470,4 +470,9 @@ def explain(
     out.append("")
     out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")
     out += dens_lines
+
+    from attngen.plan_bwd import describe as describe_backward
+
+    out.append("")
+    out += describe_backward(v, arch)
     return "\n".join(out)

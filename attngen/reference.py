@@ -537,7 +537,16 @@ def _queries(v: Variant, q4: np.ndarray, tensors, b: int, heads: np.ndarray, q0:
     return y[heads]
 
 
+def attention_backward(v: Variant, q, k, v_, inputs, dO, *, wrt=()) -> dict[str, np.ndarray]:
+    """Gradients of sum(dO * O) (dq, dk, dv and the inputs named in `wrt`): see
+    `attngen.reference_bwd`, where the backward oracle lives."""
+    from attngen.reference_bwd import attention_backward as backward
+
+    return backward(v, q, k, v_, inputs, dO, wrt=wrt)
+
+
 __all__ = [
+    "attention_backward",
     "score_error",
     "Env",
     "attention",

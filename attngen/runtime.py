@@ -358,6 +358,13 @@ class Kernel:
                 self._read_status(sp)
         return (out, lse) if b.lse_shape is not None else out
 
+    def backward(self, q: Any, k: Any, v: Any, dO: Any, **kwargs: Any) -> Any:
+        """Gradients of sum(dO * O) (dq, dk, dv, and the inputs named in `wrt=`), with the same
+        argument checks as a call; see `attngen.runtime_bwd.backward`."""
+        from attngen.runtime_bwd import backward
+
+        return backward(self, q, k, v, dO, **kwargs)
+
     @functools.cached_property
     def _input_names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.plan.problem.runtime_inputs)

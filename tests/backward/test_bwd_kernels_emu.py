@@ -1,0 +1,143 @@
+"""The generated backward kernels, run on the CPU under an emulation of the CUDA execution model
+(tests/backward/_host_emu.py), against the float64 reference backward: masks with skipped tiles,
+score derivatives, GQA sums, fully masked rows, residual, the deterministic dQ kernel, every dtype,
+odd lengths and Lq != Lk, several tiles per axis."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
+import _host_emu  # noqa: E402
+import _irb as T  # noqa: E402
+
+from attngen import reference, render_bwd, workload  # noqa: E402
+from attngen.ir import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym  # noqa: E402
+from attngen.schedule import Arch  # noqa: E402
+
+pytestmark = pytest.mark.skipif(_host_emu.available() is not None, reason=f"no host emulation: {_host_emu.available()}")
+
+TOL = {DType.FP32: 2e-4, DType.FP16: 8e-3, DType.BF16: 3e-2}
+
+
+def _run(v, B, Lq, Lk, seed=0, deterministic=False, edit=None):
+    rng = np.random.default_rng(seed)
+    arrays = workload.make_inputs(v, B, Lq, Lk, rng)
+    if edit:
+        edit(arrays)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    dO = rng.normal(size=o.shape).astype(o.dtype)
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64))
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
+    got = _host_emu.run(src, bp, v, arrays, lse, dO, o)
+    for n in ("dq", "dk", "dv"):
+        scale = max(1e-6, float(np.abs(want[n]).max()))
+        err = float(np.abs(got[n] - want[n]).max())
+        assert err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+        assert np.all(np.isfinite(got[n]))
+    return got, want, bp
+
+
+def test_fp32_causal_softcap_gqa_cross_odd_lengths():
+    v = T.variant(T.causal(), (T.softcap(4.0),), D=16, heads=4, kv_heads=2, kind=AttnKind.CROSS, scale=0.4)
+    got, want, bp = _run(v, 2, 37, 150)
+    assert bp.block_n < 150  # several key tiles, some skipped by the causal classification
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_bf16_alibi_window_bshd(deterministic):
+    v = T.variant(T.window(40, 3), (T.alibi(heads=4),), D=16, heads=4, kv_heads=1, dtype=DType.BF16, layout=Layout.BSHD)
+    _run(v, 1, 141, 141, seed=1, deterministic=deterministic)
+
+
+def test_fp16_rel_bias_padding_fully_masked_rows():
+    v = T.variant(T.padding(), (T.rel_bias("rt", 8),), D=16, heads=2, dtype=DType.FP16,
+                  inputs=(T.decl("rt", DType.FP32, SizeSym.H, 17),))
+
+    def edit(a):
+        a["q_lens"] = np.array([0, 70], dtype=np.int32)  # batch 0: every query row fully masked
+        a["kv_lens"] = np.array([100, 33], dtype=np.int32)
+
+    got, want, _ = _run(v, 2, 100, 100, seed=2, edit=edit)
+    assert not np.any(got["dq"][0]) and not np.any(got["dk"][0]) and not np.any(got["dv"][0])
+    assert np.any(got["dq"][1])
+
+
+def test_fp32_document_bias_tanh_expression_deterministic():
+    v = T.variant(T.document("doc"), (T.bias("bb", 3), T.mul(T.call("tanh", T.s), T.cf(3.0))), D=16, heads=2, kv_heads=2,
+                  inputs=(T.decl("doc", DType.I32, SizeSym.B, SizeSym.LK, sorted=True),
+                          T.decl("bb", DType.FP32, SizeSym.H, SizeSym.LQ, SizeSym.LK)))
+    _run(v, 1, 90, 90, seed=3, deterministic=True)
+
+
+def test_fp16_residual_block_sparse():
+    v = T.variant(T.block_sparse("blk", 2, 32, 32), (), D=16, heads=2, dtype=DType.FP16, residual=True,
+                  inputs=(T.decl("blk", DType.U8, "QB", "KB"),))
+    _run(v, 1, 96, 96, seed=4)
+
+
+def test_deterministic_matches_atomic_mode():
+    v = T.variant(T.causal(), (T.softcap(5.0),), D=16, heads=2, kv_heads=1)
+    a, _, _ = _run(v, 1, 130, 130, seed=5, deterministic=True)
+    b, _, _ = _run(v, 1, 130, 130, seed=5, deterministic=False)
+    np.testing.assert_array_equal(a["dk"], b["dk"])  # same dK/dV kernel
+    np.testing.assert_allclose(a["dq"], b["dq"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_score_input_gradients(deterministic):
+    # bias at rank 3 (summed over the batch), alibi slopes (summed over q, kv) and a rel_bias table
+    # (clipped distances collect sums), under a causal mask with GQA, against the reference's.
+    v = T.variant(T.causal(), (T.bias("bb", 3), T.alibi(slopes="sl"), T.rel_bias("rt", 5), T.softcap(6.0)),
+                  D=16, heads=4, kv_heads=2, dtype=DType.FP16,
+                  inputs=(T.decl("bb", DType.FP32, SizeSym.H, SizeSym.LQ, SizeSym.LK), T.decl("sl", DType.FP32, SizeSym.H),
+                          T.decl("rt", DType.FP32, SizeSym.H, 11)))
+    rng = np.random.default_rng(9)
+    B, L = 2, 70
+    arrays = workload.make_inputs(v, B, L, L, rng)
+    arrays["sl"] = rng.uniform(0.01, 0.1, size=4).astype(np.float32)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    dO = rng.normal(size=o.shape).astype(o.dtype)
+    wrt = ("bb", "sl", "rt")
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
+    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        scale = float(np.abs(want[n]).max())
+        assert scale > 0
+        err = float(np.abs(got[n] - want[n]).max())
+        assert err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+    # The upper triangle of the bias is masked: its gradient is exactly zero.
+    assert not np.any(got["bb"][:, np.triu_indices(L, 1)[0], np.triu_indices(L, 1)[1]])
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("qkind,kkind", [(NormKind.RMSNORM, NormKind.RMSNORM), (NormKind.LAYERNORM, NormKind.LAYERNORM)])
+def test_head_scope_qk_norms_with_weight_gradients(qkind, kkind, deterministic):
+    v = T.variant(T.causal(), (T.softcap(8.0),), D=16, heads=4, kv_heads=2, dtype=DType.BF16, residual=True,
+                  norms=(Norm(NormTarget.Q, qkind, NormScope.HEAD, 1e-5), Norm(NormTarget.K, kkind, NormScope.HEAD, 1e-6)))
+    rng = np.random.default_rng(12)
+    arrays = workload.make_inputs(v, 2, 75, 75, rng)
+    from attngen import plan_bwd
+
+    wrt = plan_bwd.norm_params(v)
+    assert len(wrt) == (4 if qkind == NormKind.LAYERNORM else 2)
+    for n in wrt:
+        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    dO = rng.normal(size=o.shape).astype(o.dtype)
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
+    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        scale = float(np.abs(want[n]).max())
+        err = float(np.abs(got[n] - want[n]).max())
+        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
