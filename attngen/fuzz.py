@@ -966,8 +966,9 @@ def check_round_trip(prog: Any) -> str | None:
 
 
 def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int, out_dir: str,
-               quiet: bool = False) -> list[Outcome]:
-    """Generated valid specs (load, round trip, verify) and mutated specs (SpecError or success)."""
+               quiet: bool = False, nvcc: Any = None) -> list[Outcome]:
+    """Generated valid specs (load, round trip, verify) and mutated specs (SpecError or success);
+    with `nvcc` (an `nvcc_check.NvccChecker`) every accepted spec must also compile."""
     from hypothesis import strategies as st
 
     outcomes: list[Outcome] = []
@@ -995,6 +996,8 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
         rt = check_round_trip(prog)
         if rt:
             raise AssertionError(f"{rt}\n--- original ---\n{text}")
+        if nvcc is not None:
+            nvcc.submit(text, prog.variants)
         v = prog.variants[0]
         case = data.draw(case_strategy(v, max_len=600 if gpu else 96, max_work=(1 << 20) if gpu else (1 << 14)))
         arrays = case_inputs(v, case)
@@ -1058,6 +1061,8 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
             rt = check_round_trip(prog)
             if rt:
                 raise AssertionError(f"{rt}\n--- original ---\n{text}")
+            if nvcc is not None:
+                nvcc.submit(text, prog.variants)
 
     n_mut = max_examples * 5 if not gpu else max_examples * 2
     progress = Progress(n_mut, "mutated specs", quiet)
@@ -1077,7 +1082,29 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
         (d / "FAILURE.txt").write_text(mut.failure + "\n", encoding="utf-8")
         mut.reproducer = d
     outcomes.append(mut)
+    if nvcc is not None:
+        outcomes.append(_nvcc_outcome(nvcc, out_dir, quiet))
     return outcomes
+
+
+def _nvcc_outcome(nvcc: Any, out_dir: str, quiet: bool) -> Outcome:
+    """Wait for the background compiles of the accepted specs; each failure gets a reproducer."""
+    if not quiet and nvcc.pending:
+        print(f"attngen fuzz: waiting for {nvcc.pending} nvcc compiles", file=sys.stderr, flush=True)
+    nvcc.wait()
+    out = Outcome("nvcc compiles", examples=nvcc.specs)
+    out.notes.append(nvcc.summary())
+    for f in nvcc.failures:
+        d = Path(out_dir) / f"nvcc-{hashlib.sha1(f.spec_text.encode()).hexdigest()[:10]}-{f.arch.value}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "spec.attn").write_text(f.spec_text, encoding="utf-8")
+        (d / "FAILURE.txt").write_text(f"variant {f.variant}, {f.arch.value}:\n{f.message}\n", encoding="utf-8")
+        out.reproducer = out.reproducer or d
+    if nvcc.failures:
+        first = nvcc.failures[0]
+        out.failure = (f"{len(nvcc.failures)} accepted spec(s) do not compile; first: variant {first.variant} "
+                       f"on {first.arch.value}:\n{first.message}\n--- spec ---\n{first.spec_text}")
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -1094,6 +1121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--out", default=None, help="where failing cases are written (default fuzz-failures/)")
+    p.add_argument("--nvcc", dest="nvcc", action="store_true", default=None,
+                   help="--specs: compile every accepted spec with nvcc (sm_90a and sm_80); the default when nvcc is on the PATH")
+    p.add_argument("--no-nvcc", dest="nvcc", action="store_false", help="--specs: skip the nvcc step")
+    p.add_argument("--jobs", type=int, default=None, help="parallel nvcc compiles (default: the CPU count)")
     return p
 
 
@@ -1112,7 +1143,15 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             print("attngen fuzz: error: give either FILE or --specs, not both", file=sys.stderr)
             return EXIT_USAGE
         n = args.max_examples or (200 if gpu else 300)
-        outcomes = fuzz_specs(gpu=gpu, max_examples=n, seconds=args.seconds, seed=seed, out_dir=out_dir)
+        from attngen import nvcc_check
+
+        use_nvcc = nvcc_check.available() if args.nvcc is None else args.nvcc
+        if use_nvcc and not nvcc_check.available():
+            print("attngen fuzz: error: --nvcc needs nvcc on the PATH", file=sys.stderr)
+            return EXIT_USAGE
+        checker = nvcc_check.NvccChecker(jobs=args.jobs or nvcc_check.default_jobs()) if use_nvcc else None
+        outcomes = fuzz_specs(gpu=gpu, max_examples=n, seconds=args.seconds, seed=seed, out_dir=out_dir,
+                              nvcc=checker)
     else:
         if not args.file:
             print("attngen fuzz: error: expected FILE (or --specs)", file=sys.stderr)

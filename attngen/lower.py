@@ -57,8 +57,10 @@ from attngen.ir import (
     norm_bias_name,
     norm_weight_name,
     FP32_MAX,
+    FP32_MIN_NORMAL,
     fp32_literal,
 )
+from attngen import limits, names
 from attngen.schedule import DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, Arch, auto_tile, validate_tile
 
 INT32_MAX = 2**31 - 1
@@ -81,6 +83,11 @@ RESERVED_TENSOR_NAMES = frozenset(
     | {norm_weight_name(t) for t in NormTarget}
     | {norm_bias_name(t) for t in NormTarget}
 )
+
+# Kernels hold float literals as fp32 constants and flush subnormals (fast math), so a value that
+# must be positive is checked after that rounding, not as the fp64 number written.
+_FP32_POSITIVE_HELP = (f"kernels hold it as an fp32 constant, and values below {FP32_MIN_NORMAL:.8g} (fp32's "
+                       "smallest normal number) are flushed to 0")
 
 _UNARY_OPS = {op.value: op for op in UnOp}
 _BINARY_OPS = {op.value: op for op in BinOp}
@@ -277,6 +284,9 @@ class _Lowerer:
         value = -float(v) if n.negative else float(v)
         if not value > 0.0:
             self.error(f"{what} must be positive, got {'-' if n.negative else ''}{n.text}", n.span)
+            return None
+        if not fp32_literal(value) > 0.0:
+            self.error(f"{what} `{n.text}` is 0 in fp32", n.span, _FP32_POSITIVE_HELP)
             return None
         return value
 
@@ -562,6 +572,9 @@ class _Lowerer:
         if not v > 0:
             self.error(f"`{owner.value}(c)` needs c > 0, got `{a.text}`", a.span)
             return None
+        if not fp32_literal(float(v)) > 0.0:
+            self.error(f"`{owner.value}(c)` needs c > 0, but `{a.text}` is 0 in fp32", a.span, _FP32_POSITIVE_HELP)
+            return None
         return Const(v, ScalarType.INT if isinstance(v, int) else ScalarType.FLOAT, a.span)
 
     def int_expr(self, a: A.AExpr, sc: _Scope, owner: BuiltinName) -> Expr | None:
@@ -636,7 +649,12 @@ _REPEATABLE = frozenset({A.StmtKind.INPUT, A.StmtKind.SCORE, A.StmtKind.NORM})
 
 def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     n_before = len(lw.diags)
-    lw.ident(v.name, "variant name")
+    if lw.ident(v.name, "variant name"):
+        suffix = names.reserved_variant_suffix(v.name.text)
+        if suffix is not None:
+            lw.error(f"variant name `{v.name.text}` ends in the reserved suffix `{suffix}`", v.name.span,
+                     "generated C++ names append " + ", ".join(f"`{s}`" for s in names.VARIANT_SUFFIXES)
+                     + " to a variant's kernel name; pick a name that does not end in one")
 
     # Pass 1: everything expressions depend on (sizes, kind, inputs), so order in the file is free.
     seen: dict[A.StmtKind, A.Stmt] = {}
@@ -673,7 +691,11 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     if isinstance(hs, A.PairStmt):
         heads = lw.int_of(hs.first, "heads")
         kv_heads = lw.int_of(hs.second, "kv heads") if hs.second is not None else heads
-        if heads is not None and kv_heads is not None and heads % kv_heads:
+        if heads is not None and heads > limits.MAX_HEADS:
+            lw.error(f"{heads} heads are more than a kernel launch can hold", hs.first.span,
+                     f"heads are a dimension of the launch grid: at most {limits.MAX_HEADS}")
+            heads = None
+        elif heads is not None and kv_heads is not None and heads % kv_heads:
             lw.error(
                 f"{heads} query heads do not divide into {kv_heads} key/value heads",
                 hs.span,
@@ -747,7 +769,7 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         return None
     assert isinstance(dtype, DType) and head_dim is not None and value_dim is not None
     assert heads is not None and kv_heads is not None
-    return Variant(
+    lowered = Variant(
         name=v.name.text,
         dtype=dtype,
         head_dim=head_dim,
@@ -767,6 +789,10 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         tile=tile,
         span=v.span,
     )
+    problems = limits.check(lowered, lw.arch)
+    for p in problems:
+        lw.error(p.message, p.span, p.help)
+    return None if problems else lowered
 
 
 def _head_dim(lw: _Lowerer, n: A.Num, what: str) -> int | None:
@@ -783,6 +809,12 @@ def _input(lw: _Lowerer, st: A.InputStmt, tensors: Mapping[str, TensorDecl]) -> 
     name = st.name.text
     if ok and name in RESERVED_TENSOR_NAMES:
         lw.error(f"`{name}` is a reserved name and cannot name an input", st.name.span, "pick another name, e.g. `" + name + "_t`")
+        ok = False
+    suffix = names.reserved_input_suffix(name) if ok else None
+    if suffix is not None:
+        lw.error(f"input name `{name}` ends in the reserved suffix `{suffix}`", st.name.span,
+                 "generated C++ names append `_n<i>` and `_s<i>` (sizes and strides) to input names, so "
+                 "an input name may not end in `_n` or `_s` and digits")
         ok = False
     if ok and name in tensors:
         lw.error(f"input `{name}` declared twice", st.name.span, f"first declared at {_first_at(tensors[name].span, st.span)}")

@@ -16,7 +16,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, Unex
 from lark.lexer import PatternStr
 
 from attngen import ast as A
-from attngen.diagnostics import Diagnostic, SpecError
+from attngen.diagnostics import Diagnostic, SpecError, normalize_newlines, split_lines
 from attngen.ir import Span
 from attngen.resources import grammar_dir
 
@@ -25,6 +25,10 @@ STATEMENT_KEYWORDS = tuple(k.value for k in A.StmtKind)
 # Parentheses leave no trace in the tree, but long operator chains (`!!!!x`, `s + 1 + 1 ...`) do;
 # past this depth the recursive walks here and downstream would end in a RecursionError.
 MAX_NESTING = 200
+# Longest name or number token. Names that reach generated code are held to 64 characters by
+# `lower`; this bound only keeps absurd tokens (a 1 MB literal, a 4,301-digit integer, which
+# Python refuses to convert) out of every later stage, with a located error.
+MAX_TOKEN_CHARS = 256
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,8 +40,19 @@ def _parser() -> lark.Lark:
         lexer="contextual",
         propagate_positions=True,
         maybe_placeholders=True,
-        lexer_callbacks={"COMMENT": _dispatch_comment},
+        lexer_callbacks={"COMMENT": _dispatch_comment, "NAME": _bounded, "NUMBER": _bounded},
     )
+
+
+class _TooLong(Exception):
+    def __init__(self, tok: Token) -> None:
+        self.tok = tok
+
+
+def _bounded(tok: Token) -> Token:
+    if len(tok) > MAX_TOKEN_CHARS:
+        raise _TooLong(tok)
+    return tok
 
 
 # The Lark object is cached and shared, so comments reach the current `parse` call through this
@@ -174,7 +189,7 @@ def _end_position(text: str) -> tuple[int, int]:
     stripped = text.rstrip()
     if not stripped:
         return 1, 1
-    lines = stripped.split("\n")
+    lines = split_lines(stripped)
     return len(lines), len(lines[-1]) + 1
 
 
@@ -287,8 +302,20 @@ def parse(text: str, path: str = "<string>") -> A.File:
         comments.append(A.Comment(str(tok).rstrip(), tok.line, tok.column))
         return tok
 
+    # One line-break rule everywhere (diagnostics.split_lines): CRLF and a lone CR end a line like
+    # LF, as in editors. lark counts LFs, so it sees the text with every break made an LF; columns
+    # and every other character are unchanged.
+    text = normalize_newlines(text)
     try:
         tree = _parse_with_comments(text, keep_comment)
+    except _TooLong as e:
+        tok = e.tok
+        what = "number" if tok.type == "NUMBER" else "name"
+        raise SpecError(
+            [Diagnostic(f"{what} of {len(tok)} characters is too long", _span_at(path, tok.line, tok.column, 1),
+                        f"names and numbers are at most {MAX_TOKEN_CHARS} characters")],
+            source=text, path=path,
+        ) from None
     except LarkError as e:
         raise _syntax_error(e, text, path) from None
     except RecursionError:
