@@ -1094,13 +1094,12 @@ def _nvcc_outcome(nvcc: Any, out_dir: str, quiet: bool) -> Outcome:
     nvcc.wait()
     out = Outcome("nvcc compiles", examples=nvcc.specs)
     out.notes.append(nvcc.summary())
-    for f in nvcc.failures:
-        d = Path(out_dir) / f"nvcc-{hashlib.sha1(f.spec_text.encode()).hexdigest()[:10]}-{f.arch.value}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "spec.attn").write_text(f.spec_text, encoding="utf-8")
-        (d / "FAILURE.txt").write_text(f"variant {f.variant}, {f.arch.value}:\n{f.message}\n", encoding="utf-8")
-        out.reproducer = out.reproducer or d
+    if nvcc.out_dir is None:
+        nvcc.out_dir = out_dir
+        for f in nvcc.failures:
+            nvcc._write(f)
     if nvcc.failures:
+        out.reproducer = nvcc.reproducer_dir(nvcc.failures[0])
         first = nvcc.failures[0]
         out.failure = (f"{len(nvcc.failures)} accepted spec(s) do not compile; first: variant {first.variant} "
                        f"on {first.arch.value}:\n{first.message}\n--- spec ---\n{first.spec_text}")
@@ -1149,7 +1148,8 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         if use_nvcc and not nvcc_check.available():
             print("attngen fuzz: error: --nvcc needs nvcc on the PATH", file=sys.stderr)
             return EXIT_USAGE
-        checker = nvcc_check.NvccChecker(jobs=args.jobs or nvcc_check.default_jobs()) if use_nvcc else None
+        checker = (nvcc_check.NvccChecker(jobs=args.jobs or nvcc_check.default_jobs(), out_dir=out_dir, report_every=50)
+                   if use_nvcc else None)
         outcomes = fuzz_specs(gpu=gpu, max_examples=n, seconds=args.seconds, seed=seed, out_dir=out_dir,
                               nvcc=checker)
     else:

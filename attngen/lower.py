@@ -64,6 +64,12 @@ from attngen import limits, names
 from attngen.schedule import DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, Arch, auto_tile, validate_tile
 
 INT32_MAX = 2**31 - 1
+# Tensor lookups inside the indices of lookups (`t[u[kv]]` is 2 deep). ptxas time grows steeply
+# with the depth (199 levels ran for more than 300 s); real masks compose one or two.
+MAX_LOOKUP_NESTING = 4
+# Expression nodes of one variant's mask and scores together: bounds the emitted code (a balanced
+# tree of a thousand lookups stays under the nesting bound but would keep ptxas busy for minutes).
+MAX_EXPR_NODES = 1000
 MAX_IDENT = 64
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _INT_RE = re.compile(r"[0-9]+\Z")
@@ -237,6 +243,7 @@ class _Lowerer:
     path: str
     arch: Arch
     diags: list[Diagnostic] = field(default_factory=list)
+    lookup_depth: int = 0  # lookups enclosing the expression being lowered
 
     def error(self, msg: str, span: Span | None, help_: str | None = None) -> None:
         self.diags.append(Diagnostic(msg, span, help_))
@@ -407,7 +414,16 @@ class _Lowerer:
 
     def lookup(self, e: A.LookupE, sc: _Scope) -> Expr | None:
         n = e.tensor.text
-        idx = [self.expr(i, sc) for i in e.indices]
+        if self.lookup_depth >= MAX_LOOKUP_NESTING:
+            self.error(f"lookups nested more than {MAX_LOOKUP_NESTING} deep", e.span,
+                       "each level is a dependent global load in the kernel, and ptxas time grows steeply with "
+                       "the depth; precompute the composed index into one tensor")
+            return None
+        self.lookup_depth += 1
+        try:
+            idx = [self.expr(i, sc) for i in e.indices]
+        finally:
+            self.lookup_depth -= 1
         if n not in sc.tensors:
             if n in INDEX_NAMES or n in SIZE_NAMES or n == SCORE_NAME:
                 self.error(f"`{n}` is not a tensor", e.tensor.span, "only declared inputs can be looked up")
@@ -725,11 +741,18 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     mask: Expr = TRUE
     scores: list[Expr] = []
     norms: dict[NormTarget, Norm] = {}
+    nodes = 0  # expression nodes so far: the generated code, and ptxas time, grow with them
     for st in v.stmts:
         if isinstance(st, A.ExprStmt):
             in_score = st.kind == A.StmtKind.SCORE
             if not in_score and seen.get(A.StmtKind.MASK) is not st:
                 continue  # a repeated mask is already reported
+            nodes += _ast_size(st.expr)
+            if nodes > MAX_EXPR_NODES:
+                lw.error(f"the masks and scores of `{v.name.text}` pass {MAX_EXPR_NODES} operations here", st.span,
+                         "each operation becomes code in the kernel's inner loop; simplify, or precompute "
+                         "part of the expression into an input tensor")
+                break
             e = lw.expr(st.expr, _Scope(tensors, heads, kind, in_score))  # type: ignore[arg-type]
             if e is None:
                 continue
@@ -793,6 +816,21 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     for p in problems:
         lw.error(p.message, p.span, p.help)
     return None if problems else lowered
+
+
+def _ast_size(e: A.AExpr) -> int:
+    """Nodes of an expression (names, numbers, operators, calls, lookups), counted without recursion."""
+    n, stack = 0, [e]
+    while stack:
+        x = stack.pop()
+        n += 1
+        if isinstance(x, A.UnaryE):
+            stack.append(x.operand)
+        elif isinstance(x, A.BinaryE):
+            stack += (x.lhs, x.rhs)
+        elif isinstance(x, (A.CallE, A.LookupE)):
+            stack += x.args if isinstance(x, A.CallE) else x.indices
+    return n
 
 
 def _head_dim(lw: _Lowerer, n: A.Num, what: str) -> int | None:

@@ -14,6 +14,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -77,6 +78,10 @@ class NvccChecker:
     compiled: int = 0  # distinct sources nvcc compiled cleanly
     skipped_arch: int = 0  # variants whose tile does not fit one of the targets (refused up front, exit 1)
     failures: list[NvccFailure] = field(default_factory=list)
+    # Where to write each failure's reproducer at once (spec.attn, FAILURE.txt), and a running
+    # tally every `report_every` compiles: a long campaign leaves evidence even if it is cut short.
+    out_dir: str | None = None
+    report_every: int = 0
 
     def __post_init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max(1, self.jobs), thread_name_prefix="nvcc")
@@ -102,6 +107,10 @@ class NvccChecker:
                 if key in self._seen:
                     continue
                 self._seen.add(key)
+                # Back-pressure: a generator far ahead of nvcc would only pile up sources in memory
+                # (and a run cut short would leave them uncompiled and uncounted).
+                while self.pending >= 4 * max(1, self.jobs):
+                    next(f for f in self._futures if not f.done()).result()
                 self._futures.append(self._pool.submit(self._one, spec_text, v.name, arch, source))
 
     def _one(self, spec_text: str, variant: str, arch: Arch, source: str) -> None:
@@ -110,10 +119,33 @@ class NvccChecker:
             if problem is None:
                 self.compiled += 1
             else:
-                self.failures.append(NvccFailure(spec_text, variant, arch, problem))
+                failure = NvccFailure(spec_text, variant, arch, problem)
+                self.failures.append(failure)
+                self._write(failure)
+            done = self.compiled + len(self.failures)
+            if self.report_every and done % self.report_every == 0:
+                print(f"  nvcc: {done} sources done ({self.compiled} compiled, {len(self.failures)} failed), "
+                      f"{self.specs} accepted specs submitted", file=sys.stderr, flush=True)
+
+    def _write(self, f: NvccFailure) -> None:
+        if self.out_dir is None:
+            return
+        d = Path(self.out_dir) / f"nvcc-{hashlib.sha1(f.spec_text.encode()).hexdigest()[:10]}-{f.arch.value}"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "spec.attn").write_text(f.spec_text, encoding="utf-8")
+            (d / "FAILURE.txt").write_text(f"variant {f.variant}, {f.arch.value}:\n{f.message}\n", encoding="utf-8")
+        except OSError:
+            pass
+
+    def reproducer_dir(self, f: NvccFailure) -> Path | None:
+        if self.out_dir is None:
+            return None
+        return Path(self.out_dir) / f"nvcc-{hashlib.sha1(f.spec_text.encode()).hexdigest()[:10]}-{f.arch.value}"
 
     @property
     def pending(self) -> int:
+        self._futures = [f for f in self._futures if not f.done() or f.exception() is not None]
         return sum(not f.done() for f in self._futures)
 
     def wait(self) -> None:

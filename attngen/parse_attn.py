@@ -50,9 +50,21 @@ class _TooLong(Exception):
 
 
 def _bounded(tok: Token) -> Token:
+    """`tok`, or _TooLong past MAX_TOKEN_CHARS. A lexer callback for NAME and NUMBER, and applied
+    again to every token the tree builder keeps (the contextual lexer does not run NAME's callback
+    in states where a keyword shares NAME's pattern)."""
     if len(tok) > MAX_TOKEN_CHARS:
         raise _TooLong(tok)
     return tok
+
+
+def _too_long(tok: Token, text: str, path: str) -> SpecError:
+    what = "number" if tok.type == "NUMBER" else "name"
+    return SpecError(
+        [Diagnostic(f"{what} of {len(tok)} characters is too long", _span_at(path, tok.line, tok.column, 1),
+                    f"names and numbers are at most {MAX_TOKEN_CHARS} characters")],
+        source=text, path=path,
+    )
 
 
 # The Lark object is cached and shared, so comments reach the current `parse` call through this
@@ -208,16 +220,16 @@ class _Builder:
         return Span(self.path, m.line, m.column, m.end_line, m.end_column)
 
     def word(self, tok: Token) -> A.Word:
-        return A.Word(str(tok), self.span(tok))
+        return A.Word(str(_bounded(tok)), self.span(tok))
 
     def num(self, tok: Token, negative: bool = False) -> A.Num:
-        return A.Num(str(tok), self.span(tok), negative)
+        return A.Num(str(_bounded(tok)), self.span(tok), negative)
 
     def signed(self, tree: Tree) -> A.Num:
         toks = tree.children
         if len(toks) == 2 and toks[0] is not None:
             n = toks[1]
-            return A.Num(str(n), self.span(tree), True)
+            return A.Num(str(_bounded(n)), self.span(tree), True)
         return self.num(toks[-1])
 
     def file(self, tree: Tree, comments: tuple[A.Comment, ...]) -> A.File:
@@ -270,13 +282,13 @@ class _Builder:
             return A.NameE(str(t), self.span(t))
         d, ch, sp = t.data, t.children, self.span(t)
         if d == "num":
-            return A.NumE(str(ch[0]), sp)
+            return A.NumE(str(_bounded(ch[0])), sp)
         if d == "true":
             return A.BoolE(True, sp)
         if d == "false":
             return A.BoolE(False, sp)
         if d == "name":
-            return A.NameE(str(ch[0]), sp)
+            return A.NameE(str(_bounded(ch[0])), sp)
         if d == "unop":
             return A.UnaryE(str(ch[0]), self.expr(ch[1], depth + 1), sp)
         if d == "binop":
@@ -309,13 +321,7 @@ def parse(text: str, path: str = "<string>") -> A.File:
     try:
         tree = _parse_with_comments(text, keep_comment)
     except _TooLong as e:
-        tok = e.tok
-        what = "number" if tok.type == "NUMBER" else "name"
-        raise SpecError(
-            [Diagnostic(f"{what} of {len(tok)} characters is too long", _span_at(path, tok.line, tok.column, 1),
-                        f"names and numbers are at most {MAX_TOKEN_CHARS} characters")],
-            source=text, path=path,
-        ) from None
+        raise _too_long(e.tok, text, path) from None
     except LarkError as e:
         raise _syntax_error(e, text, path) from None
     except RecursionError:
@@ -328,6 +334,8 @@ def parse(text: str, path: str = "<string>") -> A.File:
         ) from None
     try:
         return _Builder(path).file(tree, tuple(comments))
+    except _TooLong as e:
+        raise _too_long(e.tok, text, path) from None
     except _TooDeep as e:
         raise SpecError(
             [Diagnostic(f"expression nested more than {MAX_NESTING} levels deep", e.span)], source=text, path=path
