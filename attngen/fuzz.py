@@ -873,6 +873,10 @@ MUTATION_TOKENS = (
     "1e999", "1e-999", "99999999999999999999999999", "2147483648", "0.0", "nan", "inf", "1.2.3", "12x8", "0x10",
     "__import__", "os", "#", "\n", "\t", "é", "∞", "\x00", '"', "'", "/*", "*/", "\\", "`", "$", "@",
     "((((((((((((((((((((", "))))))))))))", "q_lens", "kv_lens", "q_norm_weight", "attention x {", "}}",
+    # Hostile values (issue 19): names on the mangling's reserved suffixes, values fp32 flushes to
+    # 0, heads past the grid, an over-long literal, odd line breaks.
+    "x_n0", "q_lens_n0", "q_norm_weight_s0", "a_launch", "1e-50", "1e-45", "65536", "0" * 300 + "8", "\r", "\f",
+    "\u2028", "t[t[t[t[t[kv]]]]]",
 )
 
 

@@ -53,7 +53,10 @@ def check(v: Variant, arch: Arch) -> list[Problem]:
     """Every backend limit `v` breaks on `arch` (empty when it can build and launch)."""
     from attngen.render_cuda import plan  # the plan needs the renderer's ABI; imported late (layering)
 
-    kp = plan(v, arch)
+    try:
+        kp = plan(v, arch)
+    except ValueError:
+        return []  # a tile this arch cannot take: the tile check reports it (and `compile --arch`)
     out: list[Problem] = []
     ends = param_bytes([f.ctype for f in kp.fields])
     if ends and ends[-1] > MAX_PARAM_BYTES:
