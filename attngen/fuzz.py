@@ -1,7 +1,7 @@
 """`attngen fuzz`: hypothesis-driven differential testing of generated kernels, and of the compiler.
 
     attngen fuzz FILE [--variant NAME] [--max-examples N] [--seconds S] [--seed K] [--out DIR]
-    attngen fuzz --specs [--max-examples N] [--seconds S] [--seed K] [--out DIR]
+    attngen fuzz --specs [--max-examples N] [--seconds S] [--seed K] [--out DIR] [--nvcc | --no-nvcc] [--jobs N]
 
 FILE mode draws shapes (B, Lq, Lk from 1 upwards, tile-boundary values favoured), input
 distributions (normal, and large magnitudes that overflow a naive fp16 softmax) and runtime inputs
@@ -14,6 +14,9 @@ file); the command exits 1 and says where.
 `--specs` fuzzes the compiler: it generates random *valid* spec text (masks, scores, norms, dtypes,
 heads, tiles), which must load and then verify on random shapes, and feeds *mutated* spec text to
 the front end, where the only acceptable outcomes are success or a `SpecError` (never a traceback).
+When nvcc is on the PATH (or with `--nvcc`; `--no-nvcc` skips it) every accepted spec, generated or
+mutated, is also rendered and compiled for sm_90a and sm_80 (`--jobs` at a time, in the background,
+`attngen.nvcc_check`): an accepted spec whose `.cu` does not compile is a failure.
 
 Without a GPU (no CuPy, or no device) the kernel cannot run: FILE mode then checks the reference's
 invariants and cross-checks it against FlexAttention on the CPU (when torch is importable), and

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attngen import names
 from attngen.ir import Span, Variant
 from attngen.schedule import Arch
 
@@ -63,7 +64,8 @@ def check(v: Variant, arch: Arch) -> list[Problem]:
         # Locate the first input whose fields pass the limit: the declaration to drop or merge.
         first = next(i for i, e in enumerate(ends) if e > MAX_PARAM_BYTES)
         field = kp.fields[first].name
-        decl = next((d for d in v.runtime_inputs() if field == f"in_{d.name}" or field.startswith(f"in_{d.name}_")), None)
+        owner = {i: d for d in v.runtime_inputs() for i in names.input_identifiers(d.name, len(d.shape))}
+        decl = owner.get(field)
         span = decl.span if decl is not None and decl.span is not None else v.span
         n_inputs = len(v.runtime_inputs())
         out.append(Problem(

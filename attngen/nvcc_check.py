@@ -110,7 +110,9 @@ class NvccChecker:
                 # Back-pressure: a generator far ahead of nvcc would only pile up sources in memory
                 # (and a run cut short would leave them uncompiled and uncounted).
                 while self.pending >= 4 * max(1, self.jobs):
-                    next(f for f in self._futures if not f.done()).result()
+                    oldest = next((f for f in self._futures if not f.done()), None)
+                    if oldest is not None:
+                        oldest.result()
                 self._futures.append(self._pool.submit(self._one, spec_text, v.name, arch, source))
 
     def _one(self, spec_text: str, variant: str, arch: Arch, source: str) -> None:
