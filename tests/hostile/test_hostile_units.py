@@ -130,9 +130,17 @@ def test_nesting_backstop_is_located(monkeypatch):
     assert (d.span.line, d.span.col) == (5, 31)
 
 
-def test_nested_builtins_fit_the_stack():
-    """199 nested builtins overflowed Python's stack while checking (an unlocated error)."""
+def test_nested_builtins_fit_the_stack(monkeypatch):
+    """199 nested builtins overflowed Python's stack while checking (an unlocated error). The size
+    bound now refuses them first; without it, checking still has the stack it needs."""
+    from attngen import lower as lower_mod
+
     text = HEAD + "  mask " + "prefix(" * 199 + "1" + ")" * 199 + "\n}\n"
+    with pytest.raises(SpecError) as info:
+        loads(text, "p.attn")
+    assert [(d.span.line, d.span.col) for d in info.value.diagnostics] == [(5, 3)]
+    assert "pass 128 operations" in info.value.diagnostics[0].message
+    monkeypatch.setattr(lower_mod, "MAX_EXPR_NODES", 10**6)
     with pytest.raises(SpecError) as info:
         loads(text, "p.attn")
     assert all(d.span is not None for d in info.value.diagnostics)
