@@ -277,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--seconds", type=float, default=None)
     z.add_argument("--seed", type=int, default=None)
     z.add_argument("--out", default=None, help="where failing cases are written")
+    z.add_argument("--nvcc", dest="nvcc", action="store_true", default=None,
+                   help="--specs: compile every accepted spec with nvcc (default when nvcc is on the PATH)")
+    z.add_argument("--no-nvcc", dest="nvcc", action="store_false", help="--specs: skip the nvcc step")
+    z.add_argument("--jobs", type=int, default=None, help="parallel nvcc compiles (default: the CPU count)")
     z.set_defaults(func=cmd_fuzz)
 
     b = sub.add_parser("bench", help="time a kernel, side by side with torch peers when available")

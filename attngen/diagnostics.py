@@ -6,9 +6,31 @@ prints `SpecError.render()` and exits 1. No lark exception or traceback reaches 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from attngen.ir import Span
+
+# The one line-break rule of the tool chain, what editors count: LF, CRLF and a lone CR. Python's
+# str.splitlines also breaks at form feed, vertical tab, U+001C-U+001E, U+0085, U+2028 and U+2029,
+# which editors and the lexer (it counts LFs after `normalize_newlines`) do not.
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# Characters a terminal may show as a line break; the displayed source line shows them as spaces.
+_SHOWN_AS_BREAK = str.maketrans({c: " " for c in "\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def split_lines(text: str) -> list[str]:
+    """`text` split at LF, CRLF and CR (never at other characters str.splitlines breaks at)."""
+    lines = _LINE_BREAK.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()  # a final line break ends the last line; it does not start another
+    return lines
+
+
+def normalize_newlines(text: str) -> str:
+    """`text` with every CRLF and lone CR made an LF: line numbers by counting LFs then agree with
+    `split_lines`, and columns do not change."""
+    return _LINE_BREAK.sub("\n", text) if "\r" in text else text
 
 
 @dataclass(frozen=True)
@@ -25,9 +47,9 @@ class Diagnostic:
             return head + (f"\n  = help: {self.help}" if self.help else "")
         sp = self.span
         out = [f"{sp.path}:{sp.line}:{sp.col}: {self.severity}: {self.message}"]
-        lines = source.splitlines() if source is not None else []
+        lines = split_lines(source) if source is not None else []
         if 1 <= sp.line <= len(lines):
-            text = lines[sp.line - 1].expandtabs(1)
+            text = lines[sp.line - 1].expandtabs(1).translate(_SHOWN_AS_BREAK)
             gutter = f"{sp.line:>4} | "
             out.append(gutter + text)
             width = (sp.end_col - sp.col) if sp.end_line == sp.line and sp.end_col > sp.col else 1

@@ -47,6 +47,15 @@ from attngen.schedule import (
 
 DEFAULT_SHAPE = (1, 4096, 4096)  # B, Lq, Lk used for sample shapes and density
 
+# explain's budget for the density sample. The visible fraction is counted element by element and
+# tiles are classified one by one, over the batch rows and heads the mask indexes; the mask's input
+# tensors are drawn at the sample shape. Past any of these the sample's Lq and Lk are halved until
+# it fits (and the output says so); when even the smallest sample does not fit, the density is
+# not computed (a fixed input dimension of 2^31 - 1, say).
+MAX_SAMPLE_ELEMENTS = 1 << 24  # (b, h, q, kv) mask elements evaluated
+MAX_SAMPLE_TILES = 4096  # tiles classified
+MAX_SAMPLE_INPUT_ELEMENTS = 1 << 24  # elements of the drawn inputs the mask reads
+
 
 # --------------------------------------------------------------------------------------------
 # Expressions as readable text (for display only; `attngen fmt` owns the canonical form)
@@ -232,13 +241,62 @@ def _mask_inputs(v: Variant, B: int, Lq: int, Lk: int, sizes: Any, seed: int) ->
 
     # make_inputs also draws q, k and v; at a sample shape such as H112 L4096 D128 those would
     # cost gigabytes, so they are drawn one element wide. Mask tensors never depend on D or norms.
-    slim = dataclasses.replace(v, head_dim=1, value_head_dim=1, norms=(), residual=False)
+    # Only the inputs the mask reads are drawn: a score's [H, Lq, Lk] bias would cost gigabytes.
+    slim = dataclasses.replace(v, head_dim=1, value_head_dim=1, norms=(), residual=False, scores=(),
+                               inputs=tuple(d for d in v.inputs if d.name in used))
     drawn = workload.make_inputs(slim, B, Lq, Lk, np.random.default_rng(seed), symbols=dict(sizes.symbols))
     return {n: drawn[n] for n in used if n in drawn}
 
 
+def sample_cost(v: Variant, shape: tuple[int, int, int], tile: TileConfig) -> tuple[int, int, int]:
+    """(mask elements evaluated, tiles classified, input elements drawn) of a density sample."""
+    from attngen.ir import Index, IndexVar, walk
+
+    B, Lq, Lk = shape
+    uses = {n.var for n in walk(v.mask) if isinstance(n, Index)}
+    rows = (B if IndexVar.B in uses else 1) * (v.heads if IndexVar.H in uses else 1)
+    tiles = rows * math.ceil(Lq / tile.block_m) * math.ceil(Lk / tile.block_n)
+    drawn = 0
+    used = tensors_used(v.mask)
+    if used:
+        sizes = sample_sizes(v, B, Lq, Lk)
+        drawn = B * v.heads * Lq + 2 * B * v.kv_heads * Lk  # the one-wide q, k, v make_inputs draws too
+        for d in v.runtime_inputs():
+            if d.name in used:
+                try:
+                    drawn += math.prod(abi.input_shape(v, d, sizes))
+                except ValueError:
+                    pass  # a shape the sample cannot take: reported by the density itself
+    return rows * Lq * Lk, tiles, drawn
+
+
+def affordable_shape(v: Variant, shape: tuple[int, int, int], tile: TileConfig) -> tuple[int, int, int] | None:
+    """`shape`, or the largest halving of its Lq and Lk within explain's budget; None if none fits."""
+    B, Lq, Lk = shape
+    while True:
+        elems, tiles, drawn = sample_cost(v, (B, Lq, Lk), tile)
+        if elems <= MAX_SAMPLE_ELEMENTS and tiles <= MAX_SAMPLE_TILES and drawn <= MAX_SAMPLE_INPUT_ELEMENTS:
+            return B, Lq, Lk
+        if Lq == 1 and Lk == 1:
+            return None
+        Lq, Lk = max(1, (Lq + 1) // 2), max(1, (Lk + 1) // 2)
+
+
 def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, seed: int) -> list[str]:
-    """Lines about the mask's density at `shape` and its tile classification."""
+    """Lines about the mask's density at `shape` (or a smaller sample explain can afford, said so)
+    and its tile classification."""
+    fit = affordable_shape(v, shape, tile)
+    if fit is None:
+        elems, tiles, drawn = sample_cost(v, shape, tile)
+        return [f"  (not computed: even a 1 x 1 sample needs {drawn} input elements, more than explain's budget "
+                f"of {MAX_SAMPLE_INPUT_ELEMENTS})" if drawn > MAX_SAMPLE_INPUT_ELEMENTS else
+                f"  (not computed: even a 1 x 1 sample classifies {tiles} tiles over {elems} elements, "
+                f"more than explain's budget)"]
+    if fit != shape:
+        lines = [f"  (sampled at Lq={fit[1]}, Lk={fit[2]}: the full {shape[1]} x {shape[2]} sample is past explain's "
+                 f"budget of {MAX_SAMPLE_ELEMENTS} mask elements, {MAX_SAMPLE_TILES} tiles and "
+                 f"{MAX_SAMPLE_INPUT_ELEMENTS} input elements)"]
+        return lines + _density_lines(v, fit, tile, seed)
     B, Lq, Lk = shape
     sizes = sample_sizes(v, B, Lq, Lk)
     try:

@@ -9,9 +9,11 @@ Formatting formatted text changes nothing.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from attngen import ast as A
+from attngen.diagnostics import split_lines
 from attngen.printer import ATOM_PREC, PRECEDENCE, UNARY_PREC
 
 INDENT = "  "
@@ -115,19 +117,22 @@ def _items(f: A.File) -> list[_Item]:
 def format_file(f: A.File, source: str) -> str:
     """Canonical text of a parsed file; `source` is the text it was parsed from."""
     items = _items(f)
-    src_lines = source.split("\n")
+    src_lines = split_lines(source)
     tail: list[A.Comment] = []
+    # Items are in source order, so the items around a comment are found by bisection (a scan per
+    # comment made formatting quadratic in the size of commented files).
+    starts = [(it.line, it.col) for it in items]
     for c in f.comments:
-        before = [it for it in items if (it.line, it.col) < (c.line, c.col)]
-        prev = before[-1] if before else None
+        i = bisect.bisect_left(starts, (c.line, c.col))  # items[:i] begin before the comment
+        prev = items[i - 1] if i > 0 else None
         # After code on its line, a comment belongs to the item that code is part of: the last
         # item begun before it (a multi-line expression included).
         if prev is not None and src_lines[c.line - 1][: c.col - 1].strip():
             prev.trailing.append(c)
             continue
-        after = [it for it in items if (it.line, it.col) > (c.line, c.col)]
-        if after:
-            after[0].leading.append(c)
+        j = bisect.bisect_right(starts, (c.line, c.col))  # items[j:] begin after it
+        if j < len(items):
+            items[j].leading.append(c)
         else:
             tail.append(c)
 

@@ -10,13 +10,15 @@
 from __future__ import annotations
 
 import os
+import sys
 
+from attngen import ast as A
 from attngen import fmt as _fmt
 from attngen import printer as _printer
 from attngen.diagnostics import Diagnostic, SpecError
-from attngen.ir import Expr, Program
+from attngen.ir import Expr, Program, Span
 from attngen.lower import lower
-from attngen.parse_attn import parse
+from attngen.parse_attn import MAX_NESTING, parse
 from attngen.schedule import DEFAULT_ARCH, Arch
 
 __all__ = ["loads", "load", "format_source", "print_program", "print_expr", "SpecError"]
@@ -26,11 +28,48 @@ def loads(text: str, path: str = "<string>", arch: Arch = DEFAULT_ARCH) -> Progr
     """Parse and check .attn source; raises SpecError listing every problem in source order."""
     if not isinstance(text, str):
         raise SpecError([Diagnostic(f"a spec must be text (str), got {type(text).__name__}")], path=path)
+    file = parse(text, path)
+    # Parsing caps expression nesting at MAX_NESTING levels; checking a level takes several Python
+    # frames (a builtin's argument passes through its signature's checker), so lowering gets the
+    # stack room that bound needs rather than the interpreter's default of 1000 frames.
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old_limit, _LOWER_FRAMES))
     try:
-        return lower(parse(text, path), source=text, arch=arch)
+        return lower(file, source=text, arch=arch)
     except RecursionError:
-        # Parsing caps nesting, so this is a backstop for pathological input, never a traceback.
-        raise SpecError([Diagnostic("the spec is nested too deeply to check")], source=text, path=path) from None
+        # A backstop for pathological input, never a traceback: point at the deepest expression.
+        raise SpecError(
+            [Diagnostic("the spec is nested too deeply to check", _deepest_span(file),
+                        f"expressions may nest at most {MAX_NESTING} levels")],
+            source=text, path=path,
+        ) from None
+    finally:
+        sys.setrecursionlimit(old_limit)
+
+
+# Frames lowering may need at MAX_NESTING levels (about 8 a level through builtins), with room.
+_LOWER_FRAMES = 12 * MAX_NESTING + 1000
+
+
+def _deepest_span(file: A.File) -> Span | None:
+    """The span of the most deeply nested expression in `file` (found without recursion)."""
+    best: tuple[int, Span | None] = (-1, None)
+    stack: list[tuple[A.AExpr, int]] = [
+        (st.expr, 0) for v in file.variants for st in v.stmts if isinstance(st, A.ExprStmt)
+    ]
+    while stack:
+        e, depth = stack.pop()
+        if depth > best[0]:
+            best = (depth, e.span)
+        if isinstance(e, A.UnaryE):
+            stack.append((e.operand, depth + 1))
+        elif isinstance(e, A.BinaryE):
+            stack.extend(((e.lhs, depth + 1), (e.rhs, depth + 1)))
+        elif isinstance(e, A.LookupE):
+            stack.extend((i, depth + 1) for i in e.indices)
+        elif isinstance(e, A.CallE):
+            stack.extend((a, depth + 1) for a in e.args)
+    return best[1]
 
 
 def load(path: str | os.PathLike, arch: Arch = DEFAULT_ARCH) -> Program:

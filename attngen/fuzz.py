@@ -1,7 +1,7 @@
 """`attngen fuzz`: hypothesis-driven differential testing of generated kernels, and of the compiler.
 
     attngen fuzz FILE [--variant NAME] [--max-examples N] [--seconds S] [--seed K] [--out DIR]
-    attngen fuzz --specs [--max-examples N] [--seconds S] [--seed K] [--out DIR]
+    attngen fuzz --specs [--max-examples N] [--seconds S] [--seed K] [--out DIR] [--nvcc | --no-nvcc] [--jobs N]
 
 FILE mode draws shapes (B, Lq, Lk from 1 upwards, tile-boundary values favoured), input
 distributions (normal, and large magnitudes that overflow a naive fp16 softmax) and runtime inputs
@@ -14,6 +14,9 @@ file); the command exits 1 and says where.
 `--specs` fuzzes the compiler: it generates random *valid* spec text (masks, scores, norms, dtypes,
 heads, tiles), which must load and then verify on random shapes, and feeds *mutated* spec text to
 the front end, where the only acceptable outcomes are success or a `SpecError` (never a traceback).
+When nvcc is on the PATH (or with `--nvcc`; `--no-nvcc` skips it) every accepted spec, generated or
+mutated, is also rendered and compiled for sm_90a and sm_80 (`--jobs` at a time, in the background,
+`attngen.nvcc_check`): an accepted spec whose `.cu` does not compile is a failure.
 
 Without a GPU (no CuPy, or no device) the kernel cannot run: FILE mode then checks the reference's
 invariants and cross-checks it against FlexAttention on the CPU (when torch is importable), and
@@ -895,6 +898,10 @@ MUTATION_TOKENS = (
     "__import__", "os", "#", "\n", "\t", "é", "∞", "\x00", '"', "'", "/*", "*/", "\\", "`", "$", "@",
     "((((((((((((((((((((", "))))))))))))", "q_lens", "kv_lens", "q_norm_weight", "attention x {", "}}",
     "sink", "kv_cache", "paged", "paged(16)", "block_table",
+    # Hostile values (issue 19): names on the mangling's reserved suffixes, values fp32 flushes to
+    # 0, heads past the grid, an over-long literal, odd line breaks.
+    "x_n0", "q_lens_n0", "q_norm_weight_s0", "a_launch", "1e-50", "1e-45", "65536", "0" * 300 + "8", "\r", "\f",
+    "\u2028", "t[t[t[t[t[kv]]]]]",
 )
 
 
@@ -988,8 +995,9 @@ def check_round_trip(prog: Any) -> str | None:
 
 
 def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int, out_dir: str,
-               quiet: bool = False) -> list[Outcome]:
-    """Generated valid specs (load, round trip, verify) and mutated specs (SpecError or success)."""
+               quiet: bool = False, nvcc: Any = None) -> list[Outcome]:
+    """Generated valid specs (load, round trip, verify) and mutated specs (SpecError or success);
+    with `nvcc` (an `nvcc_check.NvccChecker`) every accepted spec must also compile."""
     from hypothesis import strategies as st
 
     outcomes: list[Outcome] = []
@@ -1017,6 +1025,8 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
         rt = check_round_trip(prog)
         if rt:
             raise AssertionError(f"{rt}\n--- original ---\n{text}")
+        if nvcc is not None:
+            nvcc.submit(text, prog.variants)
         v = prog.variants[0]
         case = data.draw(case_strategy(v, max_len=600 if gpu else 96, max_work=(1 << 20) if gpu else (1 << 14)))
         arrays = case_inputs(v, case)
@@ -1080,6 +1090,8 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
             rt = check_round_trip(prog)
             if rt:
                 raise AssertionError(f"{rt}\n--- original ---\n{text}")
+            if nvcc is not None:
+                nvcc.submit(text, prog.variants)
 
     n_mut = max_examples * 5 if not gpu else max_examples * 2
     progress = Progress(n_mut, "mutated specs", quiet)
@@ -1099,7 +1111,28 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
         (d / "FAILURE.txt").write_text(mut.failure + "\n", encoding="utf-8")
         mut.reproducer = d
     outcomes.append(mut)
+    if nvcc is not None:
+        outcomes.append(_nvcc_outcome(nvcc, out_dir, quiet))
     return outcomes
+
+
+def _nvcc_outcome(nvcc: Any, out_dir: str, quiet: bool) -> Outcome:
+    """Wait for the background compiles of the accepted specs; each failure gets a reproducer."""
+    if not quiet and nvcc.pending:
+        print(f"attngen fuzz: waiting for {nvcc.pending} nvcc compiles", file=sys.stderr, flush=True)
+    nvcc.wait()
+    out = Outcome("nvcc compiles", examples=nvcc.specs)
+    out.notes.append(nvcc.summary())
+    if nvcc.out_dir is None:
+        nvcc.out_dir = out_dir
+        for f in nvcc.failures:
+            nvcc._write(f)
+    if nvcc.failures:
+        out.reproducer = nvcc.reproducer_dir(nvcc.failures[0])
+        first = nvcc.failures[0]
+        out.failure = (f"{len(nvcc.failures)} accepted spec(s) do not compile; first: variant {first.variant} "
+                       f"on {first.arch.value}:\n{first.message}\n--- spec ---\n{first.spec_text}")
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -1116,6 +1149,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--out", default=None, help="where failing cases are written (default fuzz-failures/)")
+    p.add_argument("--nvcc", dest="nvcc", action="store_true", default=None,
+                   help="--specs: compile every accepted spec with nvcc (sm_90a and sm_80); the default when nvcc is on the PATH")
+    p.add_argument("--no-nvcc", dest="nvcc", action="store_false", help="--specs: skip the nvcc step")
+    p.add_argument("--jobs", type=int, default=None, help="parallel nvcc compiles (default: the CPU count)")
     return p
 
 
@@ -1134,7 +1171,16 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             print("attngen fuzz: error: give either FILE or --specs, not both", file=sys.stderr)
             return EXIT_USAGE
         n = args.max_examples or (200 if gpu else 300)
-        outcomes = fuzz_specs(gpu=gpu, max_examples=n, seconds=args.seconds, seed=seed, out_dir=out_dir)
+        from attngen import nvcc_check
+
+        use_nvcc = nvcc_check.available() if args.nvcc is None else args.nvcc
+        if use_nvcc and not nvcc_check.available():
+            print("attngen fuzz: error: --nvcc needs nvcc on the PATH", file=sys.stderr)
+            return EXIT_USAGE
+        checker = (nvcc_check.NvccChecker(jobs=args.jobs or nvcc_check.default_jobs(), out_dir=out_dir, report_every=50)
+                   if use_nvcc else None)
+        outcomes = fuzz_specs(gpu=gpu, max_examples=n, seconds=args.seconds, seed=seed, out_dir=out_dir,
+                              nvcc=checker)
     else:
         if not args.file:
             print("attngen fuzz: error: expected FILE (or --specs)", file=sys.stderr)

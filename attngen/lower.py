@@ -60,11 +60,20 @@ from attngen.ir import (
     norm_bias_name,
     norm_weight_name,
     FP32_MAX,
+    FP32_MIN_NORMAL,
     fp32_literal,
 )
+from attngen import limits, names
 from attngen.schedule import DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, Arch, auto_tile, validate_tile
 
 INT32_MAX = 2**31 - 1
+# Tensor lookups inside the indices of lookups (`t[u[kv]]` is 2 deep). ptxas time grows steeply
+# with the depth (199 levels ran for more than 300 s); real masks compose one or two.
+MAX_LOOKUP_NESTING = 4
+# Expression nodes of one variant's mask and scores together: bounds the emitted code (a balanced
+# tree of 142 lookups stays under the nesting bound but kept nvcc busy past 600 s; 12 took 8 s of
+# CPU, 36 took 35 s; the examples use at most 9 nodes, generated specs 33).
+MAX_EXPR_NODES = 128
 MAX_IDENT = 64
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _INT_RE = re.compile(r"[0-9]+\Z")
@@ -85,6 +94,11 @@ RESERVED_TENSOR_NAMES = frozenset(
     | {norm_weight_name(t) for t in NormTarget}
     | {norm_bias_name(t) for t in NormTarget}
 )
+
+# Kernels hold float literals as fp32 constants and flush subnormals (fast math), so a value that
+# must be positive is checked after that rounding, not as the fp64 number written.
+_FP32_POSITIVE_HELP = (f"kernels hold it as an fp32 constant, and values below {FP32_MIN_NORMAL:.8g} (fp32's "
+                       "smallest normal number) are flushed to 0")
 
 _UNARY_OPS = {op.value: op for op in UnOp}
 _BINARY_OPS = {op.value: op for op in BinOp}
@@ -234,6 +248,7 @@ class _Lowerer:
     path: str
     arch: Arch
     diags: list[Diagnostic] = field(default_factory=list)
+    lookup_depth: int = 0  # lookups enclosing the expression being lowered
 
     def error(self, msg: str, span: Span | None, help_: str | None = None) -> None:
         self.diags.append(Diagnostic(msg, span, help_))
@@ -281,6 +296,9 @@ class _Lowerer:
         value = -float(v) if n.negative else float(v)
         if not value > 0.0:
             self.error(f"{what} must be positive, got {'-' if n.negative else ''}{n.text}", n.span)
+            return None
+        if not fp32_literal(value) > 0.0:
+            self.error(f"{what} `{n.text}` is 0 in fp32", n.span, _FP32_POSITIVE_HELP)
             return None
         return value
 
@@ -401,7 +419,16 @@ class _Lowerer:
 
     def lookup(self, e: A.LookupE, sc: _Scope) -> Expr | None:
         n = e.tensor.text
-        idx = [self.expr(i, sc) for i in e.indices]
+        if self.lookup_depth >= MAX_LOOKUP_NESTING:
+            self.error(f"lookups nested more than {MAX_LOOKUP_NESTING} deep", e.span,
+                       "each level is a dependent global load in the kernel, and ptxas time grows steeply with "
+                       "the depth; precompute the composed index into one tensor")
+            return None
+        self.lookup_depth += 1
+        try:
+            idx = [self.expr(i, sc) for i in e.indices]
+        finally:
+            self.lookup_depth -= 1
         if n not in sc.tensors:
             if n in INDEX_NAMES or n in SIZE_NAMES or n == SCORE_NAME:
                 self.error(f"`{n}` is not a tensor", e.tensor.span, "only declared inputs can be looked up")
@@ -566,6 +593,9 @@ class _Lowerer:
         if not v > 0:
             self.error(f"`{owner.value}(c)` needs c > 0, got `{a.text}`", a.span)
             return None
+        if not fp32_literal(float(v)) > 0.0:
+            self.error(f"`{owner.value}(c)` needs c > 0, but `{a.text}` is 0 in fp32", a.span, _FP32_POSITIVE_HELP)
+            return None
         return Const(v, ScalarType.INT if isinstance(v, int) else ScalarType.FLOAT, a.span)
 
     def int_expr(self, a: A.AExpr, sc: _Scope, owner: BuiltinName) -> Expr | None:
@@ -640,7 +670,12 @@ _REPEATABLE = frozenset({A.StmtKind.INPUT, A.StmtKind.SCORE, A.StmtKind.NORM})
 
 def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     n_before = len(lw.diags)
-    lw.ident(v.name, "variant name")
+    if lw.ident(v.name, "variant name"):
+        suffix = names.reserved_variant_suffix(v.name.text)
+        if suffix is not None:
+            lw.error(f"variant name `{v.name.text}` ends in the reserved suffix `{suffix}`", v.name.span,
+                     "generated C++ names append " + ", ".join(f"`{s}`" for s in names.VARIANT_SUFFIXES)
+                     + " to a variant's kernel name; pick a name that does not end in one")
 
     # Pass 1: everything expressions depend on (sizes, kind, inputs), so order in the file is free.
     seen: dict[A.StmtKind, A.Stmt] = {}
@@ -680,7 +715,11 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     if isinstance(hs, A.PairStmt):
         heads = lw.int_of(hs.first, "heads")
         kv_heads = lw.int_of(hs.second, "kv heads") if hs.second is not None else heads
-        if heads is not None and kv_heads is not None and heads % kv_heads:
+        if heads is not None and heads > limits.MAX_HEADS:
+            lw.error(f"{heads} heads are more than a kernel launch can hold", hs.first.span,
+                     f"heads are a dimension of the launch grid: at most {limits.MAX_HEADS}")
+            heads = None
+        elif heads is not None and kv_heads is not None and heads % kv_heads:
             lw.error(
                 f"{heads} query heads do not divide into {kv_heads} key/value heads",
                 hs.span,
@@ -710,11 +749,18 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     mask: Expr = TRUE
     scores: list[Expr] = []
     norms: dict[NormTarget, Norm] = {}
+    nodes = 0  # expression nodes so far: the generated code, and ptxas time, grow with them
     for st in v.stmts:
         if isinstance(st, A.ExprStmt):
             in_score = st.kind == A.StmtKind.SCORE
             if not in_score and seen.get(A.StmtKind.MASK) is not st:
                 continue  # a repeated mask is already reported
+            nodes += _ast_size(st.expr)
+            if nodes > MAX_EXPR_NODES:
+                lw.error(f"the masks and scores of `{v.name.text}` pass {MAX_EXPR_NODES} operations here", st.span,
+                         "each operation becomes code in the kernel's inner loop; simplify, or precompute "
+                         "part of the expression into an input tensor")
+                break
             e = lw.expr(st.expr, _Scope(tensors, heads, kind, in_score))  # type: ignore[arg-type]
             if e is None:
                 continue
@@ -757,7 +803,7 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         return None
     assert isinstance(dtype, DType) and head_dim is not None and value_dim is not None
     assert heads is not None and kv_heads is not None
-    return Variant(
+    lowered = Variant(
         name=v.name.text,
         dtype=dtype,
         head_dim=head_dim,
@@ -779,6 +825,25 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         sink=sink,
         page_size=page_size,
     )
+    problems = limits.check(lowered, lw.arch)
+    for p in problems:
+        lw.error(p.message, p.span, p.help)
+    return None if problems else lowered
+
+
+def _ast_size(e: A.AExpr) -> int:
+    """Nodes of an expression (names, numbers, operators, calls, lookups), counted without recursion."""
+    n, stack = 0, [e]
+    while stack:
+        x = stack.pop()
+        n += 1
+        if isinstance(x, A.UnaryE):
+            stack.append(x.operand)
+        elif isinstance(x, A.BinaryE):
+            stack += (x.lhs, x.rhs)
+        elif isinstance(x, (A.CallE, A.LookupE)):
+            stack += x.args if isinstance(x, A.CallE) else x.indices
+    return n
 
 
 def _kv_cache(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl], kind: object) -> int | None:
@@ -836,6 +901,12 @@ def _input(lw: _Lowerer, st: A.InputStmt, tensors: Mapping[str, TensorDecl]) -> 
     name = st.name.text
     if ok and name in RESERVED_TENSOR_NAMES:
         lw.error(f"`{name}` is a reserved name and cannot name an input", st.name.span, "pick another name, e.g. `" + name + "_t`")
+        ok = False
+    suffix = names.reserved_input_suffix(name) if ok else None
+    if suffix is not None:
+        lw.error(f"input name `{name}` ends in the reserved suffix `{suffix}`", st.name.span,
+                 "generated C++ names append `_n<i>` and `_s<i>` (sizes and strides) to input names, so "
+                 "an input name may not end in `_n` or `_s` and digits")
         ok = False
     if ok and name in tensors:
         lw.error(f"input `{name}` declared twice", st.name.span, f"first declared at {_first_at(tensors[name].span, st.span)}")

@@ -16,7 +16,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, Unex
 from lark.lexer import PatternStr
 
 from attngen import ast as A
-from attngen.diagnostics import Diagnostic, SpecError
+from attngen.diagnostics import Diagnostic, SpecError, normalize_newlines, split_lines
 from attngen.ir import Span
 from attngen.resources import grammar_dir
 
@@ -25,6 +25,10 @@ STATEMENT_KEYWORDS = tuple(k.value for k in A.StmtKind)
 # Parentheses leave no trace in the tree, but long operator chains (`!!!!x`, `s + 1 + 1 ...`) do;
 # past this depth the recursive walks here and downstream would end in a RecursionError.
 MAX_NESTING = 200
+# Longest name or number token. Names that reach generated code are held to 64 characters by
+# `lower`; this bound only keeps absurd tokens (a 1 MB literal, a 4,301-digit integer, which
+# Python refuses to convert) out of every later stage, with a located error.
+MAX_TOKEN_CHARS = 256
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,7 +40,30 @@ def _parser() -> lark.Lark:
         lexer="contextual",
         propagate_positions=True,
         maybe_placeholders=True,
-        lexer_callbacks={"COMMENT": _dispatch_comment},
+        lexer_callbacks={"COMMENT": _dispatch_comment, "NAME": _bounded, "NUMBER": _bounded},
+    )
+
+
+class _TooLong(Exception):
+    def __init__(self, tok: Token) -> None:
+        self.tok = tok
+
+
+def _bounded(tok: Token) -> Token:
+    """`tok`, or _TooLong past MAX_TOKEN_CHARS. A lexer callback for NAME and NUMBER, and applied
+    again to every token the tree builder keeps (the contextual lexer does not run NAME's callback
+    in states where a keyword shares NAME's pattern)."""
+    if len(tok) > MAX_TOKEN_CHARS:
+        raise _TooLong(tok)
+    return tok
+
+
+def _too_long(tok: Token, text: str, path: str) -> SpecError:
+    what = "number" if tok.type == "NUMBER" else "name"
+    return SpecError(
+        [Diagnostic(f"{what} of {len(tok)} characters is too long", _span_at(path, tok.line, tok.column, 1),
+                    f"names and numbers are at most {MAX_TOKEN_CHARS} characters")],
+        source=text, path=path,
     )
 
 
@@ -174,7 +201,7 @@ def _end_position(text: str) -> tuple[int, int]:
     stripped = text.rstrip()
     if not stripped:
         return 1, 1
-    lines = stripped.split("\n")
+    lines = split_lines(stripped)
     return len(lines), len(lines[-1]) + 1
 
 
@@ -193,16 +220,16 @@ class _Builder:
         return Span(self.path, m.line, m.column, m.end_line, m.end_column)
 
     def word(self, tok: Token) -> A.Word:
-        return A.Word(str(tok), self.span(tok))
+        return A.Word(str(_bounded(tok)), self.span(tok))
 
     def num(self, tok: Token, negative: bool = False) -> A.Num:
-        return A.Num(str(tok), self.span(tok), negative)
+        return A.Num(str(_bounded(tok)), self.span(tok), negative)
 
     def signed(self, tree: Tree) -> A.Num:
         toks = tree.children
         if len(toks) == 2 and toks[0] is not None:
             n = toks[1]
-            return A.Num(str(n), self.span(tree), True)
+            return A.Num(str(_bounded(n)), self.span(tree), True)
         return self.num(toks[-1])
 
     def file(self, tree: Tree, comments: tuple[A.Comment, ...]) -> A.File:
@@ -257,13 +284,13 @@ class _Builder:
             return A.NameE(str(t), self.span(t))
         d, ch, sp = t.data, t.children, self.span(t)
         if d == "num":
-            return A.NumE(str(ch[0]), sp)
+            return A.NumE(str(_bounded(ch[0])), sp)
         if d == "true":
             return A.BoolE(True, sp)
         if d == "false":
             return A.BoolE(False, sp)
         if d == "name":
-            return A.NameE(str(ch[0]), sp)
+            return A.NameE(str(_bounded(ch[0])), sp)
         if d == "unop":
             return A.UnaryE(str(ch[0]), self.expr(ch[1], depth + 1), sp)
         if d == "binop":
@@ -289,8 +316,14 @@ def parse(text: str, path: str = "<string>") -> A.File:
         comments.append(A.Comment(str(tok).rstrip(), tok.line, tok.column))
         return tok
 
+    # One line-break rule everywhere (diagnostics.split_lines): CRLF and a lone CR end a line like
+    # LF, as in editors. lark counts LFs, so it sees the text with every break made an LF; columns
+    # and every other character are unchanged.
+    text = normalize_newlines(text)
     try:
         tree = _parse_with_comments(text, keep_comment)
+    except _TooLong as e:
+        raise _too_long(e.tok, text, path) from None
     except LarkError as e:
         raise _syntax_error(e, text, path) from None
     except RecursionError:
@@ -303,6 +336,8 @@ def parse(text: str, path: str = "<string>") -> A.File:
         ) from None
     try:
         return _Builder(path).file(tree, tuple(comments))
+    except _TooLong as e:
+        raise _too_long(e.tok, text, path) from None
     except _TooDeep as e:
         raise SpecError(
             [Diagnostic(f"expression nested more than {MAX_NESTING} levels deep", e.span)], source=text, path=path

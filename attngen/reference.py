@@ -46,6 +46,7 @@ from attngen.ir import (
     norm_weight_name,
     uses_score,
     fp32_literal,
+    walk,
 )
 
 # Largest float64 block (bytes) one step builds; a handful of these live at once.
@@ -331,10 +332,15 @@ def count_visible(v: Variant, sizes: Sizes, inputs: Mapping[str, np.ndarray] | N
     _check_mask(v)
     env_sizes = _size_map(v, sizes)
     tensors = prepare_tensors(v, inputs)
-    cq = max(1, min(sizes.Lq, CHUNK_BYTES // max(1, v.heads * sizes.Lk * 8)))
-    hs = np.arange(v.heads)[:, None, None]
+    # Batch rows and heads the mask does not index look alike: count one and multiply (a causal
+    # mask at 4096 heads costs what it costs at one).
+    uses = {n.var for n in walk(v.mask) if isinstance(n, Index)}
+    nb = sizes.B if IndexVar.B in uses else 1
+    nh = v.heads if IndexVar.H in uses else 1
+    cq = max(1, min(sizes.Lq, CHUNK_BYTES // max(1, nh * sizes.Lk * 8)))
+    hs = np.arange(nh)[:, None, None]
     total = 0
-    for b in range(sizes.B):
+    for b in range(nb):
         for q0 in range(0, sizes.Lq, cq):
             q1 = min(sizes.Lq, q0 + cq)
             env = Env(
@@ -347,9 +353,9 @@ def count_visible(v: Variant, sizes: Sizes, inputs: Mapping[str, np.ndarray] | N
                 env_sizes,
                 tensors,
             )
-            m = np.broadcast_to(evaluate(v.mask, env), (v.heads, q1 - q0, sizes.Lk))
+            m = np.broadcast_to(evaluate(v.mask, env), (nh, q1 - q0, sizes.Lk))
             total += int(np.count_nonzero(m))
-    return total
+    return total * (sizes.B // nb) * (v.heads // nh)
 
 
 # --------------------------------------------------------------------------------------------

@@ -148,10 +148,31 @@ def test_fuzz_command_summary_says_cpu_only(tmp_path, capsys) -> None:
 
 
 def test_fuzz_specs_command(tmp_path, capsys) -> None:
-    rc = fuzz.main(["--specs", "--max-examples", "15", "--seed", "4", "--out", str(tmp_path)])
+    rc = fuzz.main(["--specs", "--max-examples", "15", "--seed", "4", "--out", str(tmp_path), "--no-nvcc"])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
-    assert "generated specs: " in cap.out and "mutated specs: " in cap.out
+    assert "generated specs: " in cap.out and "mutated specs: " in cap.out and "nvcc" not in cap.out
+
+
+@pytest.mark.nvcc
+def test_fuzz_specs_nvcc_step(tmp_path, capsys) -> None:
+    rc = fuzz.main(["--specs", "--max-examples", "2", "--seed", "4", "--out", str(tmp_path), "--nvcc", "--jobs", "2"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "nvcc (sm_90a and sm_80): " in cap.out and " 0 failed" in cap.out
+
+
+def test_fuzz_specs_nvcc_failure_is_reported(tmp_path, monkeypatch) -> None:
+    """An accepted spec whose source nvcc rejects fails the run and leaves a reproducer."""
+    from attngen import frontend, nvcc_check
+
+    monkeypatch.setattr(nvcc_check, "compile_check", lambda source, arch, timeout_s=0: f"nvcc for {arch.value} failed: boom")
+    checker = nvcc_check.NvccChecker(jobs=1)
+    text = (EXAMPLES / "gpt2_causal_fp16.attn").read_text()
+    checker.submit(text, frontend.loads(text).variants)
+    out = fuzz._nvcc_outcome(checker, str(tmp_path), quiet=True)
+    assert out.failure and "boom" in out.failure and len(checker.failures) == 2
+    assert (out.reproducer / "spec.attn").read_text() == text
 
 
 def test_fuzz_usage_errors(tmp_path, capsys) -> None:

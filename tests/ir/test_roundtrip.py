@@ -44,7 +44,7 @@ from attngen.ir import (
     UnOp,
     Variant,
 )
-from attngen.lower import make_builtin
+from attngen.lower import MAX_LOOKUP_NESTING, make_builtin
 from attngen.schedule import SUPPORTED_HEAD_DIMS, auto_tile, validate_tile
 
 I, F, BOOL = ScalarType.INT, ScalarType.FLOAT, ScalarType.BOOL
@@ -65,8 +65,12 @@ def _arith_type(a: Expr, b: Expr) -> ScalarType:
 
 
 class Ctx:
-    def __init__(self, tensors: dict[str, TensorDecl], heads: int, kind: AttnKind, in_score: bool):
+    def __init__(self, tensors: dict[str, TensorDecl], heads: int, kind: AttnKind, in_score: bool, loads: int = 0):
         self.tensors, self.heads, self.kind, self.in_score = tensors, heads, kind, in_score
+        self.loads = loads  # lookups this expression sits inside (lower.MAX_LOOKUP_NESTING bounds them)
+
+    def inside_load(self) -> "Ctx":
+        return Ctx(self.tensors, self.heads, self.kind, self.in_score, self.loads + 1)
 
     def of(self, pred) -> list[TensorDecl]:
         return [t for t in self.tensors.values() if pred(t)]
@@ -83,10 +87,11 @@ def expr(draw, want: ScalarType, ctx: Ctx, depth: int) -> Expr:
 
 def _load(draw, ctx: Ctx, depth: int, is_float: bool) -> Expr | None:
     cands = ctx.of(lambda t: t.dtype.is_float == is_float)
-    if not cands:
+    if not cands or ctx.loads >= MAX_LOOKUP_NESTING:
         return None
     t = draw(st.sampled_from(cands))
-    idx = tuple(draw(int_expr(ctx, max(0, depth - 1))) for _ in t.shape)
+    inner = ctx.inside_load()
+    idx = tuple(draw(int_expr(inner, max(0, depth - 1))) for _ in t.shape)
     return Load(t.name, idx, F if is_float else I)
 
 
