@@ -64,9 +64,10 @@ def test_wheel_contains_grammar_and_templates(wheel):
     assert "attngen/grammar/attn.lark" in names
     templates = [n for n in names if n.startswith("attngen/backends/cuda/") and n.endswith(".cu.j2")]
     assert templates, sorted(names)
-    # every template in the checkout made it in
-    for t in (ROOT / "backends" / "cuda").rglob("*.cu.j2"):
-        assert f"attngen/backends/cuda/{t.relative_to(ROOT / 'backends' / 'cuda').as_posix()}" in names
+    # every template in the checkout made it in, family folders (common/, fwd/, ...) included
+    tdir = ROOT / "backends" / "cuda"
+    for t in tdir.rglob("*.cu.j2"):
+        assert f"attngen/backends/cuda/{t.relative_to(tdir).as_posix()}" in names
     for mod in ("attngen/__init__.py", "attngen/cli.py", "attngen/ir.py"):
         assert mod in names
 
