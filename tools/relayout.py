@@ -131,6 +131,8 @@ TEMPLATES: dict[str, str] = {
     "_lookups.cu.j2": "common",
     "_cp_async.cu.j2": "common",
     "_tc_helpers.cu.j2": "common",
+    "_sink.cu.j2": "common",  # the sink epilogue, shared by the forward engines and the decode combine
+    "checks.cu.j2": "common",  # the device input checks every family launches first
     "attention.cu.j2": "fwd",
     "_mma.cu.j2": "fwd",
     "_wgmma.cu.j2": "fwd",
