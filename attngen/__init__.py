@@ -20,12 +20,18 @@ __version__ = "0.1.0"
 
 # name -> (module, attribute or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "load": ("attngen.frontend", "load"),
-    "loads": ("attngen.frontend", "loads"),
-    "compile": ("attngen.runtime", "compile"),
-    "raise_pending": ("attngen.runtime", "raise_pending"),
-    "reference": ("attngen.reference", None),
-    "SpecError": ("attngen.diagnostics", "SpecError"),
+    "load": ("attngen.lang.frontend", "load"),
+    "loads": ("attngen.lang.frontend", "loads"),
+    "compile": ("attngen.runtime.kernel", "compile"),
+    "raise_pending": ("attngen.runtime.kernel", "raise_pending"),
+    "reference": ("attngen.check.reference", None),
+    "SpecError": ("attngen.lang.diagnostics", "SpecError"),
+    "derivative": ("attngen.analysis.derivative", None),
+    "distributed": ("attngen.runtime.distributed", None),
+    "intervals": ("attngen.analysis.intervals", None),
+    "runtime_bwd": ("attngen.runtime.bwd", None),
+    "torch": ("attngen.runtime.torch", None),
+    "workload": ("attngen.check.workload", None),
 }
 
 __all__ = ["__version__", *_LAZY]

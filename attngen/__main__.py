@@ -2,6 +2,6 @@
 
 import sys
 
-from attngen.cli import main
+from attngen.tools.cli import main
 
 sys.exit(main())

@@ -47,4 +47,4 @@ def grammar_dir() -> Path:
 
 def cuda_template_dir() -> Path:
     """The directory holding the CUDA templates (attention.cu.j2 and its partials)."""
-    return _dir("attngen.backends.cuda", "backends/cuda", "backends/cuda", "attention.cu.j2")
+    return _dir("attngen.backends.cuda", "backends/cuda", "backends/cuda", "fwd/attention.cu.j2")

@@ -1,5 +1,8 @@
-"""`attngen.torch`: attngen variants as PyTorch operators (see attngen/torch_op.py)."""
+"""`attngen.torch`, the path the documentation uses; the module is `attngen.runtime.torch`."""
 
-from attngen.torch_op import Attention, AttnOp, raise_pending, register
+# relayout: alias of attngen.runtime.torch
+import sys
 
-__all__ = ["register", "Attention", "AttnOp", "raise_pending"]
+from attngen.runtime import torch as _module
+
+sys.modules[__name__] = _module

@@ -63,7 +63,7 @@ def main() -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import attngen
-    from attngen import frontend
+    from attngen.lang import frontend
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -128,8 +128,8 @@ def main() -> int:
         del sets
         torch.cuda.empty_cache()
     # Schedule sweep: (keys a warp, ring stages) of the split kernel, at two rows.
-    from attngen import runtime_decode
-    from attngen.runtime import device_arch
+    from attngen.runtime import decode as runtime_decode
+    from attngen.runtime.kernel import device_arch
 
     tile_rows = []
     for B, Lk in ((8, 32768), (1, 131072)):

@@ -71,7 +71,7 @@ def main() -> int:
     import torch.distributed as dist
 
     import attngen
-    from attngen import distributed as Dd
+    from attngen.runtime import distributed as Dd
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)

@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # runnable from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from attngen import bench, frontend  # noqa: E402
-from attngen.ir import Variant  # noqa: E402
+from attngen.tools import bench  # noqa: E402
+from attngen.lang import frontend  # noqa: E402
+from attngen.ir.nodes import Variant  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
 # Specs
@@ -243,13 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="timed launches per implementation (default per workload)")
     args = p.parse_args(argv)
 
-    from attngen import fuzz
+    from attngen.check import fuzz
 
     ok, why = fuzz.gpu_status()
     if not ok:
         print(f"suite: no GPU ({why}); nothing to time", file=sys.stderr)
         return 2
-    from attngen import runtime
+    from attngen.runtime import kernel as runtime
 
     wls = [w for w in WORKLOADS if not args.only or w.name in args.only]
     unknown = set(args.only or []) - {w.name for w in WORKLOADS}

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # runnable from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from attngen import bench, frontend  # noqa: E402
+from attngen.tools import bench  # noqa: E402
+from attngen.lang import frontend  # noqa: E402
 
 TOKENS = 32768
 LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -49,7 +50,8 @@ def spec(label: str, heads: int, kv: int, d: int, causal: bool) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attngen import fuzz, runtime
+    from attngen.check import fuzz
+    from attngen.runtime import kernel as runtime
 
     ok, why = fuzz.gpu_status()
     if not ok:

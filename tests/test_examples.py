@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from attngen.ir import AttnKind, Builtin, BuiltinName, NormScope, NormTarget, walk
+from attngen.ir.nodes import AttnKind, Builtin, BuiltinName, NormScope, NormTarget, walk
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
@@ -14,7 +14,7 @@ IDS = [p.stem for p in EXAMPLES]
 
 
 def _load(path: Path):
-    from attngen.frontend import load
+    from attngen.lang.frontend import load
 
     return load(str(path))
 
@@ -46,7 +46,7 @@ def test_example_has_header_comment(path):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
 def test_example_print_round_trip(path):
-    from attngen.frontend import loads, print_program
+    from attngen.lang.frontend import loads, print_program
 
     program = _load(path)
     text = print_program(program)

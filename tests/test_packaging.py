@@ -68,7 +68,7 @@ def test_wheel_contains_grammar_and_templates(wheel):
     tdir = ROOT / "backends" / "cuda"
     for t in tdir.rglob("*.cu.j2"):
         assert f"attngen/backends/cuda/{t.relative_to(tdir).as_posix()}" in names
-    for mod in ("attngen/__init__.py", "attngen/cli.py", "attngen/ir.py"):
+    for mod in ("attngen/__init__.py", "attngen/tools/cli.py", "attngen/ir/nodes.py"):
         assert mod in names
 
 
@@ -76,7 +76,7 @@ def test_wheel_declares_console_script_and_version(wheel):
     z = zipfile.ZipFile(wheel)
     dist = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/METADATA"))
     entry = z.read(f"{dist}/entry_points.txt").decode()
-    assert re.search(r"^attngen\s*=\s*attngen\.cli:main$", entry, re.M), entry
+    assert re.search(r"^attngen\s*=\s*attngen\.tools\.cli:main$", entry, re.M), entry
     meta = z.read(f"{dist}/METADATA").decode()
     assert f"Version: {attngen.__version__}" in meta
 
@@ -181,7 +181,7 @@ def test_installed_wheel_imports_from_the_venv(installed, tmp_path):
     mod, grammar, templates = p.stdout.split()
     for path in (mod, grammar, templates):
         assert path.startswith(str(installed)), (path, installed)  # not the checkout
-    assert Path(grammar, "attn.lark").is_file() and Path(templates, "attention.cu.j2").is_file()
+    assert Path(grammar, "attn.lark").is_file() and Path(templates, "fwd/attention.cu.j2").is_file()
 
 
 def test_installed_console_script_checks_explains_compiles_fuzzes(installed, tmp_path):

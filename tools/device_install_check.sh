@@ -113,7 +113,10 @@ cuda_extra() {
 import sys
 venv = sys.argv[1]
 import attngen, cupy
-from attngen import compile_cuda, frontend, fuzz, runtime
+from attngen.cuda import compile as compile_cuda
+from attngen.lang import frontend
+from attngen.check import fuzz
+from attngen.runtime import kernel as runtime
 assert attngen.__file__.startswith(venv), attngen.__file__
 assert cupy.__file__.startswith(venv), cupy.__file__
 v = frontend.load("seed_padded_fp32.attn").get()
@@ -144,8 +147,9 @@ step extra run_hidden cuda_extra
 nvrtc_new_arches() {
   cd "$ROOT" && python - "$VENV" <<'PY'
 import sys
-from attngen import compile_cuda, frontend, render_cuda
-from attngen.schedule import Arch
+from attngen.cuda import compile as compile_cuda, render as render_cuda
+from attngen.lang import frontend
+from attngen.plan.schedule import Arch
 for name in ("gpt2_causal_fp16", "llama3_gqa_causal", "seed_padded_fp32"):
     for arch in (Arch.SM100, Arch.SM120):
         v = frontend.load(f"examples/{name}.attn", arch=arch).get()

@@ -12,7 +12,7 @@ FZ=/tmp/fuzz; rm -rf "$FZ"; mkdir -p "$FZ"
 # Compile every example once up front so the parallel runs do not all cold-compile at once.
 python3 - <<'PY'
 import glob, attngen
-from attngen import frontend
+from attngen.lang import frontend
 for f in sorted(glob.glob("examples/*.attn")):
     for v in frontend.load(f).variants:
         attngen.compile(v)

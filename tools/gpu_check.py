@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 import attngen
-from attngen import reference, tolerance
-from attngen.frontend import loads
-from attngen.workload import make_inputs
+from attngen.check import reference, tolerance
+from attngen.lang.frontend import loads
+from attngen.check.workload import make_inputs
 
 OUT = os.environ.get("OUT")
 LOG = open(os.path.join(OUT, "gpu_check.jsonl"), "w") if OUT else None
@@ -139,7 +139,7 @@ def perf_case(text: str, B: int, L: int, causal_frac: float | None = None, Lk: i
 def graph_us(fn, n: int = 100) -> float:
     """GPU time of one call in µs: n calls captured in a CUDA graph, replayed between events (host
     overhead of the Python call is excluded, which is what a C++ engine or a graph sees)."""
-    from attngen import bench as _bench
+    from attngen.tools import bench as _bench
 
     t = _bench.time_graph(lambda i: fn(), 1, repeats=n)
     if t is None:
@@ -150,8 +150,8 @@ def graph_us(fn, n: int = 100) -> float:
 def seed_case(tiles=((16, 32, 4, 1), (16, 64, 4, 1), (16, 128, 4, 1), (32, 64, 8, 1))) -> dict:
     """The seed case (fp32, B4 H8 L128 D64, padding) in GPU time for a few fp32 tiles, each output
     checked against the reference first, next to torch SDPA efficient."""
-    from attngen.frontend import print_program
-    from attngen.ir import Program
+    from attngen.lang.frontend import print_program
+    from attngen.ir.nodes import Program
 
     base = attngen.load(os.path.join(os.path.dirname(__file__), "..", "examples", "seed_padded_fp32.attn")).get(None)
     inp = make_inputs(base, 4, 128, 128, np.random.default_rng(3))
@@ -233,8 +233,8 @@ def main() -> int:
                 fails += 1
                 continue
             for v in prog.variants:
-                from attngen.frontend import print_program
-                from attngen.ir import Program
+                from attngen.lang.frontend import print_program
+                from attngen.ir.nodes import Program
                 L = 200
                 cases.append((print_program(Program((v,))), 2, L, L if v.kind.value == "self" else 150))
     for i, (text, B, Lq, Lk) in enumerate([] if args.no_check else cases):

@@ -68,8 +68,8 @@ def main() -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import attngen
-    import attngen.torch as at
-    from attngen.binder import launch_driver
+    import attngen.runtime.torch as at
+    from attngen.runtime.binder import launch_driver
 
     torch.manual_seed(0)
     B, H, L, D = 4, 8, 128, 64

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 import attngen
-from attngen import reference, tolerance
-from attngen.frontend import loads
-from attngen.workload import make_inputs
+from attngen.check import reference, tolerance
+from attngen.lang.frontend import loads
+from attngen.check.workload import make_inputs
 
 SPECS = [
     ("attention pad_bf16 { dtype bf16; head_dim 64; heads 4 kv 2; mask padding && causal; output lse }", "self"),

@@ -20,7 +20,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import suite  # noqa: E402
 
-from attngen import bench, frontend, runtime  # noqa: E402
+from attngen.tools import bench  # noqa: E402
+from attngen.lang import frontend  # noqa: E402
+from attngen.runtime import kernel as runtime  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attngen.plan_bwd import BwdPlan
+from attngen.plan.bwd import BwdPlan
 
 CUDA_INCLUDE = "/usr/local/cuda/include"
 
@@ -127,7 +127,7 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
     """Compile `src` for the host and run its kernels on the arrays (numpy, spec dtypes, the
     variant's layout, contiguous); returns dq, dk, dv (and the gradients of the score inputs named
     in `wrt`) as float64 in their inputs' shapes."""
-    from attngen.reference import dtype_of
+    from attngen.check.reference import dtype_of
 
     ns = f"{bp.base_name}_impl"
     body = src.split("#ifndef __CUDACC_RTC__\n// Host launcher")[0]

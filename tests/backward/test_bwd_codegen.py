@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from attngen import compile_cuda, frontend, plan_bwd, render_bwd
-from attngen.schedule import Arch
+from attngen.cuda import compile as compile_cuda, render_bwd
+from attngen.lang import frontend
+from attngen.plan import bwd as plan_bwd
+from attngen.plan.schedule import Arch
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
@@ -87,7 +89,7 @@ def test_nvcc_compiles_every_supported_example(arch):
         unit = "\n".join(render_bwd.render(v, arch, deterministic=det) for _, v in SUPPORTED)
         res = compile_cuda.resources(unit, arch)
         names = {r.kernel for r in res}
-        from attngen import plan_bwd as pb
+        from attngen.plan import bwd as pb
         assert names == {k.name for _, v in SUPPORTED for k in pb.plan(v, arch, deterministic=det).kernels}, sorted(names)
         for r in res:
             # Small spills (a few words of the interval classification) are tolerated; report them.

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 import _irb as T  # noqa: E402
 
-from attngen import derivative as dv  # noqa: E402
-from attngen.ir import Const, Expr, IndexVar, Load, ScalarType, SizeSym, walk  # noqa: E402
-from attngen.reference import Env, evaluate  # noqa: E402
+from attngen.analysis import derivative as dv  # noqa: E402
+from attngen.ir.nodes import Const, Expr, IndexVar, Load, ScalarType, SizeSym, walk  # noqa: E402
+from attngen.check.reference import Env, evaluate  # noqa: E402
 
 F = ScalarType.FLOAT
 LQ, LK, H, NB = 5, 7, 3, 2

@@ -16,9 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 import _host_emu  # noqa: E402
 import _irb as T  # noqa: E402
 
-from attngen import reference, render_bwd, workload  # noqa: E402
-from attngen.ir import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym  # noqa: E402
-from attngen.schedule import Arch  # noqa: E402
+from attngen.check import reference, workload  # noqa: E402
+from attngen.cuda import render_bwd  # noqa: E402
+from attngen.ir.nodes import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym  # noqa: E402
+from attngen.plan.schedule import Arch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(_host_emu.available() is not None, reason=f"no host emulation: {_host_emu.available()}")
 
@@ -125,7 +126,7 @@ def test_head_scope_qk_norms_with_weight_gradients(qkind, kkind, deterministic):
                   norms=(Norm(NormTarget.Q, qkind, NormScope.HEAD, 1e-5), Norm(NormTarget.K, kkind, NormScope.HEAD, 1e-6)))
     rng = np.random.default_rng(12)
     arrays = workload.make_inputs(v, 2, 75, 75, rng)
-    from attngen import plan_bwd
+    from attngen.plan import bwd as plan_bwd
 
     wrt = plan_bwd.norm_params(v)
     assert len(wrt) == (4 if qkind == NormKind.LAYERNORM else 2)

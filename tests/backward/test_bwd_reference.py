@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 import _irb as T  # noqa: E402
 
-from attngen import frontend, reference, reference_bwd, workload  # noqa: E402
-from attngen.fuzz import spec_strategy  # noqa: E402
-from attngen.ir import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget  # noqa: E402
+from attngen.lang import frontend  # noqa: E402
+from attngen.check import reference, reference_bwd, workload  # noqa: E402
+from attngen.check.fuzz import spec_strategy  # noqa: E402
+from attngen.ir.nodes import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget  # noqa: E402
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.attn"))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attngen import cli
+from attngen.tools import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
@@ -66,7 +66,7 @@ def test_examples_exist():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
 def test_check_every_example(capsys, path):
-    from attngen.frontend import load
+    from attngen.lang.frontend import load
 
     rc, out, err = run(capsys, "check", str(path))
     assert rc == 0, err
@@ -170,7 +170,7 @@ def test_version(capsys):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
 def test_fmt_every_example(capsys, path):
-    from attngen.frontend import format_source, loads
+    from attngen.lang.frontend import format_source, loads
 
     rc, out, err = run(capsys, "fmt", str(path))
     assert rc == 0, err
@@ -233,14 +233,14 @@ def test_fmt_check_and_write_are_exclusive(capsys, tmp_path):
 
 
 def _decl_dims(v, d) -> str:
-    from attngen.explain import _decl_symbolic
+    from attngen.tools.explain import _decl_symbolic
 
     return _decl_symbolic(v, d)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
 def test_explain_every_example(capsys, path):
-    from attngen.frontend import load
+    from attngen.lang.frontend import load
 
     program = load(str(path))
     rc, out, err = run(capsys, "explain", str(path), "--shape", "1,512,512")
@@ -301,7 +301,7 @@ def test_explain_data_dependent_mask_is_flagged(capsys):
 def test_explain_causal_density(capsys):
     # A causal mask at L=1024 sees (L+1)/(2L) of the matrix; with 64x32 fp32 tiles or larger
     # bf16 ones, some tiles are skipped and some are partial.
-    pytest.importorskip("attngen.intervals")
+    pytest.importorskip("attngen.analysis.intervals")
     rc, out, _ = run(capsys, "explain", str(ROOT / "examples/gpt2_causal_fp16.attn"), "--shape", "1,1024,1024")
     assert rc == 0
     m = re.search(r"visible fraction: ([0-9.]+)%", out)
@@ -358,7 +358,7 @@ def test_explain_missing_file(capsys, tmp_path):
 
 @pytest.mark.parametrize(
     "command,module,extra",
-    [("compile", "attngen.cmd_compile", ["-o", "x.cu"]), ("fuzz", "attngen.fuzz", []), ("bench", "attngen.bench", [])],
+    [("compile", "attngen.tools.cmd_compile", ["-o", "x.cu"]), ("fuzz", "attngen.check.fuzz", []), ("bench", "attngen.tools.bench", [])],
 )
 def test_delegating_commands(capsys, monkeypatch, command, module, extra):
     seen = {}
@@ -374,7 +374,7 @@ def test_delegating_commands(capsys, monkeypatch, command, module, extra):
     assert seen["args"].file == "examples/llama3_gqa_causal.attn"
 
 
-@pytest.mark.parametrize("command,module", [("compile", "attngen.cmd_compile"), ("fuzz", "attngen.fuzz"), ("bench", "attngen.bench")])
+@pytest.mark.parametrize("command,module", [("compile", "attngen.tools.cmd_compile"), ("fuzz", "attngen.check.fuzz"), ("bench", "attngen.tools.bench")])
 def test_delegating_commands_when_missing(capsys, monkeypatch, command, module):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail as if absent
     rc, _, err = run(capsys, command, "examples/llama3_gqa_causal.attn")
@@ -439,7 +439,7 @@ def test_internal_error_is_one_line(capsys, monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.delenv("ATTNGEN_TRACEBACK", raising=False)
-    monkeypatch.setitem(sys.modules, "attngen.bench", types.SimpleNamespace(main=broken))
+    monkeypatch.setitem(sys.modules, "attngen.tools.bench", types.SimpleNamespace(main=broken))
     rc, _, err = run(capsys, "bench", "x.attn")
     assert rc == 3
     assert "internal error: RuntimeError: boom" in err

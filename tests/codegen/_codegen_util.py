@@ -11,7 +11,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
 
 @functools.lru_cache(maxsize=None)
 def load_example(path: str):
-    from attngen.frontend import load
+    from attngen.lang.frontend import load
 
     return load(path)
 
@@ -34,7 +34,7 @@ def _id(p: Path, n: str) -> str:
 
 
 def _forward_ok(p: Path, n: str) -> bool:
-    from attngen.plan_decode import forward_unsupported
+    from attngen.plan.decode import forward_unsupported
 
     return forward_unsupported(variant(p, n)) is None
 

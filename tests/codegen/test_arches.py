@@ -11,11 +11,12 @@ import sys
 import pytest
 from _codegen_util import ROOT
 
-from attngen import cli, compile_cuda, render_cuda
-from attngen.diagnostics import SpecError
-from attngen.frontend import load
-from attngen.ir import TileConfig
-from attngen.schedule import Arch, arch_for_cc, spill_budget
+from attngen.tools import cli
+from attngen.cuda import compile as compile_cuda, render as render_cuda
+from attngen.lang.diagnostics import SpecError
+from attngen.lang.frontend import load
+from attngen.ir.nodes import TileConfig
+from attngen.plan.schedule import Arch, arch_for_cc, spill_budget
 
 EX = ROOT / "examples"
 FP16 = EX / "gpt2_causal_fp16.attn"

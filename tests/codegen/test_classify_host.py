@@ -26,16 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ir"))
 from _irb import add, cf, ci, cmp, h, kv, load, mul, q, sub  # noqa: E402
 from test_intervals import DECLS, H_, B_, bool_expr, brute, make_data, the_variant  # noqa: E402
 
-from attngen.ir import DType, ScalarType, SizeSym  # noqa: E402
-from attngen.lower_cuda import INT_UNKNOWN, ElementEmitter, IntervalEmitter, tensor_ctype  # noqa: E402
-from attngen.render_cuda import _environment, _tensor_ctx  # noqa: E402
+from attngen.ir.nodes import DType, ScalarType, SizeSym  # noqa: E402
+from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, tensor_ctype  # noqa: E402
+from attngen.cuda.render import _environment, _tensor_ctx  # noqa: E402
 
 
 def _tensor_ctx_of(decls):
     """The lookups' template context for a set of declarations (the renderer's, per variant)."""
     import dataclasses
 
-    from attngen.ir import TRUE
+    from attngen.ir.nodes import TRUE
 
     carrier = dataclasses.replace(the_variant(TRUE), inputs=tuple(decls))
     return _tensor_ctx(carrier)
@@ -52,8 +52,8 @@ def _program(masks, Lq: int, Lk: int, data: dict, symbols: dict, tiles, offsets:
     for m in masks:  # padding implies q_lens/kv_lens only for the masks that use it
         decls.update({d.name: d for d in the_variant(m).runtime_inputs()})
     env = _environment()
-    helpers = env.get_template("_helpers.cu.j2").render(int_unknown=INT_UNKNOWN)
-    lookups = env.get_template("_lookups.cu.j2").render(tensors=_tensor_ctx_of(decls.values()))
+    helpers = env.get_template("common/_helpers.cu.j2").render(int_unknown=INT_UNKNOWN)
+    lookups = env.get_template("common/_lookups.cu.j2").render(tensors=_tensor_ctx_of(decls.values()))
     qo, ko = offsets
     fields = ["int B;", "int Lq;", "int Lk;", "int q_offset;", "int kv_offset;", "int Lq_total;", "int Lk_total;"]
     init = [str(B_), str(Lq - qo), str(Lk - ko), str(qo), str(ko), str(Lq), str(Lk)]

@@ -1,4 +1,4 @@
-"""`attngen compile` (attngen.cmd_compile): outputs, exit codes, messages; never a traceback."""
+"""`attngen compile` (attngen.tools.cmd_compile): outputs, exit codes, messages; never a traceback."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from _codegen_util import ROOT
 
-from attngen import cli, cmd_compile, compile_cuda, render_cuda
-from attngen.frontend import load
-from attngen.schedule import Arch
+from attngen.tools import cli, cmd_compile
+from attngen.cuda import compile as compile_cuda, render as render_cuda
+from attngen.lang.frontend import load
+from attngen.plan.schedule import Arch
 
 LLAMA = str(ROOT / "examples" / "llama3_gqa_causal.attn")
 GEMMA = str(ROOT / "examples" / "gemma2_alternating.attn")
@@ -38,7 +39,7 @@ def _no_nvcc(monkeypatch):
 
 
 def test_cli_delegates_to_cmd_compile():
-    assert cli.cmd_compile.__doc__ and "attngen.cmd_compile" in cli.cmd_compile.__doc__
+    assert cli.cmd_compile.__doc__ and "attngen.tools.cmd_compile" in cli.cmd_compile.__doc__
 
 
 def test_stdout_is_the_rendered_source(capsys):
@@ -234,9 +235,9 @@ def _check_table(text: str, arch: str, smem: int, threads: int | None = None) ->
     assert m.group(1) == "attngen_llama3_gqa_causal" and m.group(2) == arch
     assert 0 < int(m.group(3)) <= 255
     if threads is None:
-        from attngen.frontend import load
-        from attngen.render_cuda import plan
-        from attngen.schedule import Arch
+        from attngen.lang.frontend import load
+        from attngen.cuda.render import plan
+        from attngen.plan.schedule import Arch
 
         threads = plan(load(LLAMA).get(None), Arch(arch)).threads
     assert int(m.group(8)) == smem and int(m.group(9)) == threads

@@ -13,8 +13,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 from _codegen_util import VARIANT_IDS, VARIANTS, variant
 
-from attngen import compile_cuda, render_cuda
-from attngen.schedule import Arch, spill_budget
+from attngen.cuda import compile as compile_cuda, render as render_cuda
+from attngen.plan.schedule import Arch, spill_budget
 
 
 def v_dtype(path, name):

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from _codegen_util import EXAMPLES, ROOT, VARIANT_IDS, VARIANTS, variant
 
-from attngen import __version__, render_cuda
-from attngen.frontend import loads, print_program
-from attngen.ir import Program
-from attngen.schedule import Arch
+from attngen import __version__
+from attngen.cuda import render as render_cuda
+from attngen.lang.frontend import loads, print_program
+from attngen.ir.nodes import Program
+from attngen.plan.schedule import Arch
 
 ARCHS = [Arch.SM80, Arch.SM90A]
 
@@ -86,7 +87,7 @@ def test_cu_does_not_depend_on_cwd(tmp_path, monkeypatch):
     copy = tmp_path / "spec.attn"
     shutil.copy(p, copy)
     monkeypatch.chdir(tmp_path)
-    from attngen.frontend import load
+    from attngen.lang.frontend import load
 
     assert render_cuda.render(load(str(copy)).get(name)) == a
 
@@ -132,7 +133,7 @@ def test_user_identifiers_only_as_prefixed_names():
     ["input ev*/il: fp32[H]", "input ev\nil: fp32[H]", 'input "evil": fp32[H]', "input evil; int x: fp32[H]"],
 )
 def test_unvalidated_names_are_rejected(bad):
-    from attngen.diagnostics import SpecError
+    from attngen.lang.diagnostics import SpecError
 
     text = EVIL.replace("input evil: fp32[H, Lk]", bad)
     with pytest.raises(SpecError):

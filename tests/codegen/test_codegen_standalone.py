@@ -10,7 +10,7 @@ import sys
 import pytest
 from _codegen_util import ROOT
 
-from attngen.schedule import Arch
+from attngen.plan.schedule import Arch
 
 pytestmark = pytest.mark.nvcc
 
@@ -77,8 +77,8 @@ def test_header_layout_matches_params(built):
     """The header's struct and the .cu's Params agree field by field (size and offset), checked
     by the compiler in one translation unit (the header's prototypes that take the struct renamed
     out of the way)."""
-    from attngen.frontend import load
-    from attngen.render_cuda import plan
+    from attngen.lang.frontend import load
+    from attngen.cuda.render import plan
 
     fields = plan(load(str(SPEC)).get(), Arch.SM90A).fields
     checks = "\n".join(

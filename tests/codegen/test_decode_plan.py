@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 from _codegen_util import ALL_VARIANT_IDS, ALL_VARIANTS, DECODE_ONLY, DECODE_ONLY_IDS, variant
 
-from attngen import compile_cuda, frontend, plan_decode
-from attngen.plan_decode import DECODE_MAX_LQ, Family, choose_family, decode_unsupported
-from attngen.render_decode import render_decode
-from attngen.schedule import Arch
+from attngen.cuda import compile as compile_cuda
+from attngen.lang import frontend
+from attngen.plan import decode as plan_decode
+from attngen.plan.decode import DECODE_MAX_LQ, Family, choose_family, decode_unsupported
+from attngen.cuda.render_decode import render_decode
+from attngen.plan.schedule import Arch
 
 SPEC = """
 attention dec {
@@ -133,8 +135,8 @@ PAGED = SPEC.replace("  output lse", "  kv_cache paged(16)\n  output lse")
 
 
 def test_paged_fields_and_routing() -> None:
-    from attngen import render_cuda
-    from attngen.render_decode import decode_fields
+    from attngen.cuda import render as render_cuda
+    from attngen.cuda.render_decode import decode_fields
 
     v = _v(PAGED)
     names = [f.name for f in decode_fields(v)]

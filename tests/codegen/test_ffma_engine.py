@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from attngen import compile_cuda, render_cuda
-from attngen.frontend import loads
-from attngen.ir import DType, TileConfig
-from attngen.schedule import Arch, ffma_accumulators, min_blocks_per_sm, smem_bytes, validate_tile
+from attngen.cuda import compile as compile_cuda, render as render_cuda
+from attngen.lang.frontend import loads
+from attngen.ir.nodes import DType, TileConfig
+from attngen.plan.schedule import Arch, ffma_accumulators, min_blocks_per_sm, smem_bytes, validate_tile
 
 F32 = DType.FP32
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attngen.ir import FP32_MAX, fp32_literal
-from attngen.lower_cuda import float_literal
+from attngen.ir.nodes import FP32_MAX, fp32_literal
+from attngen.cuda.emit import float_literal
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
-"""Unit tests of the IR → C++ expression emitters (attngen.lower_cuda)."""
+"""Unit tests of the IR → C++ expression emitters (attngen.cuda.emit)."""
 
 from __future__ import annotations
 
-from attngen.ir import BinOp, Binary, Const, Index, IndexVar, ScalarType, Unary, UnOp
-from attngen.lower_cuda import ElementEmitter, IntervalEmitter
+from attngen.ir.nodes import BinOp, Binary, Const, Index, IndexVar, ScalarType, Unary, UnOp
+from attngen.cuda.emit import ElementEmitter, IntervalEmitter
 
 I, B = ScalarType.INT, ScalarType.BOOL
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from attngen import render_cuda
-from attngen.frontend import loads
-from attngen.render_cuda import GridRule, KernelRole, OpPlan, plan
-from attngen.schedule import Arch
+from attngen.cuda import render as render_cuda
+from attngen.lang.frontend import loads
+from attngen.cuda.render import GridRule, KernelRole, OpPlan, plan
+from attngen.plan.schedule import Arch
 
 
 def _v(body: str):

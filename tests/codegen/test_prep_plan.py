@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from attngen import render_cuda
-from attngen.frontend import loads
-from attngen.ir import DType
+from attngen.cuda import render as render_cuda
+from attngen.lang.frontend import loads
+from attngen.ir.nodes import DType
 
 CASES = {
     "none": ("dtype bf16; head_dim 64; heads 4; mask causal", []),

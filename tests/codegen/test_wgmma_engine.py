@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 
-from attngen import compile_cuda, render_cuda
-from attngen.diagnostics import SpecError
-from attngen.frontend import loads
-from attngen.ir import DType, TileConfig
-from attngen.schedule import (
+from attngen.cuda import compile as compile_cuda, render as render_cuda
+from attngen.lang.diagnostics import SpecError
+from attngen.lang.frontend import loads
+from attngen.ir.nodes import DType, TileConfig
+from attngen.plan.schedule import (
     Arch,
     Engine,
     engine,
@@ -178,7 +178,7 @@ def test_a_plain_sm90_build_stops_at_a_clear_error(tmp_path) -> None:
 
 
 def test_explain_names_the_engine_and_the_threads() -> None:
-    from attngen.explain import explain
+    from attngen.tools.explain import explain
 
     v = _v("dtype bf16; head_dim 64; heads 4; mask causal")
     text = explain(v, arch=Arch.SM90A)
@@ -208,7 +208,7 @@ def test_persistent_grid_and_the_work_counter_in_the_abi() -> None:
 
 
 def test_explain_describes_the_persistent_schedule() -> None:
-    from attngen.explain import explain
+    from attngen.tools.explain import explain
 
     text = explain(_v("dtype bf16; head_dim 64; heads 16; kind cross; layout bshd; norm q layernorm(1e-5) scope token; "
                       "residual"), arch=Arch.SM90A)

@@ -51,9 +51,9 @@ def run_case(case, rank: int, world: int, group=None):
     import torch
 
     import attngen
-    from attngen import distributed as D
-    from attngen import reference
-    from attngen.workload import make_inputs
+    from attngen.runtime import distributed as D
+    from attngen.check import reference
+    from attngen.check.workload import make_inputs
 
     name, dtype, layout, mask, score, extra, L, scheme, given = case
     var = attngen.loads(SPEC.format(name=name, dtype=dtype, layout=layout, mask=mask, score=score, extra=extra)).get()

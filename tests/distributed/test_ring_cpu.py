@@ -53,7 +53,7 @@ def test_rings_of_2_3_4_and_8_ranks_match_the_reference_on_the_whole_sequence(tm
 
 
 def test_sharding_round_trips_and_balances_causal_work() -> None:
-    from attngen.distributed import Sharding, chunk_bounds, shard, shard_ranges, unshard
+    from attngen.runtime.distributed import Sharding, chunk_bounds, shard, shard_ranges, unshard
 
     for L in (1, 7, 16, 37, 100):
         for W in (1, 2, 3, 4, 8):
@@ -74,7 +74,7 @@ def test_sharding_round_trips_and_balances_causal_work() -> None:
 
 
 def test_merge_is_exact_with_an_empty_partial_and_safe_when_both_are_empty() -> None:
-    from attngen.distributed import merge_partials
+    from attngen.runtime.distributed import merge_partials
 
     g = torch.Generator().manual_seed(0)
     o = torch.randn(2, 5, 3, 8, generator=g).to(torch.bfloat16)  # bshd

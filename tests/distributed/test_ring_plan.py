@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import attngen
-from attngen.distributed import _block_visible, _check_variant, shard_ranges
+from attngen.runtime.distributed import _block_visible, _check_variant, shard_ranges
 
 
 def _v(body: str):

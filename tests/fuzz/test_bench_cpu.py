@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attngen import bench, frontend, fuzz, reference
-from attngen.abi import Sizes
+from attngen.tools import bench
+from attngen.lang import frontend
+from attngen.check import fuzz, reference
+from attngen.ir.abi import Sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -155,7 +157,7 @@ def test_suite_without_gpu_exits_2(capsys) -> None:
 def test_torch_composite_peer_computes_the_variant(name: str) -> None:
     """The unfused torch pipeline the suite races (norms + SDPA + residual), checked on the CPU."""
     torch = pytest.importorskip("torch")
-    from attngen import tolerance
+    from attngen.check import tolerance
 
     v = frontend.load(EXAMPLES / f"{name}.attn").get()
     B, Lq = 2, 24
@@ -172,6 +174,6 @@ def test_torch_composite_peer_computes_the_variant(name: str) -> None:
 
 
 def flex_as_torch(a):
-    from attngen import flex
+    from attngen.check import flex
 
     return flex._as_torch(a)

@@ -10,9 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attngen import flex, frontend, fuzz, reference, tolerance  # noqa: E402
-from attngen.abi import Sizes  # noqa: E402
-from attngen.ir import IndexVar, SizeSym  # noqa: E402
+from attngen.check import flex, fuzz, reference, tolerance  # noqa: E402
+from attngen.lang import frontend  # noqa: E402
+from attngen.ir.abi import Sizes  # noqa: E402
+from attngen.ir.nodes import IndexVar, SizeSym  # noqa: E402
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.attn"))
 
@@ -98,7 +99,7 @@ def test_score_mod_matches_reference(v) -> None:
     s = np.random.default_rng(5).standard_normal((B, v.heads, Lq, Lk)) * 4
     got = score_mod(torch.from_numpy(s.astype(np.float32)), *_grids(v, B, Lq, Lk)).numpy()
     sizes = Sizes(B, Lq, Lk, tuple(sorted(_symbols(v, rest).items())))
-    env_sizes = {sym: __import__("attngen.abi", fromlist=["x"]).size_value(v, sym, sizes) for sym in SizeSym}
+    env_sizes = {sym: __import__("attngen.ir.abi", fromlist=["x"]).size_value(v, sym, sizes) for sym in SizeSym}
     tensors = reference.prepare_tensors(v, rest)
     want = s.astype(np.float32).astype(np.float64)
     for e in v.scores:

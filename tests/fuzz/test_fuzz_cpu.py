@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attngen import frontend, fuzz
-from attngen.diagnostics import SpecError
-from attngen.ir import PADDING_KV_LENS, PADDING_Q_LENS
+from attngen.lang import frontend
+from attngen.check import fuzz
+from attngen.lang.diagnostics import SpecError
+from attngen.ir.nodes import PADDING_KV_LENS, PADDING_Q_LENS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -164,7 +165,8 @@ def test_fuzz_specs_nvcc_step(tmp_path, capsys) -> None:
 
 def test_fuzz_specs_nvcc_failure_is_reported(tmp_path, monkeypatch) -> None:
     """An accepted spec whose source nvcc rejects fails the run and leaves a reproducer."""
-    from attngen import frontend, nvcc_check
+    from attngen.lang import frontend
+    from attngen.cuda import nvcc_check
 
     monkeypatch.setattr(nvcc_check, "compile_check", lambda source, arch, timeout_s=0: f"nvcc for {arch.value} failed: boom")
     checker = nvcc_check.NvccChecker(jobs=1)

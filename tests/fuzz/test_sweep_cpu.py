@@ -8,7 +8,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from attngen import bench, frontend
+from attngen.tools import bench
+from attngen.lang import frontend
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from attngen import tolerance
-from attngen.ir import DType
+from attngen.check import tolerance
+from attngen.ir.nodes import DType
 
 RNG = np.random.default_rng(0)
 

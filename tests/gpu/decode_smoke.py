@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from attngen import fuzz, runtime  # noqa: E402
+from attngen.check import fuzz  # noqa: E402
+from attngen.runtime import kernel as runtime  # noqa: E402
 from gpu_helpers import variant_of  # noqa: E402
 from test_gpu_decode import SPECS  # noqa: E402
 

@@ -12,8 +12,9 @@ from collections import Counter
 
 from hypothesis import settings
 
-from attngen import frontend, fuzz
-from attngen.ir import Variant
+from attngen.lang import frontend
+from attngen.check import fuzz
+from attngen.ir.nodes import Variant
 
 COMPILES: Counter[str] = Counter()
 
@@ -45,7 +46,7 @@ def variant_of(text: str, name: str | None = None) -> Variant:
 
 @functools.lru_cache(maxsize=None)
 def _compile(v: Variant):
-    from attngen import runtime
+    from attngen.runtime import kernel as runtime
 
     COMPILES[v.name] += 1
     return runtime.compile(v)

@@ -46,7 +46,7 @@ def run_case(case, rank, world, dev, cpu: bool = False):
     import torch
 
     import attngen
-    from attngen import distributed as Dd
+    from attngen.runtime import distributed as Dd
 
     name, layout, mask, score, extra, B, L, scheme = case
     spec = SPEC.format(name=f"ring_{name}", layout=layout, mask=mask, score=score, extra=extra)

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from attngen import frontend, fuzz
-from attngen.schedule import Arch
+from attngen.lang import frontend
+from attngen.check import fuzz
+from attngen.plan.schedule import Arch
 from gpu_helpers import examples
 
 EX = Path(__file__).resolve().parents[2] / "examples"
@@ -44,14 +45,14 @@ def _check(kernel, v, n: int) -> None:
 
 
 def test_device_arch_of_hopper_is_sm90a():
-    from attngen import runtime
+    from attngen.runtime import kernel as runtime
 
     assert runtime.device_arch() == Arch.SM90A
 
 
 @pytest.mark.parametrize("name", ["gpt2_causal_fp16", "llama3_gqa_causal", "seed_padded_fp32"])
 def test_sm90_target_runs_on_hopper(name):
-    from attngen import runtime
+    from attngen.runtime import kernel as runtime
 
     v = frontend.load(EX / f"{name}.attn", arch=Arch.SM90).get()
     k = runtime.compile(v, arch="sm_90")
@@ -61,7 +62,8 @@ def test_sm90_target_runs_on_hopper(name):
 
 @pytest.mark.parametrize("name", ["gpt2_causal_fp16", "dilated_causal", "seed_padded_fp32", "alphafold_pair_bias"])
 def test_turing_source_built_for_hopper_matches_reference(name, monkeypatch):
-    from attngen import compile_cuda, runtime
+    from attngen.cuda import compile as compile_cuda
+    from attngen.runtime import kernel as runtime
 
     built = []
 

@@ -1,4 +1,4 @@
-"""The backward kernels on the GPU against the float64 reference backward (attngen.reference_bwd).
+"""The backward kernels on the GPU against the float64 reference backward (attngen.check.reference_bwd).
 
 Hypothesis draws the spec (fp32/fp16/bf16; causal, window, padding, document, block-sparse masks;
 softcap, alibi, bias, rel_bias and custom score expressions; GQA and MQA; residual), the shapes
@@ -15,9 +15,10 @@ from gpu_helpers import examples, kernel_for, variant_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attngen import abi, fuzz, reference
-from attngen.runtime_bwd import backward
-from attngen.ir import AttnKind, DType
+from attngen.ir import abi
+from attngen.check import fuzz, reference
+from attngen.runtime.bwd import backward
+from attngen.ir.nodes import AttnKind, DType
 
 SPECS = {
     "fp32_causal_softcap_gqa": "dtype fp32; head_dim 64; heads 4 kv 2; mask causal; score softcap(5.0)",
@@ -132,7 +133,7 @@ def test_deterministic_dq_is_bitwise_reproducible():
 
 @pytest.mark.gpu
 def test_backward_refuses_bad_arguments_before_launch():
-    from attngen import runtime
+    from attngen.runtime import kernel as runtime
 
     v = _variant("fp32_causal_softcap_gqa")
     arrays = fuzz.case_inputs(v, fuzz.Case(B=1, Lq=16, Lk=16, seed=1))
@@ -179,7 +180,7 @@ def test_score_input_gradients(deterministic):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_norm_weight_gradients(deterministic):
     """dgamma/dbeta of a head-scope layernorm q pre-norm (with a residual and an affine-free k norm)."""
-    from attngen import plan_bwd
+    from attngen.plan import bwd as plan_bwd
 
     v = _variant("fp16_qk_layernorm_residual")
     arrays = fuzz.case_inputs(v, fuzz.Case(B=2, Lq=100, Lk=100, seed=8))

@@ -50,7 +50,7 @@ def _rel(a, b):
 @pytest.mark.gpu
 def test_sorted_input_is_checked_and_named():
     import attngen
-    from attngen.runtime import InputCheckError
+    from attngen.runtime.kernel import InputCheckError
 
     kern = attngen.compile(DOC)
     q, k, v, doc = _doc_inputs()
@@ -73,7 +73,7 @@ def test_sorted_input_is_checked_and_named():
 @pytest.mark.gpu
 def test_bindings_cached_and_cupy_launcher_agrees(monkeypatch):
     import attngen
-    from attngen import runtime
+    from attngen.runtime import kernel as runtime
 
     kern = attngen.compile(DOC)
     q, k, v, doc = _doc_inputs(B=3, L=130, seed=1)
@@ -116,7 +116,7 @@ def test_kernel_call_in_a_cuda_graph():
 
 @pytest.mark.gpu
 def test_torch_op_opcheck_compile_and_module():
-    import attngen.torch as at
+    import attngen.runtime.torch as at
 
     op = at.register(DOC)
     q, k, v, doc = _doc_inputs(seed=4)
@@ -134,8 +134,8 @@ def test_torch_op_opcheck_compile_and_module():
 
 @pytest.mark.gpu
 def test_torch_op_in_a_cuda_graph_defers_nan_check_and_input_checks():
-    import attngen.torch as at
-    from attngen.runtime import InputCheckError, NaNCheckError
+    import attngen.runtime.torch as at
+    from attngen.runtime.kernel import InputCheckError, NaNCheckError
 
     op = at.register(NAN)
     q, k, v = (torch.randn(1, 2, 64, 64, device="cuda").half() for _ in range(3))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from gpu_helpers import check_case, variant_of
 
-from attngen import fuzz
+from attngen.check import fuzz
 
 SPECS = {
     "k_layernorm": "dtype fp16; head_dim 64; heads 4 kv 2; mask causal; norm k layernorm(1e-5)",

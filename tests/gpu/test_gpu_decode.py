@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attngen import fuzz
+from attngen.check import fuzz
 from gpu_helpers import examples, spec_text, variant_of
 
 CACHE = ("input cache_lens: i32[B]",)
@@ -52,7 +52,7 @@ def _id(text: str) -> str:
 
 
 def _decode(v):
-    from attngen import runtime
+    from attngen.runtime import kernel as runtime
 
     return runtime.compile(v, family="decode")
 
@@ -118,8 +118,8 @@ def test_decode_every_split_count_edge(Lk: int) -> None:
 
 @pytest.mark.gpu
 def test_auto_family_routes_small_lq_to_decode() -> None:
-    from attngen import runtime
-    from attngen.plan_decode import Family
+    from attngen.runtime import kernel as runtime
+    from attngen.plan.decode import Family
 
     v = variant_of(SPECS[1])
     k = runtime.compile(v)
@@ -158,7 +158,7 @@ FORWARD_SINKS = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("text", FORWARD_SINKS, ids=_id)
 def test_forward_sinks_match_reference(text: str) -> None:
-    from attngen import runtime
+    from attngen.runtime import kernel as runtime
 
     v = variant_of(text)
     kernel = runtime.compile(v, family="forward")
@@ -178,7 +178,7 @@ def test_forward_sinks_match_reference(text: str) -> None:
 def test_paged_refuses_out_of_range_pages_and_runs_chunked_prefill() -> None:
     """A page id outside the cache is refused before launch; Lq beyond the decode range (chunked
     prefill against the cache) runs on the decode family too, and matches the reference."""
-    from attngen import runtime
+    from attngen.runtime import kernel as runtime
 
     v = variant_of(next(s for s in SPECS if "d_paged16" in s))
     kernel = runtime.compile(v)  # auto: a paged cache always takes the decode family

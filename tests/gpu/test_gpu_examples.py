@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from attngen import frontend, fuzz
+from attngen.lang import frontend
+from attngen.check import fuzz
 from gpu_helpers import check_case, examples
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.attn"))

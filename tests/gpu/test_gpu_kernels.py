@@ -3,7 +3,7 @@
 Synthetic specs are built as .attn text: a grid of every dtype × every supported head_dim (with
 GQA ratios 1/2/4/8, both layouts, self and cross, causal, LSE), and feature specs for the masks and
 scores the backend must fuse first (none, causal, window, padding with lengths 0..L, softcap) in
-combination. Shapes come from `attngen.fuzz.case_strategy`: B 1–4, Lq/Lk from 1 to ~2000 with
+combination. Shapes come from `attngen.check.fuzz.case_strategy`: B 1–4, Lq/Lk from 1 to ~2000 with
 tile-boundary values favoured, normal/large/uniform inputs, padding lengths including 0 and full.
 """
 
@@ -14,7 +14,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 
-from attngen import fuzz
+from attngen.check import fuzz
 from gpu_helpers import COMPILES, check_case, examples, kernel_for, spec_text, variant_of
 
 DTYPES = ("fp32", "fp16", "bf16")
@@ -101,7 +101,7 @@ def test_fully_masked_rows_are_zero_with_lse_minus_inf() -> None:
 @pytest.mark.gpu
 def test_one_kernel_serves_every_shape(monkeypatch) -> None:
     """Dynamic shapes: one compile, then many (B, L) with the same kernel object, no rebuild."""
-    from attngen import runtime
+    from attngen.runtime import kernel as runtime
 
     builds = []
     real = runtime.compile_source
@@ -122,8 +122,8 @@ def test_persistent_kernel_back_to_back_on_two_streams() -> None:
     synchronisation in between, each compute every work tile (outputs poisoned before launch)."""
     import cupy
 
-    from attngen import abi
-    from attngen.schedule import persistent
+    from attngen.ir import abi
+    from attngen.plan.schedule import persistent
 
     v = variant_of(spec_text("x_persistent_streams", dtype="bf16", D=128, H=4, Hkv=2, mask="causal"))
     k = kernel_for(v)
@@ -154,7 +154,7 @@ def test_kernel_in_a_cuda_graph() -> None:
     into the captured buffers: every replay matches the reference."""
     torch = pytest.importorskip("torch")
 
-    from attngen import abi
+    from attngen.ir import abi
 
     v = variant_of(spec_text("x_graph", dtype="bf16", D=64, H=4, Hkv=2, mask="causal"))
     k = kernel_for(v)

@@ -1,4 +1,4 @@
-"""FlexAttention (from the IR, `attngen.flex`) as an independent GPU oracle on long sequences the
+"""FlexAttention (from the IR, `attngen.check.flex`) as an independent GPU oracle on long sequences the
 NumPy reference is too slow for; and smoke runs of `attngen bench` and `attngen fuzz` on the GPU."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from attngen import bench, flex, fuzz, reference, tolerance
+from attngen.tools import bench
+from attngen.check import flex, fuzz, reference, tolerance
 from gpu_helpers import kernel_for, spec_text, variant_of
 
 LONG = [

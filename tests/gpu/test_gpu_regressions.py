@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from gpu_helpers import check_case
 
-from attngen import frontend, fuzz
+from attngen.lang import frontend
+from attngen.check import fuzz
 
 REGRESSIONS = sorted((Path(__file__).parent / "regressions").glob("*.attn"))
 

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from attngen import fuzz
+from attngen.check import fuzz
 from gpu_helpers import kernel_for, spec_text, variant_of
 
 FP16 = spec_text("val_fp16", dtype="fp16", D=64, H=4, Hkv=2, mask="causal", lse=True)
@@ -149,7 +149,7 @@ def test_cupy_and_torch_inputs_agree() -> None:
 
 @pytest.mark.gpu
 def test_nan_check_raises_naming_the_variant() -> None:
-    from attngen.runtime import NaNCheckError
+    from attngen.runtime.kernel import NaNCheckError
 
     v = variant_of(spec_text("val_nan_check", dtype="fp16", D=64, H=2, extra=("nan_check",)))
     arrays, _ = _dev_inputs(v, seed=7)

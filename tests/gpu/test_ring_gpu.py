@@ -71,7 +71,7 @@ def test_offsets_give_the_rows_of_the_whole_sequence(dtype: str, D: int, mask: s
     o, _ = kernel(q[:, 600:], k, v, q_offset=600, **ins)
     assert (o.float() - o_full[:, 600:].float()).abs().max().item() <= tol
     # A key block at an offset: merged with its complement by LSE, it gives the whole rows.
-    from attngen.distributed import merge_partials
+    from attngen.runtime.distributed import merge_partials
 
     oa, la = kernel(q[:, 333:733], k[:, :517], v[:, :517], q_offset=333, kv_offset=0, Lq_total=L, Lk_total=L, **ins)
     ob, lb = kernel(q[:, 333:733], k[:, 517:], v[:, 517:], q_offset=333, kv_offset=517, Lq_total=L, Lk_total=L, **ins)

@@ -10,7 +10,7 @@ import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 
-from attngen import cli
+from attngen.tools import cli
 
 # Per command, on a loaded 2-core CI machine. Every hostile spec must end inside these.
 TIME_BUDGET_S = 30.0

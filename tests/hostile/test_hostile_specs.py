@@ -87,7 +87,7 @@ def test_megabyte_name(tmp_path: Path):
 def test_expression_size_is_bounded(tmp_path: Path):
     """A balanced tree of lookups stays under the nesting bound but made a kernel ptxas could not
     finish: the masks and scores of a variant hold at most MAX_EXPR_NODES operations."""
-    from attngen.lower import MAX_EXPR_NODES
+    from attngen.lang.lower import MAX_EXPR_NODES
 
     terms = [f"t[kv + {i}] != {i}" for i in range(400)]
     while len(terms) > 1:

@@ -9,10 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attngen import explain, frontend, limits, names
-from attngen.diagnostics import SpecError, split_lines
-from attngen.frontend import loads
-from attngen.render_cuda import plan
+from attngen.tools import explain
+from attngen.lang import frontend
+from attngen.plan import limits
+from attngen.ir import names
+from attngen.lang.diagnostics import SpecError, split_lines
+from attngen.lang.frontend import loads
+from attngen.cuda.render import plan
 
 HEAD = "attention a {\n  dtype bf16\n  head_dim 64\n  heads 4\n"
 
@@ -69,7 +72,7 @@ def test_examples_keep_their_generated_names():
     for p in sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.attn")):
         for v in frontend.load(p).variants:
             if v.page_size is not None:  # a paged cache renders on the decode family
-                from attngen.render_decode import decode_fields
+                from attngen.cuda.render_decode import decode_fields
 
                 fields = {f.name for f in decode_fields(v)}
             else:
@@ -121,7 +124,7 @@ def test_split_lines_rule():
 
 def test_nesting_backstop_is_located(monkeypatch):
     """If some stage still runs out of stack, the error points at the deepest expression."""
-    from attngen import frontend as fe
+    from attngen.lang import frontend as fe
 
     def boom(*a, **k):
         raise RecursionError
@@ -138,7 +141,7 @@ def test_nesting_backstop_is_located(monkeypatch):
 def test_nested_builtins_fit_the_stack(monkeypatch):
     """199 nested builtins overflowed Python's stack while checking (an unlocated error). The size
     bound now refuses them first; without it, checking still has the stack it needs."""
-    from attngen import lower as lower_mod
+    from attngen.lang import lower as lower_mod
 
     text = HEAD + "  mask " + "prefix(" * 199 + "1" + ")" * 199 + "\n}\n"
     with pytest.raises(SpecError) as info:

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from attngen import frontend, nvcc_check
-from attngen.diagnostics import SpecError
-from attngen.fuzz import spec_strategy
+from attngen.lang import frontend
+from attngen.cuda import nvcc_check
+from attngen.lang.diagnostics import SpecError
+from attngen.check.fuzz import spec_strategy
 
 from ._hostile import expectation
 from .test_hostile_specs import _many_inputs, hostile_spec

@@ -10,9 +10,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 from _irb import block_sparse, decl, document, padding, variant  # noqa: E402
 
-from attngen import abi  # noqa: E402
-from attngen.abi import Sizes  # noqa: E402
-from attngen.ir import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym  # noqa: E402
+from attngen.ir import abi  # noqa: E402
+from attngen.ir.abi import Sizes  # noqa: E402
+from attngen.ir.nodes import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym  # noqa: E402
 
 
 def gqa(layout=Layout.BHSD, **kw):

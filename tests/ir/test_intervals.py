@@ -45,10 +45,10 @@ from _irb import (  # noqa: E402
     window,
 )
 
-from attngen import reference as ref  # noqa: E402
-from attngen.abi import Sizes, size_value  # noqa: E402
-from attngen.intervals import Interval, Tri, TileContext, classify, density, eval_interval, make_context  # noqa: E402
-from attngen.ir import AttnKind, DType, IndexVar, ScalarType, SizeSym  # noqa: E402
+from attngen.check import reference as ref  # noqa: E402
+from attngen.ir.abi import Sizes, size_value  # noqa: E402
+from attngen.analysis.intervals import Interval, Tri, TileContext, classify, density, eval_interval, make_context  # noqa: E402
+from attngen.ir.nodes import AttnKind, DType, IndexVar, ScalarType, SizeSym  # noqa: E402
 
 F, I = ScalarType.FLOAT, ScalarType.INT
 B_, H_ = 2, 2

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from attngen.diagnostics import SpecError
-from attngen.frontend import loads
-from attngen.ir import (
+from attngen.lang.diagnostics import SpecError
+from attngen.lang.frontend import loads
+from attngen.ir.nodes import (
     TRUE,
     AttnKind,
     Binary,
@@ -37,8 +37,8 @@ from attngen.ir import (
     UnOp,
     strip_sugar,
 )
-from attngen.lower import alibi_standard_slope
-from attngen.schedule import auto_tile
+from attngen.lang.lower import alibi_standard_slope
+from attngen.plan.schedule import auto_tile
 
 HEAD = "dtype bf16; head_dim 128; heads 16 kv 8\n"
 
@@ -297,7 +297,7 @@ def test_builtins_compose_and_strip():
 
 
 def _walk(e):
-    from attngen.ir import walk
+    from attngen.ir.nodes import walk
 
     return list(walk(e))
 
@@ -441,7 +441,7 @@ def test_all_errors_of_all_variants_collected():
 
 
 def test_arch_changes_tile_budget():
-    from attngen.schedule import Arch
+    from attngen.plan.schedule import Arch
 
     text = "attention v { dtype bf16; head_dim 128; heads 16; tile block_m 128 block_n 128 stages 2 warps 8 }"
     loads(text, arch=Arch.SM90A)

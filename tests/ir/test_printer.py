@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from attngen.frontend import loads, print_expr, print_program
-from attngen.ir import BinOp, Binary, Const, Index, IndexVar, ScalarType, Score, Unary, UnOp, fp32_literal
-from attngen.printer import format_number
+from attngen.lang.frontend import loads, print_expr, print_program
+from attngen.ir.nodes import BinOp, Binary, Const, Index, IndexVar, ScalarType, Score, Unary, UnOp, fp32_literal
+from attngen.lang.printer import format_number
 
 I, F, B = ScalarType.INT, ScalarType.FLOAT, ScalarType.BOOL
 q, kv = Index(IndexVar.Q), Index(IndexVar.KV)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attngen.frontend import format_source, loads, print_expr, print_program
-from attngen.ir import (
+from attngen.lang.frontend import format_source, loads, print_expr, print_program
+from attngen.ir.nodes import (
     FP32_MAX,
     ATTENTION_DTYPES,
     TRUE,
@@ -44,8 +44,8 @@ from attngen.ir import (
     UnOp,
     Variant,
 )
-from attngen.lower import MAX_LOOKUP_NESTING, make_builtin
-from attngen.schedule import SUPPORTED_HEAD_DIMS, auto_tile, validate_tile
+from attngen.lang.lower import MAX_LOOKUP_NESTING, make_builtin
+from attngen.plan.schedule import SUPPORTED_HEAD_DIMS, auto_tile, validate_tile
 
 I, F, BOOL = ScalarType.INT, ScalarType.FLOAT, ScalarType.BOOL
 NUM = (I, F)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attngen.runtime import _Arr, _byte_range, _overlaps
+from attngen.runtime.kernel import _Arr, _byte_range, _overlaps
 
 
 def view(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int = 2) -> _Arr:

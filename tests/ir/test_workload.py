@@ -26,9 +26,10 @@ from _irb import (  # noqa: E402
     variant,
 )
 
-from attngen import abi, reference  # noqa: E402
-from attngen.ir import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym  # noqa: E402
-from attngen.workload import make_inputs  # noqa: E402
+from attngen.ir import abi  # noqa: E402
+from attngen.check import reference  # noqa: E402
+from attngen.ir.nodes import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym  # noqa: E402
+from attngen.check.workload import make_inputs  # noqa: E402
 
 
 def rich_variant(dtype=DType.BF16, layout=Layout.BSHD):

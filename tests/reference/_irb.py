@@ -6,7 +6,7 @@ the reference and the classifier are tested against the documented meaning.
 
 from __future__ import annotations
 
-from attngen.ir import (
+from attngen.ir.nodes import (
     PADDING_KV_LENS,
     PADDING_Q_LENS,
     TRUE,
@@ -35,7 +35,7 @@ from attngen.ir import (
     UnOp,
     Variant,
 )
-from attngen.reference import standard_alibi_slopes
+from attngen.check.reference import standard_alibi_slopes
 
 I, F, BOOL = ScalarType.INT, ScalarType.FLOAT, ScalarType.BOOL
 

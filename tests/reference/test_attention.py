@@ -32,8 +32,8 @@ from _irb import (
     variant,
     window,
 )
-from attngen import reference as ref
-from attngen.ir import AttnKind, DType, IndexVar, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym
+from attngen.check import reference as ref
+from attngen.ir.nodes import AttnKind, DType, IndexVar, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym
 
 ALL = lambda *a: True  # noqa: E731
 

@@ -34,9 +34,9 @@ from _irb import (
     variant,
     window,
 )
-from attngen import reference as ref
-from attngen.abi import Sizes
-from attngen.ir import AttnKind, DType, IndexVar, SizeSym
+from attngen.check import reference as ref
+from attngen.ir.abi import Sizes
+from attngen.ir.nodes import AttnKind, DType, IndexVar, SizeSym
 
 
 def brute_mask(B, H, Lq, Lk, fn):
@@ -210,7 +210,7 @@ def test_float_literals_are_fp32_constants():
     # 2.5, so the reference (and the interval rules, which must agree with it) do too.
     from _irb import cf, mul
 
-    from attngen.intervals import Tri, classify
+    from attngen.analysis.intervals import Tri, classify
 
     tiny = variant(cmp("<", mul(q, cf(0.5)), cf(1e-300)))
     assert not ref.mask_matrix(tiny, Sizes(1, 3, 2), None, b=0, h=0).any()

@@ -8,8 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from attngen import abi, frontend, reference, workload
-from attngen.diagnostics import SpecError
+from attngen.ir import abi
+from attngen.lang import frontend
+from attngen.check import reference, workload
+from attngen.lang.diagnostics import SpecError
 
 SPEC = """
 attention pd {

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import attngen
-from attngen import reference
-from attngen.workload import make_inputs
+from attngen.check import reference
+from attngen.check.workload import make_inputs
 
 SPECS = {
     "causal": "mask causal",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attngen import reference
-from attngen.frontend import loads
-from attngen.ir import NormKind
-from attngen.reference import round_to
+from attngen.check import reference
+from attngen.lang.frontend import loads
+from attngen.ir.nodes import NormKind
+from attngen.check.reference import round_to
 
 
 def _fp32_layernorm(x: np.ndarray, eps: float) -> np.ndarray:
@@ -43,6 +43,6 @@ def test_no_norm_keeps_the_accumulation_estimate() -> None:
     rng = np.random.default_rng(1)
     q = rng.standard_normal((1, 1, 8, 64))
     k = rng.standard_normal((1, 1, 8, 64))
-    from attngen import tolerance
+    from attngen.check import tolerance
 
     assert reference.score_error(v, q, k, {}) == tolerance.score_error(q, k, v.effective_scale)

@@ -7,8 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from attngen import frontend, reference
-from attngen.diagnostics import SpecError
+from attngen.lang import frontend
+from attngen.check import reference
+from attngen.lang.diagnostics import SpecError
 
 SPEC = """
 attention s {

@@ -9,10 +9,10 @@ import types
 import numpy as np
 import pytest
 
-from attngen import binder, runtime
-from attngen.frontend import loads
-from attngen.render_cuda import plan
-from attngen.schedule import Arch
+from attngen.runtime import binder, kernel as runtime
+from attngen.lang.frontend import loads
+from attngen.cuda.render import plan
+from attngen.plan.schedule import Arch
 
 _NEXT = [1 << 32]
 
@@ -178,7 +178,7 @@ def test_sorted_inputs_get_a_check_launch(fake):
 def test_unknown_abi_field_is_refused(fake, monkeypatch):
     import dataclasses
 
-    from attngen.render_cuda import Field
+    from attngen.cuda.render import Field
 
     k = _kernel(SEED)
     k.plan = dataclasses.replace(k.plan, fields=(*k.plan.fields, Field("int", "mystery", "?")))
@@ -191,7 +191,7 @@ def test_unknown_abi_field_is_refused(fake, monkeypatch):
 
 
 def test_check_args_and_index():
-    from attngen.checks import check_args, check_grid, flat_to_index
+    from attngen.runtime.checks import check_args, check_grid, flat_to_index
 
     assert check_args((3, 5), (8, 1)) == (1, 1, 3, 5, 0, 0, 8, 1)
     assert check_args((1, 2, 3, 4, 5), (120, 60, 20, 5, 1)) == (2, 3, 4, 5, 60, 20, 5, 1)

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the attngen[torch] extra)")
 
-import attngen.torch as at  # noqa: E402
+import attngen.runtime.torch as at  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "examples" / "seed_padded_fp32.attn"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attngen.diagnostics import SpecError
-from attngen.frontend import loads
+from attngen.lang.diagnostics import SpecError
+from attngen.lang.frontend import loads
 
 BAD = Path(__file__).parent / "bad"
 SPECS = sorted(BAD.glob("*.attn"))
@@ -116,14 +116,14 @@ def test_redundant_parentheses_cost_nothing():
 
 
 def test_load_missing_file(tmp_path):
-    from attngen.frontend import load
+    from attngen.lang.frontend import load
 
     with pytest.raises(SpecError, match="cannot read"):
         load(tmp_path / "nope.attn")
 
 
 def test_load_reads_file(tmp_path):
-    from attngen.frontend import load
+    from attngen.lang.frontend import load
 
     f = tmp_path / "ok.attn"
     f.write_text("attention a { dtype fp16; head_dim 64; heads 2 }\n")
@@ -132,7 +132,7 @@ def test_load_reads_file(tmp_path):
 
 
 def test_load_non_utf8(tmp_path):
-    from attngen.frontend import load
+    from attngen.lang.frontend import load
 
     f = tmp_path / "bin.attn"
     f.write_bytes(b"attention \xff\xfe {}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attngen.frontend import format_source, loads
+from attngen.lang.frontend import format_source, loads
 
 from .specs import VALID_SPECS
 

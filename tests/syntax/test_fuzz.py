@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from attngen.diagnostics import SpecError
-from attngen.frontend import format_source, loads
+from attngen.lang.diagnostics import SpecError
+from attngen.lang.frontend import format_source, loads
 
 from .specs import VALID_SPECS
 

@@ -1,0 +1,1 @@
+"""Facts about IR expressions: tile classification over intervals, score derivatives."""

@@ -1,0 +1,1 @@
+"""What kernels are held against: the NumPy reference, tolerances, workloads, FlexAttention, fuzzing."""

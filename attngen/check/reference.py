@@ -1,0 +1,568 @@
+"""What a variant means, in NumPy: the oracle every backend is compared against.
+
+Independent of any backend by construction: it reads only the IR (evaluating each `Builtin` by its
+`body`) and the arrays. Arithmetic is float64 on inputs rounded to the spec dtype, so the only
+rounding in the reference is the rounding the contract prescribes (inputs, normalised q/k, output).
+Work proceeds per (batch, kv head, query chunk) so memory stays bounded for long sequences.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+
+from attngen.ir import abi
+from attngen.check import tolerance
+from attngen.ir.abi import Sizes
+from attngen.ir.nodes import (
+    BLOCK_TABLE,
+    Binary,
+    BinOp,
+    Builtin,
+    Call,
+    Const,
+    DType,
+    Expr,
+    Func,
+    Index,
+    IndexVar,
+    Layout,
+    Load,
+    NormKind,
+    NormScope,
+    NormTarget,
+    ScalarType,
+    Score,
+    Size,
+    SizeSym,
+    TensorRef,
+    Unary,
+    UnOp,
+    Variant,
+    norm_bias_name,
+    norm_weight_name,
+    uses_score,
+    fp32_literal,
+    walk,
+)
+
+# Largest float64 block (bytes) one step builds; a handful of these live at once.
+CHUNK_BYTES = 8 << 20
+
+
+def dtype_of(d: DType) -> np.dtype:
+    """The numpy dtype of an IR element type (ml_dtypes.bfloat16 for bf16)."""
+    return np.dtype(
+        {
+            DType.FP32: np.float32,
+            DType.FP16: np.float16,
+            DType.BF16: ml_dtypes.bfloat16,
+            DType.I32: np.int32,
+            DType.U8: np.uint8,
+        }[d]
+    )
+
+
+def round_to(x: np.ndarray, d: DType) -> np.ndarray:
+    """x rounded to element type d (round-to-nearest-even), returned as float64."""
+    return np.asarray(x).astype(dtype_of(d)).astype(np.float64)
+
+
+def standard_alibi_slopes(heads: int) -> tuple[float, ...]:
+    """ALiBi slopes as BLOOM computes them: a geometric sequence for a power-of-two head count,
+    interleaved with the next power's odd terms otherwise."""
+    if heads < 1:
+        raise ValueError(f"alibi: expected heads >= 1, got {heads}")
+
+    def pow2(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    p = 2 ** int(math.floor(math.log2(heads)))
+    slopes = pow2(p)
+    if p != heads:
+        slopes += pow2(2 * p)[0::2][: heads - p]
+    return tuple(slopes)
+
+
+# --------------------------------------------------------------------------------------------
+# Expression evaluation
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    """Everything an expression can read. Index arrays broadcast against each other (e.g. q of
+    shape (1, n, 1) and kv of shape (1, 1, m)); `sizes` maps every SizeSym to an int; `tensors`
+    holds runtime inputs as int64 (integer dtypes) or float64 (float dtypes, already rounded)."""
+
+    index: Mapping[IndexVar, np.ndarray | int]
+    sizes: Mapping[SizeSym, int]
+    tensors: Mapping[str, np.ndarray] = field(default_factory=dict)
+    score: np.ndarray | None = None
+
+
+def _as(x: np.ndarray, t: ScalarType) -> np.ndarray:
+    if t == ScalarType.FLOAT:
+        return np.asarray(x, dtype=np.float64)
+    if t == ScalarType.INT:
+        return np.asarray(x, dtype=np.int64)
+    if t == ScalarType.BOOL:
+        return np.asarray(x, dtype=bool)
+    raise ValueError(f"expected a value type (bool, int, float), got {t}")
+
+
+def _floor_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    zero = b == 0
+    return np.where(zero, 0, np.floor_divide(a, np.where(zero, 1, b)))
+
+
+def _floor_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    zero = b == 0
+    return np.where(zero, 0, np.mod(a, np.where(zero, 1, b)))
+
+
+def _load(e: Load, env: Env) -> np.ndarray:
+    if e.tensor not in env.tensors:
+        raise ValueError(f"lookup {e.tensor}[...]: expected a runtime input named {e.tensor!r}, got none")
+    t = env.tensors[e.tensor]
+    if len(e.indices) != t.ndim:
+        raise ValueError(f"lookup {e.tensor}[...]: expected {t.ndim} indices, got {len(e.indices)}")
+    idx = [np.asarray(evaluate(i, env), dtype=np.int64) for i in e.indices]
+    idx = np.broadcast_arrays(*idx) if idx else []
+    inside = np.ones(np.shape(idx[0]) if idx else (), dtype=bool)
+    clipped = []
+    for n, i in zip(t.shape, idx):
+        inside &= (i >= 0) & (i < n)
+        clipped.append(np.clip(i, 0, max(n - 1, 0)))
+    if t.size == 0:
+        return _as(np.zeros(inside.shape), e.type)
+    # Out of range reads 0, as the kernel does: never wrap around like Python indexing would.
+    vals = t[tuple(clipped)]
+    return _as(np.where(inside, vals, 0), e.type)
+
+
+def evaluate(e: Expr, env: Env) -> np.ndarray:
+    """Evaluate an IR expression, vectorised over the broadcast index arrays of `env`."""
+    if isinstance(e, Const):
+        if e.type == ScalarType.FLOAT:
+            return np.asarray(fp32_literal(e.value), dtype=np.float64)
+        return _as(np.asarray(e.value), e.type)
+    if isinstance(e, Index):
+        return np.asarray(env.index[e.var], dtype=np.int64)
+    if isinstance(e, Size):
+        return np.asarray(env.sizes[e.sym], dtype=np.int64)
+    if isinstance(e, Score):
+        if env.score is None:
+            raise ValueError("`s` outside a score expression: expected a score in the environment, got none")
+        return env.score
+    if isinstance(e, Builtin):
+        return evaluate(e.body, env)
+    if isinstance(e, Load):
+        return _load(e, env)
+    if isinstance(e, TensorRef):
+        raise ValueError(f"tensor {e.name!r} used as a value: expected a lookup {e.name}[...], got the bare name")
+    if isinstance(e, Unary):
+        x = evaluate(e.operand, env)
+        if e.op == UnOp.NOT:
+            return ~_as(x, ScalarType.BOOL)
+        return -_as(x, e.type)
+    if isinstance(e, Binary):
+        return _binary(e, env)
+    if isinstance(e, Call):
+        return _call(e, env)
+    raise ValueError(f"expected an IR expression, got {type(e).__name__}")
+
+
+def _binary(e: Binary, env: Env) -> np.ndarray:
+    a, b = evaluate(e.lhs, env), evaluate(e.rhs, env)
+    op = e.op
+    if op == BinOp.AND:
+        return _as(a, ScalarType.BOOL) & _as(b, ScalarType.BOOL)
+    if op == BinOp.OR:
+        return _as(a, ScalarType.BOOL) | _as(b, ScalarType.BOOL)
+    if op in (BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE, BinOp.EQ, BinOp.NE):
+        # Mixed int/float comparisons compare values; bool == bool compares truth.
+        if a.dtype != b.dtype and not (a.dtype == bool and b.dtype == bool):
+            if a.dtype.kind == "f" or b.dtype.kind == "f":
+                a, b = a.astype(np.float64), b.astype(np.float64)
+        f = {
+            BinOp.LT: np.less,
+            BinOp.LE: np.less_equal,
+            BinOp.GT: np.greater,
+            BinOp.GE: np.greater_equal,
+            BinOp.EQ: np.equal,
+            BinOp.NE: np.not_equal,
+        }[op]
+        return f(a, b)
+    a, b = _as(a, e.type), _as(b, e.type)
+    if op == BinOp.ADD:
+        return a + b
+    if op == BinOp.SUB:
+        return a - b
+    if op == BinOp.MUL:
+        return a * b
+    if e.type == ScalarType.INT:
+        return _floor_div(a, b) if op == BinOp.DIV else _floor_mod(a, b)
+    # Float `/` is IEEE division; float `%` is floor modulo like Python's (NaN for a zero divisor).
+    if op == BinOp.DIV:
+        return a / b
+    return a - np.floor(a / b) * b
+
+
+def _call(e: Call, env: Env) -> np.ndarray:
+    args = [evaluate(a, env) for a in e.args]
+    f = e.func
+    if f == Func.WHERE:
+        c, x, y = args
+        return np.where(_as(c, ScalarType.BOOL), _as(x, e.type), _as(y, e.type))
+    if f == Func.MIN:
+        return np.minimum(_as(args[0], e.type), _as(args[1], e.type))
+    if f == Func.MAX:
+        return np.maximum(_as(args[0], e.type), _as(args[1], e.type))
+    if f == Func.ABS:
+        return np.abs(_as(args[0], e.type))
+    x = _as(args[0], ScalarType.FLOAT)
+    return {Func.TANH: np.tanh, Func.EXP: np.exp, Func.LOG: np.log, Func.SQRT: np.sqrt}[f](x)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+
+
+def _size_map(v: Variant, sizes: Sizes) -> dict[SizeSym, int]:
+    return {s: abi.size_value(v, s, sizes) for s in SizeSym}
+
+
+def prepare_tensors(v: Variant, inputs: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """Runtime inputs as the reference reads them: declared float types rounded then float64,
+    integer types int64. Integer inputs must hold integers (ValueError otherwise)."""
+    out: dict[str, np.ndarray] = {}
+    given = dict(inputs or {})
+    for d in v.runtime_inputs():
+        if d.name not in given:
+            continue  # bind_sizes reports it
+        a = np.asarray(given[d.name])
+        if d.dtype.is_float:
+            out[d.name] = round_to(a, d.dtype)
+        else:
+            if a.dtype.kind == "f" and not np.all(np.isfinite(a) & (a == np.round(a))):
+                raise ValueError(f"{d.name}: expected integers for {d.dtype.value}, got non-integer floats")
+            if a.dtype.kind not in "biuf":
+                raise ValueError(f"{d.name}: expected an integer array for {d.dtype.value}, got dtype {a.dtype}")
+            out[d.name] = a.astype(np.int64)
+    return out
+
+
+def _bind(v: Variant, q: np.ndarray, k: np.ndarray, vv: np.ndarray, inputs, positions: abi.Positions | None = None) -> Sizes:
+    given = {n: (np.shape(a), np.asarray(a).dtype.name) for n, a in (inputs or {}).items()}
+    return abi.bind_sizes(v, np.shape(q), np.shape(k), np.shape(vv), given, check_dtypes=False, positions=positions)
+
+
+def _as_bhsd(x: np.ndarray, layout: Layout, heads: int) -> np.ndarray:
+    """A [B, H, L, D] view (no copy) of a tensor in the given layout."""
+    x = np.asarray(x)
+    if x.ndim == 3:  # flat [B, L, H*D] hidden state
+        x = x.reshape(x.shape[0], x.shape[1], heads, -1)
+        return x.transpose(0, 2, 1, 3)
+    return x if layout == Layout.BHSD else x.transpose(0, 2, 1, 3)
+
+
+# --------------------------------------------------------------------------------------------
+# Masks
+
+
+def _unpage(x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Paged K or V [num_pages, N, Hkv, D] gathered through the block table [B, P] into the
+    logical [B, Hkv, P * N, D]; page ids outside [0, num_pages) are refused."""
+    x = np.asarray(x)
+    n = x.shape[0]
+    if table.size and (table.min() < 0 or table.max() >= n):
+        raise ValueError(f"block_table: expected page ids in [0, {n}), got values from {table.min()} to {table.max()}")
+    g = x[table]  # [B, P, N, Hkv, D]
+    B, P, N = g.shape[:3]
+    return g.reshape(B, P * N, *x.shape[2:]).transpose(0, 2, 1, 3)
+
+
+def _check_mask(v: Variant) -> None:
+    if uses_score(v.mask):
+        raise ValueError("mask: expected an expression of indices and inputs, got one that reads the score `s`")
+
+
+def mask_matrix(
+    v: Variant,
+    sizes: Sizes,
+    inputs: Mapping[str, np.ndarray] | None,
+    b: int | None = None,
+    h: int | None = None,
+) -> np.ndarray:
+    """The visibility matrix, bool [B, H, Lq, Lk]; with `b` and/or `h` given, those axes are
+    dropped (e.g. [Lq, Lk] for both). Meant for tests and small sizes: it is built whole."""
+    _check_mask(v)
+    bs = range(sizes.B) if b is None else [b]
+    hs = np.arange(v.heads) if h is None else np.array([h])
+    env_sizes = _size_map(v, sizes)
+    tensors = prepare_tensors(v, inputs)
+    rows = []
+    for bi in bs:
+        env = Env(
+            {
+                IndexVar.B: bi,
+                IndexVar.H: hs[:, None, None],
+                IndexVar.Q: np.arange(sizes.Lq)[None, :, None],
+                IndexVar.KV: np.arange(sizes.Lk)[None, None, :],
+            },
+            env_sizes,
+            tensors,
+        )
+        m = np.broadcast_to(evaluate(v.mask, env), (len(hs), sizes.Lq, sizes.Lk))
+        rows.append(np.asarray(m, dtype=bool))
+    out = np.stack(rows)
+    if h is not None:
+        out = out[:, 0]
+    if b is not None:
+        out = out[0]
+    return out
+
+
+def count_visible(v: Variant, sizes: Sizes, inputs: Mapping[str, np.ndarray] | None) -> int:
+    """How many (b, h, q, kv) are visible, counted in bounded chunks (for any size)."""
+    _check_mask(v)
+    env_sizes = _size_map(v, sizes)
+    tensors = prepare_tensors(v, inputs)
+    # Batch rows and heads the mask does not index look alike: count one and multiply (a causal
+    # mask at 4096 heads costs what it costs at one).
+    uses = {n.var for n in walk(v.mask) if isinstance(n, Index)}
+    nb = sizes.B if IndexVar.B in uses else 1
+    nh = v.heads if IndexVar.H in uses else 1
+    cq = max(1, min(sizes.Lq, CHUNK_BYTES // max(1, nh * sizes.Lk * 8)))
+    hs = np.arange(nh)[:, None, None]
+    total = 0
+    for b in range(nb):
+        for q0 in range(0, sizes.Lq, cq):
+            q1 = min(sizes.Lq, q0 + cq)
+            env = Env(
+                {
+                    IndexVar.B: b,
+                    IndexVar.H: hs,
+                    IndexVar.Q: np.arange(q0, q1)[None, :, None],
+                    IndexVar.KV: np.arange(sizes.Lk)[None, None, :],
+                },
+                env_sizes,
+                tensors,
+            )
+            m = np.broadcast_to(evaluate(v.mask, env), (nh, q1 - q0, sizes.Lk))
+            total += int(np.count_nonzero(m))
+    return total * (sizes.B // nb) * (v.heads // nh)
+
+
+# --------------------------------------------------------------------------------------------
+# Norms
+
+
+def _weights(tensors: Mapping[str, np.ndarray], target: NormTarget, affine: bool, kind: NormKind):
+    if not affine:
+        return None, None
+    w = tensors[norm_weight_name(target)]
+    bias = tensors[norm_bias_name(target)] if kind == NormKind.LAYERNORM else None
+    return w, bias
+
+
+def _normalise(x: np.ndarray, kind: NormKind, eps: float, w, bias) -> np.ndarray:
+    """Normalise over the last axis in float64, then the affine map."""
+    if kind == NormKind.LAYERNORM:
+        mu = x.mean(axis=-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+        y = (x - mu) / np.sqrt(var + eps)
+    else:
+        y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    if w is not None:
+        y = y * w
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+
+
+def attention(
+    v: Variant,
+    q: np.ndarray,
+    k: np.ndarray,
+    v_: np.ndarray,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    *,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    Lq_total: int | None = None,
+    Lk_total: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Compute (O, LSE): O in the spec dtype and the variant's layout (4-D, also when q is passed
+    as a flat hidden state), LSE float32 [B, H, Lq] (-inf for rows with nothing visible).
+
+    With offsets or totals, q, k and v are a shard of a longer sequence (`abi.Positions`): the
+    mask and the scores see global positions and lengths, and runtime inputs sized Lq or Lk hold
+    the whole sequence. The result is then the shard's rows of attention over the shard's keys."""
+    _check_mask(v)
+    pos_given = abi.Positions(q_offset, kv_offset, Lq_total, Lk_total)
+    sizes = _bind(v, q, k, v_, inputs, pos_given)
+    pos = pos_given.resolve(sizes.Lq, sizes.Lk)
+    tensors = prepare_tensors(v, inputs)
+    env_sizes = _size_map(v, abi.Sizes(sizes.B, int(pos.Lq_total), int(pos.Lk_total), sizes.symbols))  # type: ignore[arg-type]
+    B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
+    H, Hkv, G = v.heads, v.kv_heads, v.group_size
+    D, Dv = v.head_dim, v.value_head_dim
+
+    q4 = _as_bhsd(q, v.layout, H)
+    if v.page_size is not None:
+        k4, v4 = _unpage(k, tensors[BLOCK_TABLE]), _unpage(v_, tensors[BLOCK_TABLE])
+    else:
+        k4 = _as_bhsd(k, v.layout, Hkv)
+        v4 = _as_bhsd(v_, v.layout, Hkv)
+    out = np.zeros(abi.o_shape(v, B, Lq), dtype=dtype_of(v.dtype))
+    o4 = _as_bhsd(out, v.layout, H)
+    lse = np.full((B, H, Lq), -np.inf, dtype=np.float32)
+
+    kn, on = v.norm(NormTarget.K), v.norm(NormTarget.O)
+    if kn is not None and kn.scope == NormScope.TOKEN:
+        raise ValueError("norm k: expected scope head, got scope token (token scope is for q only)")
+    if on is not None and on.scope == NormScope.TOKEN:
+        raise ValueError("norm o: expected scope head, got scope token")
+    if v.residual and D != Dv:
+        raise ValueError(f"residual: expected Dv == D, got D={D}, Dv={Dv}")
+
+    # Query rows per step: bounded by the score block (G x cq x Lk) and the token-norm row block.
+    sink = np.asarray(tensors[v.sink], dtype=np.float64).reshape(-1) if v.sink is not None else None
+    cq = max(1, min(Lq, CHUNK_BYTES // (8 * max(G * Lk, H * D, G * max(D, Dv)))))
+    scale = v.effective_scale
+    with np.errstate(all="ignore"):
+        for b in range(B):
+            for hk in range(Hkv):
+                heads = np.arange(hk * G, (hk + 1) * G)
+                kk = round_to(k4[b, hk], v.dtype)  # [Lk, D]
+                if kn is not None:
+                    w, bias = _weights(tensors, NormTarget.K, kn.affine, kn.kind)
+                    kk = round_to(_normalise(kk, kn.kind, kn.eps, w, bias), v.dtype)
+                vv = round_to(v4[b, hk], v.dtype)  # [Lk, Dv]
+                for q0 in range(0, Lq, cq):
+                    q1 = min(Lq, q0 + cq)
+                    qq = _queries(v, q4, tensors, b, heads, q0, q1)  # [G, cq, D]
+                    s = np.matmul(qq, kk.T) * scale  # [G, cq, Lk]
+                    env = Env(
+                        {
+                            IndexVar.B: b,
+                            IndexVar.H: heads[:, None, None],
+                            IndexVar.Q: np.arange(q0 + pos.q_offset, q1 + pos.q_offset)[None, :, None],
+                            IndexVar.KV: np.arange(pos.kv_offset, pos.kv_offset + Lk)[None, None, :],
+                        },
+                        env_sizes,
+                        tensors,
+                    )
+                    for sc in v.scores:
+                        s = np.broadcast_to(
+                            evaluate(sc, Env(env.index, env.sizes, env.tensors, s)), s.shape
+                        ).astype(np.float64)
+                    vis = np.broadcast_to(evaluate(v.mask, env), s.shape)
+                    # A score of -inf on a visible key counts as invisible, so a row whose visible
+                    # scores are all -inf is empty (O = 0, LSE = -inf) rather than 0/0 = NaN.
+                    s = np.where(vis, s, -np.inf)
+                    m = s.max(axis=-1, keepdims=True)
+                    if sink is not None:
+                        # exp(sink[h]) joins the denominator: the max runs over it too, and a row
+                        # with nothing visible has O = 0 and LSE = sink[h].
+                        m = np.maximum(m, sink[heads][:, None, None])
+                    empty = ~(m > -np.inf)
+                    m = np.where(empty, 0.0, m)
+                    p = np.exp(s - m)
+                    l = p.sum(axis=-1, keepdims=True)
+                    if sink is not None:
+                        l = l + np.exp(sink[heads][:, None, None] - m)
+                    o = np.matmul(p, vv) / np.where(empty, 1.0, l)
+                    o = np.where(empty, 0.0, o)
+                    row_lse = np.where(empty[..., 0], -np.inf, m[..., 0] + np.log(np.where(empty, 1.0, l))[..., 0])
+                    if on is not None:
+                        w, bias = _weights(tensors, NormTarget.O, on.affine, on.kind)
+                        o = _normalise(o, on.kind, on.eps, w, bias)
+                    if v.residual:
+                        o = o + round_to(q4[b, heads, q0:q1], v.dtype)
+                    o4[b, heads, q0:q1] = o.astype(out.dtype)
+                    lse[b, heads, q0:q1] = row_lse.astype(np.float32)
+    return out, lse
+
+
+def score_error(v: Variant, q: np.ndarray, k: np.ndarray, inputs: Mapping[str, np.ndarray] | None = None) -> float:
+    """The tolerance's score error estimate (`tolerance.score_error`) for a variant's inputs.
+
+    With a pre-norm on q or k the kernel computes the normalised operand in fp32 and the reference
+    in float64; both round it to the spec dtype, and an element whose exact value lies within fp32
+    error of a rounding midpoint rounds one ulp apart. One such flip moves a score by up to
+    |scale| * max|q'| * max|k'| * ulp (2^-7 relative for bf16, 2^-10 for fp16), which is added per
+    normalised operand. The fp32 accumulation part uses the normalised operands' magnitudes."""
+    qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
+    scale = v.effective_scale
+    if qn is None and kn is None:
+        return tolerance.score_error(q, k, scale)
+    tensors = prepare_tensors(v, inputs)
+    H, Hkv = v.heads, v.kv_heads
+    q4 = _as_bhsd(q, v.layout, H)
+    k4 = _as_bhsd(k, v.layout, Hkv)
+    with np.errstate(all="ignore"):
+        if qn is not None:
+            qq = np.concatenate([_queries(v, q4, tensors, b, np.arange(H), 0, q4.shape[2]) for b in range(q4.shape[0])])
+        else:
+            qq = round_to(q4, v.dtype)
+        kk = round_to(k4, v.dtype)
+        if kn is not None:
+            w, bias = _weights(tensors, NormTarget.K, kn.affine, kn.kind)
+            kk = round_to(_normalise(kk, kn.kind, kn.eps, w, bias), v.dtype)
+    err = tolerance.score_error(qq, kk, scale)
+    ulp = {DType.BF16: 2.0**-7, DType.FP16: 2.0**-10}.get(v.dtype, 0.0)
+    if ulp and qq.size and kk.size:
+        flips = (qn is not None) + (kn is not None)
+        err += flips * abs(scale) * float(np.abs(qq).max()) * float(np.abs(kk).max()) * ulp
+    return err if np.isfinite(err) else 0.0
+
+
+def _queries(v: Variant, q4: np.ndarray, tensors, b: int, heads: np.ndarray, q0: int, q1: int) -> np.ndarray:
+    """Q' for heads × rows [q0, q1) of batch b: rounded input, pre-normed and rounded again."""
+    qn = v.norm(NormTarget.Q)
+    if qn is None:
+        return round_to(q4[b, heads, q0:q1], v.dtype)
+    w, bias = _weights(tensors, NormTarget.Q, qn.affine, qn.kind)
+    if qn.scope == NormScope.HEAD:
+        return round_to(_normalise(round_to(q4[b, heads, q0:q1], v.dtype), qn.kind, qn.eps, w, bias), v.dtype)
+    # Token scope: statistics over the whole H*D row, then take these heads' slices.
+    rows = round_to(q4[b, :, q0:q1], v.dtype).transpose(1, 0, 2)  # [cq, H, D]
+    flat = rows.reshape(rows.shape[0], -1)
+    y = round_to(_normalise(flat, qn.kind, qn.eps, w, bias), v.dtype)
+    y = y.reshape(rows.shape).transpose(1, 0, 2)  # [H, cq, D]
+    return y[heads]
+
+
+def attention_backward(v: Variant, q, k, v_, inputs, dO, *, wrt=()) -> dict[str, np.ndarray]:
+    """Gradients of sum(dO * O) (dq, dk, dv and the inputs named in `wrt`): see
+    `attngen.check.reference_bwd`, where the backward oracle lives."""
+    from attngen.check.reference_bwd import attention_backward as backward
+
+    return backward(v, q, k, v_, inputs, dO, wrt=wrt)
+
+
+__all__ = [
+    "attention_backward",
+    "score_error",
+    "Env",
+    "attention",
+    "count_visible",
+    "dtype_of",
+    "evaluate",
+    "fp32_literal",
+    "mask_matrix",
+    "prepare_tensors",
+    "round_to",
+    "standard_alibi_slopes",
+]

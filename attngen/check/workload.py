@@ -1,0 +1,194 @@
+"""Valid random inputs for a variant: q, k, v and every runtime input with meaningful contents.
+
+"Valid" follows what each input is for, read off the IR: padding lengths lie in [0, L] and include
+the edge cases 0 and L, document ids are sorted with few documents, block-sparse masks are about half
+full, norm weights sit near 1, ALiBi slopes are positive. GPU tests, the fuzzer and the benchmarks
+all draw from here so that they agree on what a sensible call looks like.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from attngen.ir import abi
+from attngen.ir.abi import Sizes
+from attngen.ir.nodes import (
+    BLOCK_TABLE,
+    BLOCK_TABLE_PAGES,
+    PADDING_KV_LENS,
+    PADDING_Q_LENS,
+    BuiltinName,
+    Builtin,
+    Const,
+    DType,
+    Expr,
+    Load,
+    NormTarget,
+    TensorDecl,
+    TensorRef,
+    Variant,
+    norm_bias_name,
+    norm_weight_name,
+    walk,
+)
+from attngen.check.reference import dtype_of
+
+DISTS = ("normal", "large", "uniform")
+DEFAULT_BLOCK = 128  # block_sparse's default bq = bk
+DEFAULT_FREE_DIM = 16
+
+
+def _role_of_tensors(v: Variant) -> dict[str, tuple[str, tuple[Expr, ...]]]:
+    """Which builtin (if any) each runtime tensor feeds, with that builtin's arguments."""
+    roles: dict[str, tuple[str, tuple[Expr, ...]]] = {}
+    for e in (v.mask, *v.scores):
+        for node in walk(e):
+            if not isinstance(node, Builtin):
+                continue
+            if node.name == BuiltinName.PREFIX:
+                # prefix(n): any tensor read in n holds lengths of the key sequence.
+                for sub in walk(node.args[0]) if node.args else ():
+                    if isinstance(sub, Load):
+                        roles.setdefault(sub.tensor, ("kv_length", node.args))
+                continue
+            refs = [a.name for a in node.args if isinstance(a, TensorRef)]
+            for r in refs:
+                roles.setdefault(r, (node.name.value, node.args))
+    return roles
+
+
+def _block_sizes(args: tuple[Expr, ...]) -> tuple[int, int]:
+    consts = [a.value for a in args[1:] if isinstance(a, Const)]
+    if len(consts) == 2:
+        return int(consts[0]), int(consts[1])
+    return DEFAULT_BLOCK, DEFAULT_BLOCK
+
+
+def default_symbols(v: Variant, Lq: int, Lk: int) -> dict[str, int]:
+    """Values for the free dims of declared inputs: block counts for block-sparse masks (so every
+    query and key block has an entry), a small constant otherwise."""
+    roles = _role_of_tensors(v)
+    out: dict[str, int] = {}
+    for d in v.inputs:
+        role = roles.get(d.name)
+        for i, dim in enumerate(d.shape):
+            if not isinstance(dim, str) or dim in out:
+                continue
+            if role is not None and role[0] == BuiltinName.BLOCK_SPARSE.value and i >= len(d.shape) - 2:
+                bq, bk = _block_sizes(role[1])
+                out[dim] = math.ceil(Lq / bq) if i == len(d.shape) - 2 else math.ceil(Lk / bk)
+            else:
+                out[dim] = DEFAULT_FREE_DIM
+    return out
+
+
+def _lengths(rng: np.random.Generator, B: int, L: int) -> np.ndarray:
+    """Lengths in [0, L], with a full one and (for B >= 3) an empty one among them."""
+    x = rng.integers(0, L + 1, size=B)
+    if B >= 2:
+        x[0] = L
+        x[-1] = 0 if B >= 3 else x[-1]
+    else:
+        x[0] = L if rng.random() < 0.5 else x[0]
+    return x.astype(np.int32)
+
+
+def _sorted_ids(rng: np.random.Generator, shape: tuple[int, ...], ndocs: int) -> np.ndarray:
+    """Non-decreasing ids along the last axis, from a few documents (values 0 .. ndocs-1)."""
+    flat = rng.integers(0, ndocs, size=shape)
+    return np.sort(flat, axis=-1)
+
+
+def _cast(x: np.ndarray, d: DType) -> np.ndarray:
+    return np.asarray(x).astype(dtype_of(d))
+
+
+def _fill(v: Variant, decl: TensorDecl, shape: tuple[int, ...], role, rng: np.random.Generator, L: dict) -> np.ndarray:
+    name, d = decl.name, decl.dtype
+    kind = role[0] if role else None
+    if name in (PADDING_Q_LENS, PADDING_KV_LENS):
+        return _cast(_lengths(rng, shape[0], L["q" if name == PADDING_Q_LENS else "kv"]), d)
+    for t in NormTarget:
+        if name == norm_weight_name(t):
+            return _cast(1.0 + 0.1 * rng.standard_normal(shape), d)
+        if name == norm_bias_name(t):
+            return _cast(0.1 * rng.standard_normal(shape), d)
+    if kind == "kv_length":
+        return _cast(rng.integers(0, L["kv"] + 1, size=shape), d)
+    if kind == BuiltinName.DOCUMENT.value or (decl.sorted and not d.is_float):
+        ndocs = int(rng.integers(1, 5))
+        return _cast(_sorted_ids(rng, shape, ndocs), d)
+    if kind == BuiltinName.BLOCK_SPARSE.value:
+        return _cast(rng.random(shape) < 0.5, d)
+    if kind == BuiltinName.ALIBI.value:
+        return _cast(rng.uniform(0.01, 0.5, size=shape), d)
+    if d.is_float:
+        x = rng.standard_normal(shape)
+        if decl.sorted:
+            x = np.sort(x, axis=-1)
+        return _cast(x, d)
+    lo, hi = (0, 4) if d == DType.U8 else (-4, 8)
+    x = rng.integers(lo, hi + 1, size=shape)
+    return _cast(np.sort(x, axis=-1) if decl.sorted else x, d)
+
+
+def _qkv(rng: np.random.Generator, shape: tuple[int, ...], dist: str, dtype: DType) -> np.ndarray:
+    if dist == "normal":
+        x = rng.standard_normal(shape)
+    elif dist == "uniform":
+        x = rng.uniform(-1.0, 1.0, size=shape)
+    else:
+        # Large enough that exp of a raw score overflows (fp16 keeps to ±8 so the values themselves
+        # stay representable after q·k products in a naive kernel's fp16 accumulators).
+        m = 8.0 if dtype == DType.FP16 else 30.0
+        x = rng.uniform(-m, m, size=shape)
+    if not np.any(x):
+        x = x + 1.0  # an all-zero draw would make every test trivial
+    return _cast(x, dtype)
+
+
+def make_inputs(
+    v: Variant,
+    B: int,
+    Lq: int,
+    Lk: int,
+    rng: np.random.Generator,
+    dist: str = "normal",
+    symbols: Mapping[str, int] | None = None,
+) -> dict[str, np.ndarray]:
+    """Random q, k, v (spec dtype, variant layout) and valid contents for every runtime input."""
+    if dist not in DISTS:
+        raise ValueError(f"dist: expected one of {', '.join(DISTS)}, got {dist!r}")
+    if B < 1 or Lq < 1 or Lk < 1:
+        raise ValueError(f"sizes: expected B, Lq, Lk >= 1, got B={B}, Lq={Lq}, Lk={Lk}")
+    if v.kind.value == "self" and Lq != Lk:
+        raise ValueError(f"sizes: expected Lq == Lk for self attention, got Lq={Lq}, Lk={Lk}")
+    syms = default_symbols(v, Lq, Lk)
+    syms.update(symbols or {})
+    num_pages = None
+    if v.page_size is not None:
+        # Paged K/V: Lk rounds up to whole pages; the pages of all rows, plus a few spare ones
+        # no row uses, are shuffled so that no row's pages are adjacent or in order.
+        pages = -(-Lk // v.page_size)
+        Lk = pages * v.page_size
+        syms[BLOCK_TABLE_PAGES] = pages
+        num_pages = B * pages + 3
+    sizes = Sizes(B, Lq, Lk, tuple(sorted(syms.items())))
+    out = {
+        "q": _qkv(rng, abi.q_shape(v, B, Lq), dist, v.dtype),
+        "k": _qkv(rng, abi.kv_shape(v, B, Lk, value=False, num_pages=num_pages), dist, v.dtype),
+        "v": _qkv(rng, abi.kv_shape(v, B, Lk, value=True, num_pages=num_pages), dist, v.dtype),
+    }
+    if num_pages is not None:
+        out[BLOCK_TABLE] = rng.permutation(num_pages)[: B * syms[BLOCK_TABLE_PAGES]].reshape(B, -1).astype(np.int32)
+    roles = _role_of_tensors(v)
+    lengths = {"q": Lq, "kv": Lk}
+    for decl in v.runtime_inputs():
+        if decl.name in out:
+            continue
+        shape = abi.input_shape(v, decl, sizes)
+        out[decl.name] = _fill(v, decl, shape, roles.get(decl.name), rng, lengths)
+    return out

@@ -1,0 +1,1 @@
+"""The CUDA backend: IR -> C++ expressions, rendered kernels, NVRTC/nvcc compilation and cache."""

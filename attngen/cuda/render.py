@@ -1,0 +1,571 @@
+"""Validated IR → one self-contained CUDA C++ source file (stage: render).
+
+Python computes everything the templates need (the `KernelPlan` context); the jinja2 templates
+under `backends/cuda/` only splice it in and branch on flags. The same variant, tile and arch
+always give the same bytes: no timestamps, no dict-order dependence, no absolute paths.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import re
+from dataclasses import dataclass
+
+import jinja2
+
+from attngen import __version__
+from attngen.ir.nodes import (
+    AttnKind,
+    DType,
+    Layout,
+    NormKind,
+    NormScope,
+    NormTarget,
+    Program,
+    SizeSym,
+    TensorDecl,
+    TileConfig,
+    Variant,
+    norm_bias_name,
+    norm_weight_name,
+    tensors_used,
+)
+from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
+from attngen.resources import cuda_template_dir
+from attngen.plan.schedule import (
+    DEFAULT_ARCH,
+    Arch,
+    Engine,
+    engine,
+    min_blocks_per_sm,
+    SmemLayout,
+    persistent,
+    q_token_norm,
+    threads,
+    validate_tile,
+    variant_smem_layout,
+    variant_tile,
+    wgmma_regs,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One kernel parameter (and field of the launcher's Params struct), in ABI order."""
+
+    ctype: str
+    name: str
+    doc: str
+
+
+@dataclass(frozen=True, slots=True)
+class Prep:
+    """A kernel launched before the attention kernel (same arguments, same stream): per-row work
+    that would otherwise be repeated by every query tile's CTA. It writes the workspace `field`,
+    laid out [B, heads, L, width] in `dtype` (L is Lq for query rows, Lk for key rows)."""
+
+    kernel: str
+    func: str  # the device function in the template
+    field: Field  # the Params field of its workspace
+    heads: int  # rows per (batch, position): H or Hkv, or 1 for whole hidden rows
+    queries: bool  # rows run over Lq (else Lk)
+    width: int  # workspace elements per row
+    dtype: DType
+    doc: str
+
+    @property
+    def rows_expr(self) -> str:
+        """How many rows it covers, as a C++ expression over Params `p`."""
+        heads = f" * {self.heads}" if self.heads != 1 else ""
+        return f"(long long)p.B{heads} * p.{'Lq' if self.queries else 'Lk'}"
+
+    @property
+    def bytes_expr(self) -> str:
+        """Its workspace's bytes, as a C expression over ints B, Lq and Lk."""
+        heads = f" * {self.heads}" if self.heads != 1 else ""
+        return f"(size_t)B{heads} * {'Lq' if self.queries else 'Lk'} * {self.width * self.dtype.itemsize}"
+
+    def rows(self, B: int, Lq: int, Lk: int) -> int:
+        return B * self.heads * (Lq if self.queries else Lk)
+
+    def workspace_shape(self, B: int, Lq: int, Lk: int) -> tuple[int, int, int, int]:
+        return (B, self.heads, Lq if self.queries else Lk, self.width)
+
+
+# Prep kernels: PREP_THREADS threads a block, grid-stride over rows; launchers size the grid as
+# min(rows / PREP_ROWS_PER_BLOCK + 1, PREP_MAX_BLOCKS) (any grid is correct).
+PREP_THREADS = 256
+PREP_ROWS_PER_BLOCK = PREP_THREADS // 32
+PREP_MAX_BLOCKS = 4096
+
+
+def _rows_grid(rows: int) -> int:
+    return min(rows // PREP_ROWS_PER_BLOCK + 1, PREP_MAX_BLOCKS)
+
+
+class KernelRole(enum.Enum):
+    """What a kernel of an op does, in launch order (the backward and decode families add theirs)."""
+
+    PREP = "prep"  # per-row work before the attention kernel (norm statistics, normalised rows)
+    ATTENTION = "attention"  # the forward attention kernel
+
+
+class GridRule(enum.Enum):
+    """How a kernel's launch grid follows from the call's sizes. The one place the formulas live:
+    the runtime evaluates `OpKernel.launch_grid`, the launcher, header and `explain` print
+    `OpKernel.grid_cpp` / `OpKernel.grid_text`."""
+
+    TILES = "tiles"  # ceil(Lq / block_m) x H x B: one CTA a query tile
+    PERSISTENT = "persistent"  # min(work tiles, SMs) x 1 x 1: CTAs loop over the work tiles
+    ROWS = "rows"  # min(rows / PREP_ROWS_PER_BLOCK + 1, PREP_MAX_BLOCKS): grid-stride over rows
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """The problem an op solves, independent of how it is blocked: element type, dims, heads,
+    layout, target and the flags derived from the spec."""
+
+    name: str
+    dtype: DType
+    head_dim: int
+    value_head_dim: int
+    heads: int
+    kv_heads: int
+    layout: Layout
+    kind: AttnKind
+    arch: Arch
+    lse: bool
+    nan_check: bool
+    residual: bool
+    token_norm: bool  # q has a token-scope norm (q may be a flat hidden state)
+    runtime_inputs: tuple[TensorDecl, ...]  # beyond q, k, v, in ABI order
+
+    @property
+    def sorted_inputs(self) -> tuple[TensorDecl, ...]:
+        """Runtime inputs whose `sorted` promise the kernel trusts (tile classification reads
+        only a tile's two ends), so the runtime checks them before a launch."""
+        return tuple(d for d in self.runtime_inputs if d.sorted and d.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class OpKernel:
+    """One kernel of an op: its role, entry point, engine and tile, block size, shared memory,
+    grid rule and (wgmma) register split."""
+
+    name: str
+    role: KernelRole
+    threads: int
+    grid_rule: GridRule
+    engine: Engine | None = None  # attention kernels only
+    tile: TileConfig | None = None
+    smem: SmemLayout = SmemLayout(0)
+    min_blocks: int = 1  # the __launch_bounds__ occupancy hint
+    regs: tuple[int, int] | None = None  # wgmma setmaxnreg (producer, consumer) registers a thread
+    prep: Prep | None = None  # prep kernels: what they write
+
+    def launch_grid(self, heads: int, B: int, Lq: int, Lk: int, sm_count: int) -> tuple[int, int, int]:
+        """The launch grid for one call's sizes."""
+        if self.grid_rule == GridRule.ROWS:
+            assert self.prep is not None
+            return (_rows_grid(self.prep.rows(B, Lq, Lk)), 1, 1)
+        assert self.tile is not None
+        n_m = -(-Lq // self.tile.block_m)
+        if self.grid_rule == GridRule.PERSISTENT:
+            return (max(1, min(n_m * heads * B, sm_count)), 1, 1)
+        return (n_m, heads, B)
+
+    def grid_cpp(self, ns: str) -> str:
+        """The launcher's C++ for the grid over Params `p`: the dim3 arguments of a TILES grid, or
+        the work-tile count a PERSISTENT grid caps at the SM count."""
+        n_m = f"(p.Lq + {ns}::BLOCK_M - 1) / {ns}::BLOCK_M"
+        if self.grid_rule == GridRule.PERSISTENT:
+            return f"(long long)({n_m}) * {ns}::H * p.B"
+        if self.grid_rule == GridRule.TILES:
+            return f"{n_m}, {ns}::H, p.B"
+        raise ValueError(f"{self.name}: the launcher sizes {self.grid_rule.value} grids itself")
+
+    def grid_text(self, heads: int) -> str:
+        """The launch grid in words, for headers."""
+        if self.grid_rule == GridRule.ROWS:
+            return f"min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS})"
+        assert self.tile is not None
+        if self.grid_rule == GridRule.PERSISTENT:
+            return (f"min(ceil(Lq / {self.tile.block_m}) * H={heads} * B, number of SMs) x 1 x 1 (persistent CTAs "
+                    f"loop over the work tiles; any grid is correct)")
+        return f"(ceil(Lq / {self.tile.block_m}), H={heads}, B)"
+
+
+@dataclass(frozen=True, slots=True)
+class OpPlan:
+    """Everything decided about one variant on one arch, computed once (`plan`, cached) and read
+    by render, the runtime's binder, `explain` and the C header: the problem, the ordered
+    kernels (preps first, then the attention kernel), the ABI fields and the workspaces."""
+
+    problem: Problem
+    kernels: tuple[OpKernel, ...]
+    fields: tuple[Field, ...]
+    workspaces: tuple[Prep, ...] = ()
+
+    @property
+    def attention(self) -> OpKernel:
+        """The attention kernel (the last one launched)."""
+        return next(k for k in self.kernels if k.role == KernelRole.ATTENTION)
+
+    @property
+    def prep_kernels(self) -> tuple[OpKernel, ...]:
+        return tuple(k for k in self.kernels if k.role == KernelRole.PREP)
+
+    # The attention kernel's figures, under the names the runtime and tests have always used.
+    @property
+    def kernel_name(self) -> str:
+        return self.attention.name
+
+    @property
+    def tile(self) -> TileConfig:
+        t = self.attention.tile
+        assert t is not None
+        return t
+
+    @property
+    def threads(self) -> int:
+        return self.attention.threads
+
+    @property
+    def smem(self) -> SmemLayout:
+        return self.attention.smem
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.attention.smem.bytes
+
+    @property
+    def arch(self) -> Arch:
+        return self.problem.arch
+
+    @property
+    def engine(self) -> Engine:
+        e = self.attention.engine
+        assert e is not None
+        return e
+
+    @property
+    def preps(self) -> tuple[Prep, ...]:
+        return self.workspaces
+
+    def grid(self, heads: int, B: int, Lq: int, sm_count: int) -> tuple[int, int, int]:
+        """The attention kernel's launch grid (`OpKernel.launch_grid`)."""
+        return self.attention.launch_grid(heads, B, Lq, Lq, sm_count)
+
+    def prep_grid(self, rows: int) -> int:
+        """Blocks for a prep kernel covering `rows` rows (the launcher's formula)."""
+        return _rows_grid(rows)
+
+
+# The name the runtime and other modules imported before the plan covered every kernel.
+KernelPlan = OpPlan
+
+
+DEFAULT_PREFIX = "attngen"
+_C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def kernel_name(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
+    """`{prefix}_{variant}`: every exported symbol of the generated code starts with it (the
+    kernel, its prep kernels, its namespace, the launcher and the workspace functions), so two
+    variants, or one variant built for two arches under two prefixes, link into one binary."""
+    if not _C_IDENT.fullmatch(prefix):
+        raise ValueError(f"prefix {prefix!r} is not a C identifier (letters, digits and _, not starting with a digit)")
+    return f"{prefix}_{v.name}"
+
+
+def resolve_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
+    """The variant's tile, or the auto choice; re-validated for `arch` (a spec checked against
+    sm_90a may not fit an sm_86 budget)."""
+    tile = variant_tile(v, arch)
+    errs = validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v))
+    if errs:
+        raise ValueError(f"variant {v.name}: tile {tile.block_m}x{tile.block_n} cannot be used on {arch.value}: " + "; ".join(errs))
+    return tile
+
+
+def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple[Field, ...]:
+    e = "const elem_t* __restrict__"
+    f = [
+        Field(e, "q", "query (the hidden state x when q has a token-scope norm)"),
+        Field(e, "k", "keys"),
+        Field(e, "v", "values"),
+        Field("elem_t* __restrict__", "o", "output"),
+        Field("float* __restrict__", "lse", "log-sum-exp [B, H, Lq], contiguous (nullptr unless `output lse`)"),
+        Field("int*", "nan_flag", "set to 1 when the output holds NaN/Inf (nullptr unless `nan_check`)"),
+        *([Field("int*", "work_counter",
+                 "one int, 0 before the first launch (every launch leaves it 0): the persistent CTAs' work-tile "
+                 "counter; one per stream that may run this kernel concurrently")] if persistent_ctas else []),
+        Field("int", "B", "batch"),
+        Field("int", "Lq", "query length"),
+        Field("int", "Lk", "key length"),
+        # Where this launch sits in a longer sequence (context-parallel shards, chunked prefill):
+        # masks and scores read positions q + q_offset, kv + kv_offset and lengths Lq_total,
+        # Lk_total. A plain call passes 0, 0, Lq, Lk.
+        Field("int", "q_offset", "global position of query row 0 (0 for a whole sequence)"),
+        Field("int", "kv_offset", "global position of key row 0 (0 for a whole sequence)"),
+        Field("int", "Lq_total", "global query length the mask sees (Lq for a whole sequence; >= q_offset + Lq)"),
+        Field("int", "Lk_total", "global key length the mask sees (Lk for a whole sequence; >= kv_offset + Lk)"),
+    ]
+    for t in ("q", "k", "v", "o"):
+        for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
+            f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
+    f.extend(pr.field for pr in preps)
+    for d in v.runtime_inputs():
+        f.append(Field(f"const {tensor_ctype(d.dtype)}* __restrict__", f"in_{d.name}", f"runtime input {d.name}: {d.dtype.value}"))
+        for i in range(len(d.shape)):
+            f.append(Field("int", f"in_{d.name}_n{i}", f"{d.name} size of dim {i}"))
+        for i in range(len(d.shape)):
+            f.append(Field("long long", f"in_{d.name}_s{i}", f"{d.name} stride of dim {i}, elements"))
+    return tuple(f)
+
+
+def _preps(v: Variant, prefix: str = DEFAULT_PREFIX) -> tuple[Prep, ...]:
+    """The prep kernels a variant needs, in ABI order of their workspace fields."""
+    out = []
+    name = kernel_name(v, prefix)
+    elem = "elem_t* __restrict__"
+    qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
+    if qn is not None and qn.scope == NormScope.TOKEN:
+        out.append(Prep(f"{name}_prep_qstats", "ag_prep_qstats",
+                        Field("float* __restrict__", "ws_qstats",
+                              "workspace, B*Lq*2 floats, 8-byte aligned: (mean, rstd) of each hidden row, written by the prep kernel"),
+                        1, True, 2, DType.FP32, "token-scope q norm: statistics of each hidden row, once (not once per head)"))
+    if qn is not None and qn.scope == NormScope.HEAD:
+        out.append(Prep(f"{name}_prep_q", "ag_prep_q",
+                        Field(elem, "ws_q", "workspace, B*H*Lq*D elements, 16-byte aligned: the pre-normalised queries, written by the prep kernel"),
+                        v.heads, True, v.head_dim, v.dtype, "q pre-norm: each query row once, outside the attention kernel's register budget"))
+    if kn is not None:
+        out.append(Prep(f"{name}_prep_k", "ag_prep_k",
+                        Field(elem, "ws_k", "workspace, B*Hkv*Lk*D elements, 16-byte aligned: the pre-normalised keys, written by the prep kernel"),
+                        v.kv_heads, False, v.head_dim, v.dtype, "k pre-norm: each key row once (not once per query tile)"))
+    return tuple(out)
+
+
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> OpPlan:
+    """The frozen plan of a variant on `arch` (computed once per (variant, arch, prefix), then
+    cached; `prefix` starts every symbol name: see `kernel_name`)."""
+    return _plan(v, arch, prefix)
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX) -> OpPlan:
+    if v.page_size is not None:  # the forward kernels read contiguous K/V only
+        raise ValueError(f"variant {v.name}: `kv_cache paged` runs on the decode family (render_decode), not the forward kernel")
+    tile = resolve_tile(v, arch)
+    preps = _preps(v, prefix)
+    eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
+    pers = persistent(eng)
+    problem = Problem(
+        name=v.name, dtype=v.dtype, head_dim=v.head_dim, value_head_dim=v.value_head_dim, heads=v.heads,
+        kv_heads=v.kv_heads, layout=v.layout, kind=v.kind, arch=arch, lse=v.lse, nan_check=v.nan_check,
+        residual=v.residual, token_norm=q_token_norm(v), runtime_inputs=v.runtime_inputs(),
+    )
+    attention = OpKernel(
+        name=kernel_name(v, prefix),
+        role=KernelRole.ATTENTION,
+        threads=threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
+        grid_rule=GridRule.PERSISTENT if pers else GridRule.TILES,
+        engine=eng,
+        tile=tile,
+        smem=variant_smem_layout(v, tile, arch),
+        min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
+        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores)) if eng == Engine.WGMMA else None,
+    )
+    prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
+                         for pr in preps)
+    return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=_fields(v, preps, pers), workspaces=preps)
+
+
+def _spec_text(v: Variant) -> str:
+    try:
+        from attngen.lang.frontend import print_program
+
+        return print_program(Program((v,)))
+    except ImportError:  # the printer ships with the front end; keep rendering usable without it
+        return repr(v)
+
+
+def _expr_text(e) -> str:
+    try:
+        from attngen.lang.frontend import print_expr
+
+        return print_expr(e)
+    except ImportError:
+        return type(e).__name__
+
+
+def _header(v: Variant, kp: OpPlan) -> str:
+    layout = v.layout.value
+    qs = "[B, H, Lq, D]" if layout == "bhsd" else "[B, Lq, H, D]"
+    ks = "[B, Hkv, Lk, D]" if layout == "bhsd" else "[B, Lk, Hkv, D]"
+    vs = "[B, Hkv, Lk, Dv]" if layout == "bhsd" else "[B, Lk, Hkv, Dv]"
+    os_ = "[B, H, Lq, Dv]" if layout == "bhsd" else "[B, Lq, H, Dv]"
+    t = kp.tile
+    lines = [
+        f"Generated by attngen {__version__} from the spec below. Do not edit: regenerate.",
+        "",
+        *("  " + ln for ln in _spec_text(v).rstrip("\n").splitlines()),
+        "",
+        f"Variant {v.name}: dtype {v.dtype.value}, D={v.head_dim}, Dv={v.value_head_dim}, H={v.heads}, Hkv={v.kv_heads}, "
+        f"layout {layout}, {v.kind.value} attention, scale {v.effective_scale!r}",
+        f"Shapes: q {qs}, k {ks}, v {vs}, o {os_}; last dimension contiguous, every stride and",
+        "pointer a multiple of 16 bytes. Accumulation in fp32.",
+        "",
+        f"Kernel {kp.kernel_name}: grid {grid_text(kp, v.heads)}, block {kp.threads} threads,",
+        f"dynamic shared memory {kp.smem_bytes} bytes (opt in with cudaFuncSetAttribute above 48 KiB).",
+        f"Tile: block_m {t.block_m}, block_n {t.block_n}, warps {t.warps}, stages {t.stages}; "
+        f"{kp.engine.describe(t)}; target {kp.arch.value}.",
+        *(
+            [f"Prep kernels, launched first on the same stream with the same arguments, {PREP_THREADS} threads a block,",
+             f"grid min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS}) (any grid is correct):",
+             *(f"  {pr.kernel}: rows = {pr.rows_expr.replace('(long long)', '').replace('p.', '')}; {pr.doc}" for pr in kp.preps)]
+            if kp.preps else []
+        ),
+        "Arguments, in order (also the fields of Params, for the host launcher):",
+        *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(kp.fields)),
+        "",
+        f"Host: cudaError_t {kp.kernel_name}_launch(const Params* p, cudaStream_t stream) (nvcc builds only).",
+        *(
+            ["Build for sm_90a only: nvcc -gencode=arch=compute_90a,code=sm_90a (wgmma and setmaxnreg; nvcc 13.0's",
+             "-arch=sm_90a shorthand also runs a plain sm_90 pass, which stops at an #error naming this flag)."]
+            if kp.engine == Engine.WGMMA else []
+        ),
+    ]
+    return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
+
+
+def grid_text(kp: OpPlan, heads: int) -> str:
+    """The attention kernel's launch grid in words, for headers (`OpKernel.grid_text`)."""
+    return kp.attention.grid_text(heads)
+
+
+def _tensor_ctx(v: Variant) -> list[dict]:
+    out = []
+    for d in v.runtime_inputs():
+        is_float = d.dtype.is_float
+        out.append(
+            dict(
+                name=d.name,
+                dims=list(range(len(d.shape))),
+                value_ctype="float" if is_float else "int",
+                convert="ag_to_float" if is_float and d.dtype != DType.FP32 else ("" if is_float else "(int)"),
+            )
+        )
+    return out
+
+
+def _norm_ctx(v: Variant) -> dict:
+    ctx: dict = {}
+    for target in NormTarget:
+        n = v.norm(target)
+        key = target.value
+        ctx[f"{key}_norm"] = n is not None
+        ctx[f"{key}_norm_token"] = n is not None and n.scope == NormScope.TOKEN
+        ctx[f"{key}_norm_layernorm"] = n is not None and n.kind == NormKind.LAYERNORM
+        ctx[f"{key}_norm_affine"] = n is not None and n.affine
+        ctx[f"{key}_norm_eps"] = float_literal(n.eps) if n is not None else "0.0f"
+    return ctx
+
+
+def _wgmma_shapes(kp: OpPlan, v: Variant) -> list[dict]:
+    """Operand lists of the m64nNk16 wgmma wrappers the kernel uses (N = block_n for S, Dv for O):
+    N / 2 fp32 accumulators per thread, then the A and B operands and the accumulate flag."""
+    if kp.engine != Engine.WGMMA:
+        return []
+    out = []
+    for n in sorted({kp.tile.block_n, v.value_head_dim}):
+        regs = n // 2
+        out.append(dict(
+            n=n,
+            regs=regs,
+            d_list=", ".join(f"%{i}" for i in range(regs)),
+            d_operands=", ".join(f'"+f"(d[{i}])' for i in range(regs)),
+            ss_a=regs, ss_b=regs + 1, ss_flag=regs + 2,
+            rs_a_list=", ".join(f"%{regs + i}" for i in range(4)), rs_b=regs + 4, rs_flag=regs + 5,
+        ))
+    return out
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(cuda_template_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> str:
+    """The complete `.cu` source for one variant (kernel, helpers, extern "C" host launcher)."""
+    return render_with_plan(v, arch, prefix=prefix)[0]
+
+
+def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> tuple[str, OpPlan]:
+    kp = plan(v, arch, prefix=prefix)
+    consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
+    decls = {d.name: d for d in v.runtime_inputs()}
+    tc = kp.engine != Engine.FFMA
+    elem = ElementEmitter(consts, fast_math=tc)
+    classify_lines, classify_result = IntervalEmitter(consts, decls).classify(v.mask)
+    ctx = dict(
+        header=_header(v, kp),
+        ns=f"{kp.kernel_name}_impl",
+        kernel_name=kp.kernel_name,
+        elem_ctype=tensor_ctype(v.dtype),
+        mma_type={"bf16": "bf16", "fp16": "f16"}.get(v.dtype.value, "none"),
+        path={Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
+        cp_async=arch.cp_async,
+        mma_k16=arch.mma_k16,
+        persistent=persistent(kp.engine),
+        grid_cpp=kp.attention.grid_cpp(f"{kp.kernel_name}_impl"),
+        D=v.head_dim,
+        DV=v.value_head_dim,
+        H=v.heads,
+        HKV=v.kv_heads,
+        scale=float_literal(v.effective_scale),
+        block_m=kp.tile.block_m,
+        block_n=kp.tile.block_n,
+        warps=kp.threads // 32,
+        epi_warps=kp.tile.warps,
+        stages=kp.tile.stages,
+        min_blocks=kp.attention.min_blocks,
+        wgmma_shapes=_wgmma_shapes(kp, v),
+        wgmma_regs=dict(zip(("producer", "consumer"), kp.attention.regs or (0, 0))),  # read on the wgmma path only
+        q_buffers=kp.smem.q_buffers,
+        smem_bytes=kp.smem_bytes,
+        fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],
+        tensors=_tensor_ctx(v),
+        mask_text=_expr_text(v.mask),
+        mask_code=elem.emit(v.mask),
+        classify_lines=classify_lines,
+        classify_result=classify_result,
+        int_unknown=INT_UNKNOWN,
+        has_score=bool(v.scores),
+        score_texts=[_expr_text(s) for s in v.scores],
+        score_codes=[elem.emit(s) for s in v.scores],
+        residual=v.residual,
+        residual_smem=kp.smem.residual_copy,
+        nan_check=v.nan_check,
+        lse=v.lse,
+        sink=v.sink is not None,
+        sink_tensor=v.sink or "",
+        preps=[dict(kernel=pr.kernel, func=pr.func, rows=pr.rows_expr, workspace=pr.field.name, doc=pr.doc,
+                    ws_bytes=pr.bytes_expr,
+                    ws_ctype=pr.field.ctype.replace("__restrict__", "").strip().replace("elem_t", f"{kp.kernel_name}_impl::elem_t"))
+               for pr in kp.preps],
+        prep_threads=PREP_THREADS,
+        prep_rows_per_block=PREP_ROWS_PER_BLOCK,
+        prep_max_blocks=PREP_MAX_BLOCKS,
+        **_norm_ctx(v),
+    )
+    src = _environment().get_template("fwd/attention.cu.j2").render(**ctx)
+    return src, kp
+
+
+__all__ = ["render", "render_with_plan", "plan", "OpPlan", "OpKernel", "Problem", "KernelRole", "GridRule", "KernelPlan", "Field", "Prep", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]

@@ -1,0 +1,1 @@
+"""The language: .attn text -> AST -> semantic IR (parse, lower, builtins), printer, fmt, diagnostics."""

@@ -1,0 +1,1 @@
+"""What runs: arch limits, engines, tiles, shared memory; the plans of each kernel family."""

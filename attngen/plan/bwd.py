@@ -1,0 +1,251 @@
+"""The backward pass's plan (stage: plan): which constructs the backward kernels take, their tile,
+shared memory, kernels, launch grids and ABI.
+
+The backward is three to five launches on one stream (see `backends/cuda/bwd/backward.cu.j2`):
+
+    <name>_bwd_pre      delta = rowsum(dO * O') per query row; zeroes the fp32 dQ accumulator
+    <name>_bwd_prep     with q/k pre-norms: the normalised rows Q', K' into workspaces
+    <name>_bwd_dkdv     per (key tile, kv head, batch): walks the visible query tiles of every head
+                        of the group; dK, dV (no atomics), dQ' by fp32 atomics (default)
+    <name>_bwd_dq       deterministic: per (query tile, head, batch), dQ' without atomics
+    <name>_bwd_finish   dq from dQ' (through the q norm's backward, + dO for a residual); dk from
+                        dK' through the k norm's backward
+
+Engine: FFMA (every product in fp32) for every element type; tensor-core engines come later. The
+forward must have saved the LSE (natural log, [B, H, Lq] fp32, -inf for rows with nothing visible).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attngen.lang.diagnostics import Diagnostic
+from attngen.ir.nodes import NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name
+from attngen.cuda.render import Field, kernel_name
+from attngen.cuda.emit import tensor_ctype
+from attngen.plan.schedule import DEFAULT_ARCH, Arch
+
+THREADS = 256  # per CTA of the dK/dV and dQ kernels
+PRE_THREADS = 256  # per CTA of the grid-stride pre / convert kernels (8 warps, a row each)
+PRE_MAX_BLOCKS = 4096
+TILE_CHOICES = (64, 32, 16)  # square tiles, the largest whose shared memory fits the arch
+
+
+@dataclass(frozen=True, slots=True)
+class BwdKernel:
+    name: str
+    func: str  # the device function in the template
+    threads: int
+    smem: int  # dynamic shared memory, bytes
+    grid_code: str  # the launch grid as C++ over Params `p` (the launcher's formula)
+    doc: str
+
+
+@dataclass(frozen=True, slots=True)
+class BwdPlan:
+    """What a runtime needs to launch the backward of a variant."""
+
+    base_name: str
+    fields: tuple[Field, ...]
+    block_m: int
+    block_n: int
+    deterministic: bool
+    arch: Arch
+    kernels: tuple[BwdKernel, ...]
+    q_norm: bool = False  # head-scope q pre-norm: Q' in ws_q, a norm backward for dq
+    k_norm: bool = False  # k pre-norm: K' in ws_k, dK' in ws_dk, a norm backward for dk
+
+    @property
+    def launcher(self) -> str:
+        return f"{self.base_name}_launch"
+
+    def kernel(self, func: str) -> BwdKernel:
+        return next(k for k in self.kernels if k.func == func)
+
+    def grid(self, func: str, B: int, Lq: int, Lk: int, heads: int, kv_heads: int, head_dim: int) -> tuple[int, int, int]:
+        """The launch grid of one kernel (the launcher's formula, in Python)."""
+        if func == "ag_bwd_pre":
+            return (min(B * heads * Lq // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
+        if func == "ag_bwd_dkdv":
+            return ((Lk + self.block_n - 1) // self.block_n, kv_heads, B)
+        if func == "ag_bwd_dq":
+            return ((Lq + self.block_m - 1) // self.block_m, heads, B)
+        if func == "ag_bwd_prep":
+            rows = (B * heads * Lq if self.q_norm else 0) + (B * kv_heads * Lk if self.k_norm else 0)
+            return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
+        # ag_bwd_finish: a warp a row of dq (and of dk with a k norm)
+        rows = B * heads * Lq + (B * kv_heads * Lk if self.k_norm else 0)
+        return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
+
+
+def unsupported(v: Variant) -> list[Diagnostic]:
+    """What the backward kernels cannot differentiate yet, located at the construct (the NumPy
+    reference, `attngen.reference.attention_backward`, covers all of it): the o post-norm and the
+    token-scope q norm. Head-scope q/k pre-norms are supported."""
+    out = []
+    for n in v.norms:
+        if n.target != NormTarget.O and n.scope == NormScope.HEAD:
+            continue
+        out.append(Diagnostic(
+            f"--pass backward: `norm {n.target.value}`{' scope token' if n.scope == NormScope.TOKEN else ''} is not supported by the backward kernels yet",
+            n.span or v.span,
+            "the float64 reference (attngen.reference.attention_backward) differentiates it; the kernels "
+            "cover masks, scores, GQA, head-scope q/k pre-norms and the residual",
+        ))
+    if v.page_size is not None:
+        out.append(Diagnostic("--pass backward: `kv_cache paged` is inference state; the backward takes contiguous K/V",
+                              v.span, "compile the same variant without `kv_cache paged` for training"))
+    return out
+
+
+def smem_floats(block_m: int, block_n: int, D: int, Dv: int, deterministic_dq: bool) -> int:
+    """fp32 words of shared memory of the dK/dV kernel (or of the dQ kernel)."""
+    common = block_n * (D + 1) + block_n * (Dv + 1) + block_m * (D + 1) + block_m * (Dv + 1) + 2 * block_m * (block_n + 1) + 2 * block_m
+    return common + (block_m * D if deterministic_dq else block_n * (D + Dv))
+
+
+def choose_tile(v: Variant, arch: Arch) -> int:
+    """The largest square tile with room for two CTAs an SM, else the largest that fits at all."""
+    def need(t: int) -> int:
+        return 4 * max(smem_floats(t, t, v.head_dim, v.value_head_dim, False), smem_floats(t, t, v.head_dim, v.value_head_dim, True))
+
+    for limit in (arch.smem_per_sm // 2 - 1024, arch.smem_budget):
+        for t in TILE_CHOICES:
+            if need(t) <= limit:
+                return t
+    raise ValueError(f"variant {v.name}: the backward's smallest tile ({TILE_CHOICES[-1]}) does not fit {arch.value}'s shared memory")
+
+
+def _fields(v: Variant) -> tuple[Field, ...]:
+    e, w = "const elem_t* __restrict__", "elem_t* __restrict__"
+    f = [
+        Field(e, "q", "query (the forward's input)"),
+        Field(e, "k", "keys"),
+        Field(e, "v", "values"),
+        Field(e, "o", "the forward's output"),
+        Field(e, "dO", "gradient at the output (o's shape)"),
+        Field("const float* __restrict__", "lse", "the forward's log-sum-exp [B, H, Lq], contiguous, natural log"),
+        Field(w, "dq", "gradient of q (q's shape)"),
+        Field(w, "dk", "gradient of k (k's shape)"),
+        Field(w, "dv", "gradient of v (v's shape)"),
+        Field("float* __restrict__", "ws_delta", "workspace, B*H*Lq floats: rowsum(dO * O') per query row"),
+        Field("float* __restrict__", "ws_dq", "workspace, B*H*Lq*D floats: dQ' (of the normalised q) in fp32"),
+        *([Field(w, "ws_q", "workspace, B*H*Lq*D elements: the pre-normalised queries, written by the prep kernel")]
+          if v.norm(NormTarget.Q) else []),
+        *([Field(w, "ws_k", "workspace, B*Hkv*Lk*D elements: the pre-normalised keys, written by the prep kernel"),
+           Field("float* __restrict__", "ws_dk", "workspace, B*Hkv*Lk*D floats: dK' (of the normalised k) in fp32")]
+          if v.norm(NormTarget.K) else []),
+        Field("int", "B", "batch"),
+        Field("int", "Lq", "query length"),
+        Field("int", "Lk", "key length"),
+        # As in the forward's ABI (position offsets): masks and scores read positions q + q_offset,
+        # kv + kv_offset and lengths Lq_total, Lk_total. The backward runs whole sequences for now:
+        # 0, 0, Lq, Lk.
+        Field("int", "q_offset", "global position of query row 0 (0: the backward runs whole sequences)"),
+        Field("int", "kv_offset", "global position of key row 0 (0)"),
+        Field("int", "Lq_total", "global query length the mask sees (Lq)"),
+        Field("int", "Lk_total", "global key length the mask sees (Lk)"),
+    ]
+    for t in ("q", "k", "v", "o", "dO", "dq", "dk", "dv"):
+        for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
+            f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
+    for d in v.runtime_inputs():
+        f.append(Field(f"const {tensor_ctype(d.dtype)}* __restrict__", f"in_{d.name}", f"runtime input {d.name}: {d.dtype.value}"))
+        for i in range(len(d.shape)):
+            f.append(Field("int", f"in_{d.name}_n{i}", f"{d.name} size of dim {i}"))
+        for i in range(len(d.shape)):
+            f.append(Field("long long", f"in_{d.name}_s{i}", f"{d.name} stride of dim {i}, elements"))
+    for name in learnable(v) + norm_params(v):
+        f.append(Field("float* __restrict__", f"grad_{name}",
+                       f"gradient of {name}: fp32, contiguous in {name}'s shape, zeroed by the caller (nullptr: not computed)"))
+    return tuple(f)
+
+
+def norm_params(v: Variant) -> tuple[str, ...]:
+    """The affine weights (and layernorm biases) of the q/k pre-norms, which the backward kernels
+    can return gradients for."""
+    out: list[str] = []
+    for t in (NormTarget.Q, NormTarget.K):
+        n = v.norm(t)
+        if n is not None and n.affine:
+            out.append(norm_weight_name(t))
+            if n.kind == NormKind.LAYERNORM:
+                out.append(norm_bias_name(t))
+    return tuple(out)
+
+
+def learnable(v: Variant) -> tuple[str, ...]:
+    """Score inputs the backward kernels can return a gradient for (`bias`, `alibi(slopes)`,
+    `rel_bias` tables, float lookups in custom scores), in first-appearance order."""
+    from attngen.analysis import derivative
+
+    return derivative.learnable_tensors(v.scores)
+
+
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) -> BwdPlan:
+    """The backward kernels of a variant. ValueError if a construct is unsupported (see
+    `unsupported`, which locates it) or no tile fits."""
+    bad = unsupported(v)
+    if bad:
+        raise ValueError("; ".join(d.message for d in bad))
+    t = choose_tile(v, arch)
+    base = kernel_name(v) + "_bwd"
+    qn, kn = v.norm(NormTarget.Q) is not None, v.norm(NormTarget.K) is not None
+
+    def rows_grid(rows: str) -> str:
+        return f"(unsigned)({rows} / {PRE_THREADS // 32} + 1 < {PRE_MAX_BLOCKS} ? {rows} / {PRE_THREADS // 32} + 1 : {PRE_MAX_BLOCKS})"
+
+    q_rows = f"(long long)p.B * {v.heads} * p.Lq"
+    k_rows = f"(long long)p.B * {v.kv_heads} * p.Lk"
+    kernels = [
+        BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 0, rows_grid(q_rows),
+                  "delta = rowsum(dO * O') per query row" + ("" if deterministic else "; zero the dQ accumulator")),
+    ]
+    if qn or kn:
+        rows = " + ".join(r for r, on in ((q_rows, qn), (k_rows, kn)) if on)
+        kernels.append(BwdKernel(f"{base}_prep", "ag_bwd_prep", PRE_THREADS, 0, rows_grid(f"({rows})"),
+                                 "the pre-normalised " + " and ".join(n for n, on in (("queries (ws_q)", qn), ("keys (ws_k)", kn)) if on)
+                                 + ", rounded as the forward rounds them"))
+    kernels += [
+        BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, False),
+                  f"(p.Lk + {t - 1}) / {t}, {v.kv_heads}, p.B",
+                  "dK, dV per key tile over the visible query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")),
+    ]
+    if deterministic:
+        kernels.append(BwdKernel(f"{base}_dq", "ag_bwd_dq", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True),
+                                 f"(p.Lq + {t - 1}) / {t}, {v.heads}, p.B", "dQ' per query tile over the visible key tiles, no atomics"))
+    finish_rows = q_rows + (f" + {k_rows}" if kn else "")
+    kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 0, rows_grid(f"({finish_rows})"),
+                             "dq from dQ'" + (" through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
+                             + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"))
+    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, kn)
+
+
+def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
+    """`attngen explain`'s lines about the backward pass of a variant."""
+    from attngen.analysis import derivative
+    from attngen.lang.printer import print_expr
+
+    out = ["Backward pass (attngen compile --pass backward): gradients of sum(dO * O)"]
+    out.append(f"  d(score)/ds = {print_expr(derivative.score_derivative(v.scores))} (from the score expressions, by the chain rule)")
+    for ld, de in derivative.param_derivatives(v.scores):
+        idx = ", ".join(print_expr(i) for i in ld.indices)
+        out.append(f"  d(score)/d{ld.tensor}[{idx}] = {print_expr(de)} (on request: fp32 atomics of dS times it)")
+    bad = unsupported(v)
+    if bad:
+        for d in bad:
+            where = f" (line {d.span.line})" if d.span else ""
+            out.append(f"  refused{where}: {d.message.removeprefix('--pass backward: ')}")
+        return out
+    bp = plan(v, arch)
+    out.append(f"  on {arch.value}: FFMA engine (fp32 products for every dtype), tile {bp.block_m} x {bp.block_n}; P recomputed from the forward's LSE")
+    for k in bp.kernels:
+        out.append(f"  {k.name}: {k.threads} threads, {k.smem} bytes of shared memory; {k.doc}")
+    out.append("  --deterministic: dQ by a kernel per query tile instead of fp32 atomics (bitwise reproducible)")
+    return out
+
+
+__all__ = [
+    "describe",
+    "learnable",
+    "norm_params","BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

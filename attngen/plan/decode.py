@@ -1,0 +1,213 @@
+"""The decode kernel family: planning (stage: schedule/plan, kept apart from the forward's).
+
+Decoding is memory-bound: a few query rows (Lq = 1, or up to ~16 for speculative decoding) read a
+long KV cache once. The forward kernel tiles the query rows of one head, so with Lq = 1 each CTA
+reads all of K/V for one query row and the GPU idles. The decode family instead
+
+- packs a KV head's whole group of query heads (GQA) times Lq into the M dimension of one
+  16-row mma.sync tile, so each K/V tile is read once per group, not once per query head;
+- splits the key range (flash-decoding): grid (splits, Hkv * m_blocks, B), each CTA streams its
+  range through a cp.async ring, its four warps each taking a quarter of every ring chunk, and
+  writes an fp32 partial O and LSE to a workspace [B, H, Lq, splits, Dv] (never sized by Lk);
+- merges the partials in a small combine kernel that writes O (and `output lse`'s LSE).
+
+The number of splits is chosen at launch (`DecodePlan.splits`) from B, Hkv, Lq, Lk and the SM
+count, so that the grid fills the GPU in one wave of resident CTAs. The plan lists its kernels in
+launch order (`DecodePlan.launches`), so the runtime launches them without knowing what they do.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from attngen.ir.nodes import DType, Index, IndexVar, Variant, strip_sugar, walk
+from attngen.plan.schedule import DEFAULT_ARCH, Arch
+
+# Query rows (per KV head: group x Lq) up to which `Family.AUTO` picks the decode family.
+DECODE_MAX_LQ = 16
+DECODE_HEAD_DIMS = (64, 128)
+BLOCK_M = 16  # packed query rows a CTA (one m16 MMA tile; more rows take more CTAs)
+WARPS = 4
+COMBINE_THREADS = 256
+# A split should stream at least this many ring chunks, or the pipeline never fills.
+MIN_CHUNKS_PER_SPLIT = 4
+MAX_SPLITS = 256
+
+
+class Family(enum.Enum):
+    """Which kernel family runs a call: `auto` picks decode for Lq <= DECODE_MAX_LQ where the
+    variant supports it (`decode_unsupported`), the forward otherwise."""
+
+    AUTO = "auto"
+    FORWARD = "forward"
+    DECODE = "decode"
+
+
+def decode_unsupported(v: Variant) -> str | None:
+    """Why the decode family cannot run `v` (None when it can)."""
+    if v.dtype not in (DType.FP16, DType.BF16):
+        return f"the decode family runs fp16/bf16 on tensor cores, not {v.dtype.value}"
+    if v.head_dim != v.value_head_dim or v.head_dim not in DECODE_HEAD_DIMS:
+        return (f"the decode family implements head dims {', '.join(map(str, DECODE_HEAD_DIMS))} with Dv == D, "
+                f"not D={v.head_dim}, Dv={v.value_head_dim}")
+    if v.norms:
+        return "the decode family has no pre/post norms (use the forward family)"
+    if v.residual:
+        return "the decode family has no residual (use the forward family)"
+    if any(d.sorted for d in v.runtime_inputs()):
+        # The forward binder checks `sorted` promises on the device before each launch; the decode
+        # runtime has no such check yet, and an unchecked broken promise is a silently wrong answer.
+        return "the decode family does not check `sorted` inputs on the device yet (use the forward family)"
+    return None
+
+
+def forward_unsupported(v: Variant) -> str | None:
+    """Why the forward family cannot run `v` (None when it can)."""
+    if v.page_size is not None:
+        return "`kv_cache paged` runs on the decode family (attngen.compile(..., family=\"decode\") or \"auto\")"
+    return None
+
+
+def mask_uses_head(v: Variant) -> bool:
+    """Whether the mask reads `h` (then a CTA's packed rows, which span heads, are classified
+    head by head)."""
+    return any(isinstance(n, Index) and n.var == IndexVar.H for n in walk(strip_sugar(v.mask)))
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One kernel launch of a call, in order."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    threads: int
+    smem_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """What the renderer and the runtime need for a variant's decode kernels."""
+
+    kernel_name: str  # split-KV attention: partial O and LSE into the workspace
+    combine_name: str  # merges the partials into O and LSE
+    heads: int
+    kv_heads: int
+    value_head_dim: int
+    block_m: int
+    block_n: int  # keys per warp per ring chunk
+    warps: int
+    stages: int
+    smem_bytes: int
+    arch: Arch
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def chunk(self) -> int:
+        """Keys a ring slot holds (every warp takes block_n of them)."""
+        return self.block_n * self.warps
+
+    def chunks_per_split_text(self) -> str:
+        """How a split's key range is chosen, for headers."""
+        return "[split * chunks_per_split, (split + 1) * chunks_per_split)"
+
+    @property
+    def kernels(self) -> tuple[str, str]:
+        """The kernels of one call, in launch order."""
+        return (self.kernel_name, self.combine_name)
+
+    def ctas_per_sm(self) -> int:
+        return max(1, min(16, self.arch.smem_per_sm // (self.smem_bytes + 1024)))
+
+    def m_blocks(self, Lq: int) -> int:
+        """CTAs along the packed query rows of one KV head (group x Lq rows, BLOCK_M a CTA)."""
+        return -(-(self.heads // self.kv_heads) * Lq // self.block_m)
+
+    def splits(self, B: int, Lq: int, Lk: int, sm_count: int) -> tuple[int, int]:
+        """(splits, chunks per split) for a call. Without splits the grid is B * Hkv * m_blocks
+        CTAs; splits raise it to at most one CTA an SM (not one per resident slot), never below
+        MIN_CHUNKS_PER_SPLIT chunks a split, and every split gets at least one chunk.
+
+        Fewer, longer splits stream K/V faster. The H200 sweep in
+        benchmarks/results/h200_decode.json (bf16 D128 H32/Hkv8, Lq 1, 16 x 3 tile, two CTAs an
+        SM resident): (1, 131072) 16 splits 135.0 us, 33 (one per slot) 142.4, 66 153.4;
+        (8, 32768) 2 splits 257.8 us, 4 264.5, 8 266.7; (1, 8192) 16 17.7 us, 32 21.2."""
+        n_chunks = max(1, -(-Lk // self.chunk))
+        base = B * self.kv_heads * self.m_blocks(Lq)
+        want = max(1, sm_count // base)
+        want = min(want, max(1, n_chunks // MIN_CHUNKS_PER_SPLIT), MAX_SPLITS)
+        per = -(-n_chunks // want)
+        return -(-n_chunks // per), per
+
+    def workspace_shapes(self, B: int, Lq: int, splits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """fp32 partial O [B, H, Lq, splits, Dv] and partial LSE [B, H, Lq, splits]."""
+        return (B, self.heads, Lq, splits, self.value_head_dim), (B, self.heads, Lq, splits)
+
+    def launches(self, B: int, Lq: int, splits: int) -> tuple[Launch, Launch]:
+        """The call's kernels with their grids, in launch order."""
+        rows = B * self.heads * Lq
+        combine_blocks = min(-(-rows // (COMBINE_THREADS // 32)), 65535)
+        return (
+            Launch(self.kernel_name, (splits, self.kv_heads * self.m_blocks(Lq), B), self.threads, self.smem_bytes),
+            Launch(self.combine_name, (combine_blocks, 1, 1), COMBINE_THREADS, 0),
+        )
+
+
+def _tile(head_dim: int) -> tuple[int, int]:
+    """(keys per warp, stages): a ring chunk of K and V is 32 KiB at either head dim, three slots
+    (~110 KB with Q) so that two CTAs share an SM with up to ~128 KB of loads in flight."""
+    return (16, 3) if head_dim == 128 else (32, 3)
+
+
+def smem_bytes(v: Variant, block_n: int, stages: int) -> int:
+    """Q tile plus the K/V ring (rows padded by 8 elements), or the epilogue's fp32 per-warp
+    partial O and row statistics, whichever is larger (they share the space)."""
+    d, dv = v.head_dim, v.value_head_dim
+    tiles = (BLOCK_M * (d + 8) + stages * block_n * WARPS * ((d + 8) + (dv + 8))) * v.dtype.itemsize
+    reduce = WARPS * BLOCK_M * (dv + 4) * 4 + 2 * WARPS * BLOCK_M * 4
+    return max(tiles, reduce)
+
+
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None) -> DecodePlan:
+    """The decode plan of a variant; ValueError when the family cannot run it. `tile` overrides
+    (keys a warp, stages) for schedule sweeps (benchmarks/decode_bench.py)."""
+    why = decode_unsupported(v)
+    if why is not None:
+        raise ValueError(f"variant {v.name}: {why}")
+    if not arch.cp_async or not arch.mma_k16:
+        raise ValueError(f"variant {v.name}: the decode family needs cp.async and m16n8k16 tensor cores (sm_80 or newer), "
+                         f"not {arch.value}")
+    block_n, stages = tile or _tile(v.head_dim)
+    if block_n % 16 or not 2 <= stages <= 6:
+        raise ValueError(f"decode tile: expected keys a warp a multiple of 16 and 2..6 stages, got {block_n}, {stages}")
+    suffix = "" if tile is None else f"_n{block_n}s{stages}"
+    return DecodePlan(
+        kernel_name=f"attngen_{v.name}_decode{suffix}",
+        combine_name=f"attngen_{v.name}_decode{suffix}_combine",
+        heads=v.heads,
+        kv_heads=v.kv_heads,
+        value_head_dim=v.value_head_dim,
+        block_m=BLOCK_M,
+        block_n=block_n,
+        warps=WARPS,
+        stages=stages,
+        smem_bytes=smem_bytes(v, block_n, stages),
+        arch=arch,
+    )
+
+
+def choose_family(v: Variant, Lq: int, family: Family = Family.AUTO) -> Family:
+    """The family that runs a call with Lq query rows: a forced family as given, `auto` decode for
+    small Lq where supported."""
+    if family != Family.AUTO:
+        return family
+    if v.page_size is not None:
+        return Family.DECODE  # the paged cache runs on the decode family only (any Lq)
+    return Family.DECODE if Lq <= DECODE_MAX_LQ and decode_unsupported(v) is None else Family.FORWARD
+
+
+__all__ = ["Family", "DecodePlan", "Launch", "plan", "decode_unsupported", "choose_family", "mask_uses_head",
+           "DECODE_MAX_LQ", "COMBINE_THREADS"]

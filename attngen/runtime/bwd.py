@@ -1,0 +1,214 @@
+"""The backward pass at run time (stage: load/launch): `backward(kernel, q, k, v, dO, ...)` returns
+(dq, dk, dv), the gradients of sum(dO * O) for O = kernel(q, k, v, ...).
+
+    kern = attngen.compile("examples/llama3_gqa_causal.attn")
+    dq, dk, dv = attngen.runtime_bwd.backward(kern, q, k, v, dO)            # runs the forward for O, LSE
+    dq, dk, dv = attngen.runtime_bwd.backward(kern, q, k, v, dO, o=o, lse=lse)  # with the forward's saved ones
+
+The forward's O and LSE are what the backward reads (P is recomputed from the LSE); without them the
+forward of the same variant with `output lse` runs first. Arrays are checked before any launch, as
+the forward checks them: wrong shapes, dtypes, devices or layouts are a ValueError saying what was
+expected. Arrays are CuPy arrays (bf16 as uint16 bit patterns) or torch CUDA tensors; the
+gradients come back in the library of q, contiguous, in the shapes of q, k, v.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attngen.ir import abi
+from attngen.cuda.compile import compile_source
+from attngen.ir.nodes import DType, Layout, Variant
+from attngen.plan.bwd import BwdPlan, learnable, norm_params, unsupported
+from attngen.cuda.render_bwd import render_with_plan
+from attngen.plan.schedule import Arch
+
+
+@dataclass
+class BackwardKernels:
+    """The backward kernels of one variant, compiled for one architecture."""
+
+    variant: Variant
+    source: str
+    plan: BwdPlan
+    functions: dict[str, Any]  # device function name in the template -> CuPy kernel
+
+
+_CACHE: dict[tuple[Variant, Arch, bool, int], BackwardKernels] = {}
+_LOCK = threading.Lock()
+
+
+def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False) -> BackwardKernels:
+    """Render, compile (through the on-disk cache) and load the backward kernels of `v`.
+    ValueError, naming the construct, when the backward kernels do not support it yet."""
+    import cupy
+
+    bad = unsupported(v)
+    if bad:
+        raise ValueError(f"variant {v.name}: " + "; ".join(d.message for d in bad))
+    dev = cupy.cuda.Device().id
+    key = (v, arch, deterministic, dev)
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    src, bp = render_with_plan(v, arch, deterministic=deterministic)
+    binary = compile_source(src, arch)
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(binary.cubin)
+        path = f.name
+    try:
+        module = cupy.RawModule(path=path)
+        fns = {}
+        for k in bp.kernels:
+            fn = module.get_function(k.name)
+            if k.smem > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = k.smem
+            fns[k.func] = fn
+    finally:
+        Path(path).unlink(missing_ok=True)
+    bk = BackwardKernels(v, src, bp, fns)
+    bk._module = module  # type: ignore[attr-defined]  # keeps the module (and its functions) alive
+    with _LOCK:
+        return _CACHE.setdefault(key, bk)
+
+
+def _forward_with_lse(kernel: Any):
+    """The forward kernel of the same variant that saves the LSE (the kernel itself if it does)."""
+    from attngen.runtime import kernel as runtime
+
+    v = kernel.variant
+    if v.lse and not v.nan_check:
+        return kernel
+    return runtime.compile(dataclasses.replace(v, lse=True, nan_check=False), arch=kernel.plan.arch)
+
+
+def backward(
+    kernel: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    dO: Any,
+    *,
+    o: Any = None,
+    lse: Any = None,
+    deterministic: bool = False,
+    wrt: tuple[str, ...] = (),
+    stream: Any = None,
+    **inputs: Any,
+) -> tuple[Any, ...]:
+    """(dq, dk, dv) for a compiled forward `kernel` (attngen.compile); see the module doc. With
+    `wrt` naming score inputs (`plan_bwd.learnable`: bias, alibi slopes, rel_bias tables, float
+    lookups), (dq, dk, dv, {name: gradient}) with each gradient fp32 in its input's shape."""
+    import cupy
+    import numpy as np
+
+    from attngen.runtime import kernel as runtime
+
+    var = kernel.variant
+    arch = kernel.plan.arch
+    bk = compile_backward(var, arch, deterministic=deterministic)  # refuses unsupported constructs first
+    wrt = tuple(wrt)
+    allowed = learnable(var) + norm_params(var)
+    for name in wrt:
+        if name not in allowed:
+            raise ValueError(f"wrt: expected names of score inputs with a gradient ({', '.join(allowed) or 'none in this variant'}), got {name!r}")
+    aq, ak, av, ado = (runtime._view(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dO, "dO")))
+    for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ado, "dO")):
+        runtime._check_dtype(a, var.dtype, n)
+    given = {name: runtime._view(x, name) for name, x in inputs.items()}
+    sizes = abi.bind_sizes(
+        var, aq.shape, ak.shape, av.shape,
+        {n: (a.shape, runtime._dtype_name_for_abi(a, next((d.dtype for d in var.runtime_inputs() if d.name == n), DType.I32)))
+         for n, a in given.items()},
+    )
+    B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
+    o_shape = tuple(abi.o_shape(var, B, Lq))
+    if ado.shape != o_shape:
+        raise ValueError(f"dO: expected the output's shape {o_shape}, got {ado.shape}")
+    dev = cupy.cuda.Device().id
+    for name, a in (("q", aq), ("k", ak), ("v", av), ("dO", ado), *given.items()):
+        if a.device != dev:
+            raise ValueError(f"{name}: expected an array on the current device cuda:{dev}, got cuda:{a.device}")
+    if (o is None) != (lse is None):
+        raise ValueError("o, lse: expected both (the forward's saved output and LSE) or neither, got one")
+    if o is None:
+        o, lse = _forward_with_lse(kernel)(q, k, v, stream=stream, **inputs)
+    ao, al = runtime._view(o, "o"), runtime._view(lse, "lse")
+    runtime._check_dtype(ao, var.dtype, "o")
+    if ao.shape != o_shape:
+        raise ValueError(f"o: expected shape {o_shape}, got {ao.shape}")
+    if al.dtype != "float32" or al.shape != (B, var.heads, Lq) or al.strides != (var.heads * Lq, Lq, 1):
+        raise ValueError(f"lse: expected a contiguous float32 array of shape {(B, var.heads, Lq)}, got {al.dtype} {al.shape} strides {al.strides}")
+
+    def strides3(a, name: str) -> tuple[int, int, int]:
+        if a.strides[-1] != 1:
+            raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got strides {a.strides}")
+        if len(a.shape) != 4:
+            raise ValueError(f"{name}: expected a 4-dimensional array, got shape {a.shape}")
+        if var.layout == Layout.BHSD:
+            return a.strides[0], a.strides[1], a.strides[2]
+        return a.strides[0], a.strides[2], a.strides[1]
+
+    if stream is None:
+        if aq.is_torch:
+            import torch
+
+            stream = runtime._external_stream(torch.cuda.current_stream().cuda_stream)
+        else:
+            stream = cupy.cuda.get_current_stream()
+    elif not isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
+        stream = runtime._external_stream(int(getattr(stream, "cuda_stream", stream)))
+    grads = [runtime._empty(a.shape, var.dtype, aq.is_torch, aq.obj, stream) for a in (aq, ak, av)]
+    agq, agk, agv = (runtime._view(g, n) for g, n in zip(grads, ("dq", "dk", "dv")))
+    bp = bk.plan
+    elem = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[var.dtype]
+    with stream:  # workspaces in the launch stream's order (they grow with B*L, never Lq*Lk)
+        delta = cupy.empty(B * var.heads * Lq, dtype=cupy.float32)
+        ws_dq = cupy.empty(B * var.heads * Lq * var.head_dim, dtype=cupy.float32)
+        ws = {"ws_q": cupy.empty(B * var.heads * Lq * var.head_dim, dtype=elem) if bp.q_norm else None,
+              "ws_k": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=elem) if bp.k_norm else None,
+              "ws_dk": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=cupy.float32) if bp.k_norm else None}
+    args: list[Any] = [np.uint64(a.ptr) for a in (aq, ak, av, ao, ado, al, agq, agk, agv)]
+    args += [np.uint64(delta.data.ptr), np.uint64(ws_dq.data.ptr)]
+    args += [np.uint64(ws[f.name].data.ptr) for f in bp.fields if f.name in ws]
+    args += [np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(0), np.int32(0), np.int32(Lq), np.int32(Lk)]  # whole sequences
+    for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ao, "o"), (ado, "dO"), (agq, "dq"), (agk, "dk"), (agv, "dv")):
+        args += [np.int64(s) for s in strides3(a, n)]
+    for d in var.runtime_inputs():
+        a = given[d.name]
+        runtime._check_dtype(a, d.dtype, d.name)
+        args.append(np.uint64(a.ptr))
+        args.extend(np.int32(n) for n in a.shape)
+        args.extend(np.int64(s) for s in a.strides)
+    param_grads: dict[str, Any] = {}
+    for name in allowed:
+        if name in wrt:
+            if name not in given:
+                raise ValueError(f"wrt: {name!r} is not an input of this call (affine-free norms have no weights)")
+            shape = given[name].shape
+            if aq.is_torch:
+                import torch
+
+                with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=aq.obj.device)):
+                    param_grads[name] = torch.zeros(shape, dtype=torch.float32, device=aq.obj.device)
+            else:
+                with stream:
+                    param_grads[name] = cupy.zeros(shape, dtype=cupy.float32)
+            args.append(np.uint64(runtime._view(param_grads[name], name).ptr))
+        else:
+            args.append(np.uint64(0))
+    for kern in bp.kernels:
+        grid = bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim)
+        bk.functions[kern.func](grid, (kern.threads,), tuple(args), shared_mem=kern.smem, stream=stream)
+    # The workspaces were allocated in the launch stream's order: dropping them here is safe.
+    if wrt:
+        return grads[0], grads[1], grads[2], {n: param_grads[n] for n in wrt}
+    return grads[0], grads[1], grads[2]
+
+
+__all__ = ["BackwardKernels", "backward", "compile_backward"]

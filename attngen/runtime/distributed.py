@@ -1,0 +1,375 @@
+"""Context parallelism: ring attention over torch.distributed with attngen kernels (forward only).
+
+The sequence is sharded over the ranks of a process group. Each rank keeps its query shard and
+passes its K/V shard around the ring (`batch_isend_irecv`, NCCL on GPUs, gloo on CPUs); at every
+step it runs the attngen kernel on (its queries, the K/V block it holds) and merges the partial
+output into an fp32 accumulator by the partials' LSE. The kernel sees global positions through its
+`q_offset` / `kv_offset` / `Lq_total` / `Lk_total` arguments (`abi.Positions`), so every mask the
+spec can say (causal, window, document, prefix, padding, ALiBi, ...) means on a shard exactly what
+it means on the whole sequence. A block that tile classification proves invisible for every batch
+and head is skipped on the host, without a launch.
+
+Sharding (`Sharding`): ZIGZAG (the default, as in Llama 3's context parallelism) splits the
+sequence into 2W chunks and gives rank r chunks r and 2W-1-r, so that under a causal mask every
+rank does the same work (an early chunk with little to see paired with a late one that sees
+much); CONTIGUOUS gives rank r the r-th of W chunks (balanced for masks without a causal
+direction). Lengths that do not divide evenly give the first chunks one row more.
+
+Only the forward pass exists: there is no backward through the ring yet (the backward kernels
+are a separate issue); the outputs carry no autograd graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from attngen.ir import abi
+from attngen.analysis.intervals import Tri, classify
+from attngen.ir.nodes import Index, IndexVar, Layout, NormTarget, Variant, walk
+
+
+class Sharding(enum.Enum):
+    """How the sequence is split over the ranks."""
+
+    ZIGZAG = "zigzag"  # 2W chunks, rank r holds chunks r and 2W-1-r (balanced under causal masks)
+    CONTIGUOUS = "contiguous"  # W chunks, rank r holds chunk r
+
+
+def chunk_bounds(length: int, n: int) -> list[tuple[int, int]]:
+    """`length` rows split into `n` consecutive [start, end) chunks; the first `length % n` chunks
+    are one row longer."""
+    if n < 1 or length < 0:
+        raise ValueError(f"chunk_bounds: expected n >= 1 and length >= 0, got n={n}, length={length}")
+    base, extra = divmod(length, n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + base + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def shard_ranges(length: int, world: int, rank: int, scheme: Sharding | str = Sharding.ZIGZAG) -> tuple[tuple[int, int], ...]:
+    """The global [start, end) position ranges rank `rank` holds, in the order its shard stores them."""
+    scheme = Sharding(scheme)
+    if not 0 <= rank < world:
+        raise ValueError(f"shard_ranges: expected 0 <= rank < world, got rank {rank}, world {world}")
+    if scheme == Sharding.ZIGZAG:
+        c = chunk_bounds(length, 2 * world)
+        return (c[rank], c[2 * world - 1 - rank])
+    return (chunk_bounds(length, world)[rank],)
+
+
+def shard(x: Any, world: int, rank: int, dim: int, scheme: Sharding | str = Sharding.ZIGZAG) -> Any:
+    """Rank `rank`'s shard of a whole-sequence tensor (torch or NumPy): its ranges along `dim`,
+    concatenated (a copy)."""
+    ranges = shard_ranges(x.shape[dim], world, rank, scheme)
+    parts = [_narrow(x, dim, a, b) for a, b in ranges]
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        return torch.cat(parts, dim=dim)
+    import numpy as np
+
+    return np.concatenate(parts, axis=dim)
+
+
+def unshard(shards: Sequence[Any], dim: int, scheme: Sharding | str = Sharding.ZIGZAG) -> Any:
+    """The whole-sequence tensor from every rank's shard (the inverse of `shard`)."""
+    world = len(shards)
+    length = sum(s.shape[dim] for s in shards)
+    pieces: list[tuple[int, Any]] = []
+    for r, s in enumerate(shards):
+        at = 0
+        for a, b in shard_ranges(length, world, r, scheme):
+            pieces.append((a, _narrow(s, dim, at, at + (b - a))))
+            at += b - a
+    pieces.sort(key=lambda t: t[0])
+    if type(shards[0]).__module__.startswith("torch"):
+        import torch
+
+        return torch.cat([p for _, p in pieces], dim=dim)
+    import numpy as np
+
+    return np.concatenate([p for _, p in pieces], axis=dim)
+
+
+def _narrow(x: Any, dim: int, a: int, b: int) -> Any:
+    idx = [slice(None)] * x.ndim
+    idx[dim] = slice(a, b)
+    return x[tuple(idx)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Merging partial results
+
+
+def merge_partials(o_a: Any, lse_a: Any, o_b: Any, lse_b: Any, seq_dim: int) -> tuple[Any, Any]:
+    """Two partial attention results over disjoint key sets → the result over their union, in fp32.
+
+    `o_*` hold the rows in the variant's layout (sequence axis `seq_dim`), `lse_*` are [B, H, n].
+    The safe form: with m = max(lse_a, lse_b) (0 where both are -inf), weights exp(lse - m) <= 1
+    never overflow; a partial with LSE = -inf (nothing visible) has weight 0, so merging it leaves
+    the other partial bit for bit as it was, and two empty partials give O = 0, LSE = -inf."""
+    import torch
+
+    m = torch.maximum(lse_a, lse_b)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    wa, wb = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    s = wa + wb
+    lse = m + torch.log(s)  # log 0 = -inf: still empty
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
+    ca, cb = _lse_as_o(wa * inv, seq_dim), _lse_as_o(wb * inv, seq_dim)
+    o = o_a.float() * ca
+    o.addcmul_(o_b, cb)
+    return o, lse
+
+
+def _merge_into(acc: Any, acc_lse: Any, o: Any, lse: Any, seq_dim: int) -> None:
+    """`merge_partials` in place on an fp32 accumulator (two passes over it, no temporaries of its size)."""
+    import torch
+
+    m = torch.maximum(acc_lse, lse)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    wa, wb = torch.exp(acc_lse - m), torch.exp(lse - m)
+    s = wa + wb
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
+    acc.mul_(_lse_as_o(wa * inv, seq_dim))
+    acc.addcmul_(o, _lse_as_o(wb * inv, seq_dim))
+    acc_lse.copy_(m + torch.log(s))
+
+
+def _lse_as_o(x: Any, seq_dim: int) -> Any:
+    """[B, H, n] per-row values broadcast against O ([B, n, H, Dv] when seq_dim is 1, else [B, H, n, Dv])."""
+    return x.transpose(1, 2).unsqueeze(-1) if seq_dim == 1 else x.unsqueeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The local attention a ring runs
+
+
+class ReferenceKernel:
+    """The NumPy reference with the runtime Kernel's call signature, on CPU torch tensors: the
+    local attention of CPU ring tests (gloo), and a model of what a ring asks of a kernel."""
+
+    def __init__(self, variant: Variant) -> None:
+        self.variant = variant if variant.lse else dataclasses.replace(variant, lse=True)
+
+    def __call__(self, q: Any, k: Any, v: Any, *, q_offset: int = 0, kv_offset: int = 0,
+                 Lq_total: int | None = None, Lk_total: int | None = None, **inputs: Any) -> tuple[Any, Any]:
+        import numpy as np
+        import torch
+
+        from attngen.check import reference
+
+        def host(x: Any) -> Any:
+            return x.float().numpy() if x.is_floating_point() else x.numpy()
+
+        o, lse = reference.attention(self.variant, host(q), host(k), host(v), {n: host(x) for n, x in inputs.items()},
+                                     q_offset=q_offset, kv_offset=kv_offset, Lq_total=Lq_total, Lk_total=Lk_total)
+        return torch.from_numpy(np.asarray(o, dtype=np.float32)).to(q.dtype), torch.from_numpy(lse)
+
+
+def _local_kernel(kernel: Any) -> Any:
+    """A callable that returns (o, lse): the kernel itself when its variant has `output lse`, else
+    the same variant with the LSE added, compiled (a ring cannot merge without the LSE)."""
+    var = getattr(kernel, "variant", None)
+    if isinstance(kernel, Variant) or not callable(kernel):
+        from attngen.runtime import kernel as runtime
+
+        return _local_kernel(runtime.compile(kernel))
+    if var is None:
+        raise ValueError("ring_attention: expected an attngen Kernel (attngen.compile), a Variant or a spec, "
+                         f"got {type(kernel).__name__}")
+    if not var.lse:
+        from attngen.runtime import kernel as runtime
+
+        return runtime.compile(dataclasses.replace(var, lse=True), arch=getattr(getattr(kernel, "plan", None), "arch", None))
+    return kernel
+
+
+def _check_variant(var: Variant) -> None:
+    """Refuse what a ring cannot merge: a partial's post-norm or residual is not linear in its
+    share of the keys, so merged partials would differ from the whole."""
+    if var.norm(NormTarget.O) is not None:
+        raise ValueError(f"ring_attention: variant {var.name} has `norm o`, which cannot be applied to partial outputs; "
+                         "drop it from the spec and apply the norm to the ring's output")
+    if var.residual:
+        raise ValueError(f"ring_attention: variant {var.name} has `residual`, which partial outputs cannot carry; "
+                         "drop it from the spec and add the residual to the ring's output")
+
+
+def _block_visible(var: Variant, B: int, length: int, q: tuple[int, int], kv: tuple[int, int]) -> bool:
+    """False when the mask is NEVER on the whole block q x kv (global ranges) for every b and h,
+    by interval classification (a mask that reads runtime inputs is taken as MAYBE: launched)."""
+    uses = {n.var for n in walk(var.mask) if isinstance(n, Index)}
+    bs = range(B) if IndexVar.B in uses else [0]
+    hs = range(var.heads) if IndexVar.H in uses else [0]
+    sizes = abi.Sizes(B, length, length)
+    for b in bs:
+        for h in hs:
+            if classify(var.mask, b, h, q[0], q[1] - 1, kv[0], kv[1] - 1, sizes, variant=var) != Tri.NEVER:
+                return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The ring
+
+
+def ring_attention(
+    kernel: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    group: Any = None,
+    *,
+    seq_len: int | None = None,
+    scheme: Sharding | str = Sharding.ZIGZAG,
+    _exchange: bool = True,
+    **inputs: Any,
+) -> tuple[Any, Any]:
+    """This rank's rows of attention over the whole sharded sequence: (out, lse).
+
+    `kernel`: a compiled variant (`attngen.compile(...)`), a Variant or spec (compiled here), or any
+    callable with the Kernel's signature and a `.variant` (e.g. `ReferenceKernel`). `q`, `k`, `v`:
+    this rank's shards (torch tensors in the variant's layout; `shard` cuts them), holding the
+    positions `shard_ranges(seq_len, world, rank, scheme)` in that order. `seq_len`: the whole
+    sequence's length (found by an all-reduce when not given). `inputs`: the variant's runtime
+    inputs for the WHOLE sequence (e.g. `doc_ids` [B, seq_len]; small), identical on every rank.
+    (`_exchange=False` is for benchmarks only: the same launches, with this rank's own K/V standing
+    in for every remote block, no communication; it needs shards of equal size and gives wrong
+    outputs.)
+    Every rank of `group` must call this together. Returns `out` in the variant's dtype and layout
+    and `lse` fp32 [B, H, n] for this rank's n rows. Forward only (no autograd)."""
+    import torch
+    import torch.distributed as dist
+
+    scheme = Sharding(scheme)
+    fn = _local_kernel(kernel)
+    var: Variant = fn.variant
+    _check_variant(var)
+    if abi.q_token_flat(var) and q.dim() == 3:
+        raise ValueError("ring_attention: pass q as [B, L, H, D] (the flat hidden-state form is not sharded here)")
+    seq_dim = 2 if var.layout == Layout.BHSD else 1
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    # P2POp names peers by their global rank, also inside a subgroup.
+    succ, pred = ((rank + 1) % world, (rank - 1) % world)
+    if group is not None:
+        succ, pred = dist.get_global_rank(group, succ), dist.get_global_rank(group, pred)
+    n_local = q.shape[seq_dim]
+    if k.shape[seq_dim] != n_local or v.shape[seq_dim] != n_local:
+        raise ValueError(f"ring_attention: expected q, k and v shards of one sequence (equal lengths along dim {seq_dim}), "
+                         f"got {q.shape[seq_dim]}, {k.shape[seq_dim]}, {v.shape[seq_dim]}")
+    if seq_len is None:
+        t = torch.tensor([n_local], dtype=torch.int64, device=q.device)
+        dist.all_reduce(t, group=group)
+        seq_len = int(t.item())
+    ranges = [shard_ranges(seq_len, world, r, scheme) for r in range(world)]
+    if n_local != sum(b - a for a, b in ranges[rank]):
+        raise ValueError(f"ring_attention: rank {rank} of {world} holds {n_local} rows, but a {scheme.value} shard of "
+                         f"seq_len {seq_len} has {sum(b - a for a, b in ranges[rank])}")
+    B = q.shape[0]
+    # Where each of this rank's query ranges sits in its shard.
+    q_parts, at = [], 0
+    for a, b in ranges[rank]:
+        q_parts.append(((a, b), at))
+        at += b - a
+    acc: list[Any] = [None] * len(q_parts)
+    acc_lse: list[Any] = [None] * len(q_parts)
+
+    cuda = q.is_cuda
+    compute = torch.cuda.current_stream(q.device) if cuda else None
+    comm = torch.cuda.Stream(device=q.device) if cuda and world > 1 else None
+    ready = torch.cuda.Event() if comm is not None else None
+    if ready is not None:
+        ready.record(compute)
+    # K and V travel as flat buffers sized for the largest shard: two, used alternately (one is
+    # received into while the kernel reads the other).
+    kc, vc = k.contiguous(), v.contiguous()
+    per_row_k, per_row_v = kc.numel() // max(n_local, 1), vc.numel() // max(n_local, 1)
+    most = max(sum(b - a for a, b in rr) for rr in ranges)
+    bufs = [(torch.empty(most * per_row_k, dtype=k.dtype, device=k.device), torch.empty(most * per_row_v, dtype=v.dtype, device=v.device))
+            for _ in range(2 if world > 2 else (1 if world == 2 else 0))]
+
+    def shaped(flat: Any, like: Any, n: int) -> Any:
+        shape = list(like.shape)
+        shape[seq_dim] = n
+        return flat[: like.numel() // max(n_local, 1) * n].view(shape)
+
+    cur_k, cur_v = kc, vc
+    prev_reqs: list[Any] = []
+    for step in range(world):
+        src = (rank - step) % world
+        reqs: list[Any] = []
+        nxt = None
+        if step + 1 < world and _exchange:
+            src_next = (rank - step - 1) % world
+            n_next = sum(b - a for a, b in ranges[src_next])
+            n_cur = sum(b - a for a, b in ranges[src])
+            fk, fv = bufs[step % len(bufs)]
+            nxt = (shaped(fk, k, n_next), shaped(fv, v, n_next))
+            ops = []
+            if n_cur:
+                ops += [dist.P2POp(dist.isend, cur_k, succ, group), dist.P2POp(dist.isend, cur_v, succ, group)]
+            if n_next:
+                ops += [dist.P2POp(dist.irecv, nxt[0], pred, group), dist.P2POp(dist.irecv, nxt[1], pred, group)]
+            if ops:
+                if comm is not None:
+                    with torch.cuda.stream(comm):
+                        # The buffer received into was read by the previous step's kernels, and
+                        # the block sent on arrived with the previous step's receive.
+                        comm.wait_event(ready)
+                        for r in prev_reqs:
+                            r.wait()
+                        reqs = dist.batch_isend_irecv(ops)
+                else:
+                    reqs = dist.batch_isend_irecv(ops)
+        # This step's blocks: every (query range, key range) pair the mask does not rule out.
+        kv_at = 0
+        for kr in ranges[src]:
+            nk = kr[1] - kr[0]
+            if nk == 0:
+                continue
+            kb, vb = _narrow(cur_k, seq_dim, kv_at, kv_at + nk), _narrow(cur_v, seq_dim, kv_at, kv_at + nk)
+            kv_at += nk
+            for i, (qr, q_at) in enumerate(q_parts):
+                nq = qr[1] - qr[0]
+                if nq == 0 or not _block_visible(var, B, seq_len, qr, kr):
+                    continue
+                o, lse = fn(_narrow(q, seq_dim, q_at, q_at + nq), kb, vb, q_offset=qr[0], kv_offset=kr[0],
+                            Lq_total=seq_len, Lk_total=seq_len, **inputs)
+                if acc[i] is None:
+                    acc[i], acc_lse[i] = o.float(), lse.float().clone()
+                else:
+                    _merge_into(acc[i], acc_lse[i], o, lse, seq_dim)
+        if ready is not None:
+            ready.record(compute)
+        for r in reqs:
+            r.wait()  # on a GPU: the compute stream waits for the block before the next step reads it
+        prev_reqs = reqs
+        if nxt is not None:
+            cur_k, cur_v = nxt
+
+    outs, lses = [], []
+    for i, ((a, b), _) in enumerate(q_parts):
+        n = b - a
+        if n == 0:
+            continue
+        if acc[i] is None:  # nothing visible to these rows anywhere: O = 0, LSE = -inf
+            shape = list(abi.o_shape(var, B, n))
+            outs.append(torch.zeros(shape, dtype=q.dtype, device=q.device))
+            lses.append(torch.full((B, var.heads, n), float("-inf"), dtype=torch.float32, device=q.device))
+        else:
+            outs.append(acc[i].to(q.dtype))
+            lses.append(acc_lse[i])
+    if not outs:
+        return (torch.empty(list(abi.o_shape(var, B, 0)), dtype=q.dtype, device=q.device),
+                torch.empty((B, var.heads, 0), dtype=torch.float32, device=q.device))
+    return torch.cat(outs, dim=seq_dim), torch.cat(lses, dim=2)
+
+
+__all__ = ["Sharding", "chunk_bounds", "shard_ranges", "shard", "unshard", "merge_partials", "ring_attention", "ReferenceKernel"]

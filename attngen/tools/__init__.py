@@ -1,0 +1,1 @@
+"""The commands: cli (`attngen ...`), explain, compile, bench."""

@@ -1,0 +1,325 @@
+"""The `attngen` command line: check, fmt, explain, compile, fuzz, bench.
+
+Exit codes: 0 ok, 1 a spec error (rendered compiler-style on stderr), 2 a usage error (bad
+arguments, a missing file, an unknown variant, a stage that is not installed), 3 an internal error
+(a bug: one line, no traceback unless ATTNGEN_TRACEBACK=1). A user error never
+shows a Python traceback: every path that reads user input catches what it can raise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from attngen import __version__
+
+EXIT_OK = 0
+EXIT_SPEC = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3  # a bug in attngen, not in the user's input
+
+
+class UsageError(Exception):
+    """A usage problem the CLI reports in one line and exits 2 for."""
+
+
+def _err(msg: str) -> None:
+    print(f"attngen: error: {msg}", file=sys.stderr)
+
+
+def _read(path: str) -> str:
+    """The text of `path`, or a UsageError naming the path and what went wrong."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{path}: is a directory, expected a .attn file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def _frontend():
+    # Imported lazily so that `attngen --help` and the delegating subcommands work even while the
+    # front end is being built (or broken).
+    try:
+        return importlib.import_module("attngen.lang.frontend")
+    except ModuleNotFoundError as e:
+        if e.name == "attngen.lang.frontend":
+            raise UsageError("the front end (attngen.lang.frontend) is not installed in this build") from None
+        raise UsageError(f"the front end needs a missing package: {e.name} (pip install -e .)") from None
+
+
+def _parse_arch(value: str | None):
+    """The schedule.Arch for a `--arch` value (None: the default)."""
+    from attngen.plan.schedule import DEFAULT_ARCH, Arch
+
+    if value is None:
+        return DEFAULT_ARCH
+    for a in Arch:
+        if value in (a.value, a.value.removeprefix("sm_"), a.name.lower()):
+            return a
+    choices = ", ".join(a.value for a in Arch)
+    raise UsageError(f"unknown --arch {value!r}; choose one of: {choices}")
+
+
+# --------------------------------------------------------------------------------------------
+# check
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Validate each file; one summary line per variant; exit 1 if any file has errors."""
+    from attngen.tools import explain
+    from attngen.lang.diagnostics import SpecError
+
+    fe = _frontend()
+    arch = _parse_arch(args.arch)
+    status = EXIT_OK
+    for path in args.files:
+        text = _read(path)
+        try:
+            # Lowering for the target arch checks tiles against that arch's shared memory.
+            program = fe.loads(text, path, arch=arch)
+        except SpecError as e:
+            print(e.render(), file=sys.stderr)
+            status = EXIT_SPEC
+            continue
+        for v in program.variants:
+            print(f"{path}: ok: {explain.summary(v, arch)}")
+    return status
+
+
+# --------------------------------------------------------------------------------------------
+# fmt
+
+
+def cmd_fmt(args: argparse.Namespace) -> int:
+    """Print the canonical form; `--check` reports files that are not canonical; `--write` fixes."""
+    from attngen.lang.diagnostics import SpecError
+
+    fe = _frontend()
+    status = EXIT_OK
+    unformatted: list[str] = []
+    for path in args.files:
+        text = _read(path)
+        try:
+            formatted = fe.format_source(text, path)
+        except SpecError as e:
+            print(e.render(), file=sys.stderr)
+            status = EXIT_SPEC
+            continue
+        if args.check:
+            if formatted != text:
+                unformatted.append(path)
+                print(f"{path}: not formatted (run `attngen fmt --write {path}`)", file=sys.stderr)
+            continue
+        if args.write:
+            if formatted != text:
+                try:
+                    Path(path).write_text(formatted, encoding="utf-8")
+                except OSError as e:
+                    raise UsageError(f"{path}: cannot write ({e.strerror or e})") from None
+                print(f"{path}: reformatted", file=sys.stderr)
+            continue
+        sys.stdout.write(formatted)
+    if unformatted and status == EXIT_OK:
+        # --check is a lint: "would change" is the spec-level failure, exit 1.
+        status = EXIT_SPEC
+    return status
+
+
+# --------------------------------------------------------------------------------------------
+# explain
+
+
+def _parse_shape(text: str) -> tuple[int, int, int]:
+    """`B,Lq,Lk` or `B,L` (self attention) as three positive ints."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        raise UsageError(f"--shape {text!r}: expected B,Lq,Lk (or B,L), e.g. 1,4096,4096") from None
+    if len(nums) == 2:
+        nums.append(nums[1])
+    if len(nums) != 3 or any(n < 1 for n in nums):
+        raise UsageError(f"--shape {text!r}: expected three positive integers B,Lq,Lk (or B,L)")
+    return nums[0], nums[1], nums[2]
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Describe a variant in plain words (every variant of the file without --variant)."""
+    from attngen.tools import explain
+    from attngen.lang.diagnostics import SpecError
+
+    fe = _frontend()
+    arch = _parse_arch(args.arch)
+    shape = _parse_shape(args.shape) if args.shape is not None else None
+    text = _read(args.file)
+    try:
+        program = fe.loads(text, args.file, arch=arch)
+    except SpecError as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_SPEC
+    try:
+        variants = list(program.select(args.variant))
+    except KeyError as e:
+        raise UsageError(str(e.args[0]) if e.args else str(e)) from None
+    for v in variants:
+        if shape is not None and v.kind.value == "self" and shape[1] != shape[2]:
+            raise UsageError(
+                f"--shape {args.shape}: {v.name} is self attention, which needs Lq == Lk "
+                f"(give B,L or make both lengths equal)"
+            )
+    chunks = [explain.explain(v, shape=shape, arch=arch, seed=args.seed) for v in variants]
+    print("\n\n".join(chunks))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------
+# compile / fuzz / bench: delegated to the modules that implement them
+
+
+def _delegate(module: str, what: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name == module:
+                raise UsageError(f"`attngen {what}` is not available in this build ({module} is missing)") from None
+            raise UsageError(f"`attngen {what}` needs a package that is not installed: {e.name}") from None
+        rc = mod.main(args)
+        return EXIT_OK if rc is None else int(rc)
+
+    run.__doc__ = f"Run `attngen {what}` through {module}.main(args)."
+    return run
+
+
+cmd_compile = _delegate("attngen.tools.cmd_compile", "compile")
+cmd_fuzz = _delegate("attngen.check.fuzz", "fuzz")
+cmd_bench = _delegate("attngen.tools.bench", "bench")
+
+
+# --------------------------------------------------------------------------------------------
+# the parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with our one-line prefix and a hint (never a traceback)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+ARCH_HELP = ("target GPU: sm_75, sm_80, sm_86, sm_89, sm_90 (Hopper, mma.sync), sm_90a (Hopper, wgmma; the default), "
+             "sm_100 or sm_120")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree for every subcommand."""
+    p = _Parser(
+        prog="attngen",
+        description="Compile declarative .attn attention specs into fused, verified CUDA kernels.",
+        epilog="exit codes: 0 ok, 1 spec error, 2 usage error, 3 internal error (a bug)",
+    )
+    p.add_argument("--version", action="version", version=f"attngen {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    c = sub.add_parser("check", help="validate specs; print a summary line per variant")
+    c.add_argument("files", nargs="+", metavar="FILE")
+    c.add_argument("--arch", help=ARCH_HELP)
+    c.set_defaults(func=cmd_check)
+
+    f = sub.add_parser("fmt", help="print specs in canonical form")
+    f.add_argument("files", nargs="+", metavar="FILE")
+    g = f.add_mutually_exclusive_group()
+    g.add_argument("--check", action="store_true", help="exit 1 if a file is not canonically formatted")
+    g.add_argument("--write", "-w", action="store_true", help="rewrite files in place")
+    f.set_defaults(func=cmd_fmt)
+
+    e = sub.add_parser("explain", help="describe in plain words what a spec computes and how")
+    e.add_argument("file", metavar="FILE")
+    e.add_argument("--variant", help="the variant to explain (default: every variant)")
+    e.add_argument("--shape", help="sample sizes B,Lq,Lk (or B,L) for shapes and mask density (default 1,4096,4096)")
+    e.add_argument("--arch", help=ARCH_HELP)
+    e.add_argument("--seed", type=int, default=0, help="seed of the random runtime inputs used for density")
+    e.set_defaults(func=cmd_explain)
+
+    k = sub.add_parser("compile", help="render CUDA for a variant (and build it)")
+    k.add_argument("file", metavar="FILE")
+    k.add_argument("-o", "--output", help="output path (default: stdout)")
+    k.add_argument("--variant", help="the variant to compile (needed when the file has several)")
+    k.add_argument("--arch", help=ARCH_HELP)
+    k.add_argument("--prefix", help="start every exported symbol with this C identifier instead of `attngen` "
+                   "(link two variants, or two arches of one, into one binary)")
+    k.add_argument("--emit", choices=["cu", "ptx", "cubin", "header"], default="cu", help="what to write")
+    k.add_argument("--resources", action="store_true", help="print ptxas registers, shared memory, spills")
+    k.add_argument("--verbose", "-v", action="store_true", help="print compile times and cache use")
+    k.add_argument("--pass", dest="pass_", choices=["forward", "backward"], default="forward",
+                   help="the forward kernel (default) or the backward kernels (dq, dk, dv)")
+    k.add_argument("--deterministic", action="store_true", help="backward: dQ without float atomics (bitwise reproducible)")
+    k.set_defaults(func=cmd_compile)
+
+    z = sub.add_parser("fuzz", help="fuzz a kernel against the NumPy reference (or the compiler, --specs)")
+    z.add_argument("file", nargs="?", metavar="FILE")
+    z.add_argument("--variant")
+    z.add_argument("--specs", action="store_true", help="fuzz the compiler with generated specs")
+    z.add_argument("--max-examples", type=int, default=None)
+    z.add_argument("--seconds", type=float, default=None)
+    z.add_argument("--seed", type=int, default=None)
+    z.add_argument("--out", default=None, help="where failing cases are written")
+    z.add_argument("--nvcc", dest="nvcc", action="store_true", default=None,
+                   help="--specs: compile every accepted spec with nvcc (default when nvcc is on the PATH)")
+    z.add_argument("--no-nvcc", dest="nvcc", action="store_false", help="--specs: skip the nvcc step")
+    z.add_argument("--jobs", type=int, default=None, help="parallel nvcc compiles (default: the CPU count)")
+    z.set_defaults(func=cmd_fuzz)
+
+    b = sub.add_parser("bench", help="time a kernel, side by side with torch peers when available")
+    b.add_argument("file", metavar="FILE")
+    b.add_argument("--variant")
+    b.add_argument("--shape", action="append", default=None, help="B,H,L,D or B,H,Lq,Lk,D (repeatable)")
+    b.add_argument("--json", default=None, help="write results as JSON here")
+    b.add_argument("--plot", default=None, help="write a TFLOP/s plot here (needs matplotlib)")
+    b.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="time torch peers too")
+    b.add_argument("--repeats", type=int, default=30, help="timed launches per implementation")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `attngen` console script; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error already printed
+        return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        return args.func(args)
+    except UsageError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:
+        # `attngen explain x | head`: the reader went away; nothing to report.
+        return EXIT_OK
+    except Exception as e:
+        # Whatever the input, the user sees one line, not a traceback; developers opt back in.
+        if os.environ.get("ATTNGEN_TRACEBACK"):
+            raise
+        _err(f"internal error: {type(e).__name__}: {e} (a bug in attngen; set ATTNGEN_TRACEBACK=1 for details)")
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

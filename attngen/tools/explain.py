@@ -1,0 +1,538 @@
+"""`attngen explain` and `attngen check`'s summary: a variant described in plain words.
+
+Reads only the IR, with the ABI (shapes), the workload generator (sample inputs for data-dependent
+masks) and the interval classifier (density and tile counts).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+from attngen.ir.nodes import (
+    AttnKind,
+    Binary,
+    BinOp,
+    Builtin,
+    BuiltinName,
+    Const,
+    Expr,
+    Layout,
+    NormKind,
+    NormScope,
+    NormTarget,
+    SizeSym,
+    TensorDecl,
+    TileConfig,
+    Unary,
+    UnOp,
+    Variant,
+    tensors_used,
+)
+from attngen.ir import abi
+from attngen.analysis import intervals
+from attngen.check import workload
+from attngen.lang.printer import print_expr
+from attngen.plan.schedule import (
+    DEFAULT_ARCH,
+    Arch,
+    Engine,
+    engine,
+    ffma_accumulators,
+    persistent,
+    q_token_norm,
+    threads,
+    validate_tile,
+    variant_smem_layout,
+    variant_tile,
+)
+
+DEFAULT_SHAPE = (1, 4096, 4096)  # B, Lq, Lk used for sample shapes and density
+
+# explain's budget for the density sample. The visible fraction is counted element by element and
+# tiles are classified one by one, over the batch rows and heads the mask indexes; the mask's input
+# tensors are drawn at the sample shape. Past any of these the sample's Lq and Lk are halved until
+# it fits (and the output says so); when even the smallest sample does not fit, the density is
+# not computed (a fixed input dimension of 2^31 - 1, say).
+MAX_SAMPLE_ELEMENTS = 1 << 24  # (b, h, q, kv) mask elements evaluated
+MAX_SAMPLE_TILES = 4096  # tiles classified
+MAX_SAMPLE_INPUT_ELEMENTS = 1 << 24  # elements of the drawn inputs the mask reads
+
+
+# --------------------------------------------------------------------------------------------
+# Expressions as readable text (for display only; `attngen fmt` owns the canonical form)
+
+def expr_text(e: Expr) -> str:
+    """`e` as canonical .attn text."""
+    return print_expr(e)
+
+
+# --------------------------------------------------------------------------------------------
+# Plain words for masks and scores
+
+
+def _builtin_words(b: Builtin, v: Variant) -> str:
+    a = [expr_text(x) for x in b.args]
+    aligned = "q" if v.kind == AttnKind.SELF else "q + (Lk - Lq)"
+    n = b.name
+    if n == BuiltinName.CAUSAL:
+        if v.kind == AttnKind.SELF:
+            return "causal: a query sees keys at or before its own position (kv <= q)"
+        return "causal: kv <= q + (Lk - Lq), aligned bottom-right (the last query sees the last key)"
+    if n == BuiltinName.WINDOW:
+        left, right = (a + ["?", "?"])[:2]
+        return f"sliding window: keys from {left} before to {right} after the query ({aligned} - {left} <= kv <= {aligned} + {right})"
+    if n == BuiltinName.PADDING:
+        return (
+            "padding: only the first q_lens[b] queries and kv_lens[b] keys of each batch row take part; "
+            "query rows past q_lens[b] see nothing and give O = 0"
+        )
+    if n == BuiltinName.DOCUMENT:
+        if len(a) == 1:
+            return f"document: a query sees only keys of its own document ({a[0]}[b, q] == {a[0]}[b, kv])"
+        return f"document: a query sees only keys of its own document ({a[0]}[b, q] == {a[1]}[b, kv])"
+    if n == BuiltinName.PREFIX:
+        return f"prefix: every query sees the first {a[0] if a else 'n'} keys (kv < {a[0] if a else 'n'})"
+    if n == BuiltinName.BLOCK_SPARSE:
+        bq, bk = (a[1], a[2]) if len(a) >= 3 else ("128", "128")
+        t = a[0] if a else "t"
+        return f"block-sparse: the map {t} (one entry per {bq} x {bk} block of queries x keys) marks visible blocks (!= 0)"
+    if n == BuiltinName.SOFTCAP:
+        c = a[0] if a else "c"
+        return f"softcap: s -> {c} * tanh(s / {c}), which bounds scores to (-{c}, {c})"
+    if n == BuiltinName.ALIBI:
+        if a:
+            return f"ALiBi: s - {a[0]}[h] * |{aligned} - kv| (slopes given as an input)"
+        return f"ALiBi: s - slope[h] * |{aligned} - kv| with the standard geometric slopes for {v.heads} heads (compile-time constants)"
+    if n == BuiltinName.BIAS:
+        return f"bias: s + {a[0] if a else 't'}[...] (indexed by its rank: [q, kv], [h, q, kv] or [b, h, q, kv])"
+    if n == BuiltinName.REL_BIAS:
+        t, m = (a + ["t", "m"])[:2]
+        return f"relative-position bias: s + {t}[h, clamp(kv - ({aligned}), -{m}, {m}) + {m}]"
+    return f"{n.value}: {expr_text(b)}"
+
+
+def _flatten(e: Expr, op: BinOp) -> list[Expr]:
+    if isinstance(e, Binary) and e.op == op:
+        return _flatten(e.lhs, op) + _flatten(e.rhs, op)
+    return [e]
+
+
+def _mask_lines(e: Expr, v: Variant, indent: str) -> list[str]:
+    if isinstance(e, Const) and e.value is True:
+        return [indent + "none: every query sees every key"]
+    if isinstance(e, Binary) and e.op in (BinOp.AND, BinOp.OR):
+        parts = _flatten(e, e.op)
+        head = "visible where ALL of these hold:" if e.op == BinOp.AND else "visible where ANY of these holds:"
+        out = [indent + head]
+        for p in parts:
+            out += _mask_lines(p, v, indent + "  ")
+        return out
+    if isinstance(e, Unary) and e.op == UnOp.NOT:
+        return [indent + "NOT the following:"] + _mask_lines(e.operand, v, indent + "  ")
+    if isinstance(e, Builtin):
+        return [indent + "- " + _builtin_words(e, v)]
+    return [indent + f"- custom: {expr_text(e)}"]
+
+
+def _score_line(e: Expr, v: Variant) -> str:
+    if isinstance(e, Builtin):
+        return _builtin_words(e, v)
+    return f"custom: s -> {expr_text(e)}"
+
+
+def is_data_dependent(v: Variant) -> bool:
+    """True when the mask reads runtime tensors, so its density depends on the inputs given."""
+    return bool(tensors_used(v.mask))
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes
+
+
+def io_shapes(v: Variant, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of q, k, v, o and lse at the given sizes."""
+    return {
+        "q": tuple(abi.q_shape(v, B, Lq)),
+        "k": tuple(abi.kv_shape(v, B, Lk, False)),
+        "v": tuple(abi.kv_shape(v, B, Lk, True)),
+        "o": tuple(abi.o_shape(v, B, Lq)),
+        "lse": tuple(abi.lse_shape(v, B, Lq)),
+    }
+
+
+def _symbolic(v: Variant, name: str) -> str:
+    # Sizes fixed by the spec are shown as numbers; B, Lq, Lk stay symbols.
+    shapes = io_shapes(v, _SB, _SLQ, _SLK)
+    return _dims_text(shapes[name])
+
+
+_SB, _SLQ, _SLK = 1000003, 1000033, 1000037  # distinct primes no fixed size can equal
+
+
+def _dims_text(dims: Iterable[Any]) -> str:
+    out = []
+    for d in dims:
+        if isinstance(d, SizeSym):
+            out.append(d.value)
+        elif d == _SB:
+            out.append("B")
+        elif d == _SLQ:
+            out.append("Lq")
+        elif d == _SLK:
+            out.append("Lk")
+        else:
+            out.append(str(d))
+    return "[" + ", ".join(out) + "]"
+
+
+def _decl_symbolic(v: Variant, d: TensorDecl) -> str:
+    fixed = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
+    parts = []
+    for dim in d.shape:
+        if isinstance(dim, SizeSym) and dim in fixed:
+            parts.append(f"{dim.value}={fixed[dim]}")
+        elif isinstance(dim, SizeSym):
+            parts.append(dim.value)
+        else:
+            parts.append(str(dim))
+    return "[" + ", ".join(parts) + "]"
+
+
+def _input_role(v: Variant, d: TensorDecl) -> str:
+    users = []
+    if d.name in tensors_used(v.mask):
+        users.append("mask")
+    if any(d.name in tensors_used(s) for s in v.scores):
+        users.append("score")
+    if d.name.endswith("_norm_weight"):
+        return "norm weight (gamma)"
+    if d.name.endswith("_norm_bias"):
+        return "norm bias (beta)"
+    role = "read by the " + " and ".join(users) if users else "declared, unused"
+    if d.sorted:
+        role += "; sorted (never decreases along the last dim)"
+    return role
+
+
+# --------------------------------------------------------------------------------------------
+# Density
+
+
+def _pick(d: dict, *names: str) -> Any | None:
+    for n in names:
+        if n in d:
+            return d[n]
+    return None
+
+
+def sample_sizes(v: Variant, B: int, Lq: int, Lk: int) -> abi.Sizes:
+    """abi.Sizes at the sample shape, free dims bound as the workload would bind them."""
+    syms = dict(workload.default_symbols(v, Lq, Lk))
+    return abi.Sizes(B, Lq, Lk, tuple(sorted(syms.items())))
+
+
+def _mask_inputs(v: Variant, B: int, Lq: int, Lk: int, sizes: Any, seed: int) -> dict:
+    """Random contents for the tensors the mask reads (none for an index-only mask)."""
+    used = tensors_used(v.mask)
+    if not used:
+        return {}
+    import dataclasses
+
+    import numpy as np
+
+    # make_inputs also draws q, k and v; at a sample shape such as H112 L4096 D128 those would
+    # cost gigabytes, so they are drawn one element wide. Mask tensors never depend on D or norms.
+    # Only the inputs the mask reads are drawn: a score's [H, Lq, Lk] bias would cost gigabytes.
+    slim = dataclasses.replace(v, head_dim=1, value_head_dim=1, norms=(), residual=False, scores=(),
+                               inputs=tuple(d for d in v.inputs if d.name in used))
+    drawn = workload.make_inputs(slim, B, Lq, Lk, np.random.default_rng(seed), symbols=dict(sizes.symbols))
+    return {n: drawn[n] for n in used if n in drawn}
+
+
+def sample_cost(v: Variant, shape: tuple[int, int, int], tile: TileConfig) -> tuple[int, int, int]:
+    """(mask elements evaluated, tiles classified, input elements drawn) of a density sample."""
+    from attngen.ir.nodes import Index, IndexVar, walk
+
+    B, Lq, Lk = shape
+    uses = {n.var for n in walk(v.mask) if isinstance(n, Index)}
+    rows = (B if IndexVar.B in uses else 1) * (v.heads if IndexVar.H in uses else 1)
+    tiles = rows * math.ceil(Lq / tile.block_m) * math.ceil(Lk / tile.block_n)
+    drawn = 0
+    used = tensors_used(v.mask)
+    if used:
+        sizes = sample_sizes(v, B, Lq, Lk)
+        drawn = B * v.heads * Lq + 2 * B * v.kv_heads * Lk  # the one-wide q, k, v make_inputs draws too
+        for d in v.runtime_inputs():
+            if d.name in used:
+                try:
+                    drawn += math.prod(abi.input_shape(v, d, sizes))
+                except ValueError:
+                    pass  # a shape the sample cannot take: reported by the density itself
+    return rows * Lq * Lk, tiles, drawn
+
+
+def affordable_shape(v: Variant, shape: tuple[int, int, int], tile: TileConfig) -> tuple[int, int, int] | None:
+    """`shape`, or the largest halving of its Lq and Lk within explain's budget; None if none fits."""
+    B, Lq, Lk = shape
+    while True:
+        elems, tiles, drawn = sample_cost(v, (B, Lq, Lk), tile)
+        if elems <= MAX_SAMPLE_ELEMENTS and tiles <= MAX_SAMPLE_TILES and drawn <= MAX_SAMPLE_INPUT_ELEMENTS:
+            return B, Lq, Lk
+        if Lq == 1 and Lk == 1:
+            return None
+        Lq, Lk = max(1, (Lq + 1) // 2), max(1, (Lk + 1) // 2)
+
+
+def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, seed: int) -> list[str]:
+    """Lines about the mask's density at `shape` (or a smaller sample explain can afford, said so)
+    and its tile classification."""
+    fit = affordable_shape(v, shape, tile)
+    if fit is None:
+        elems, tiles, drawn = sample_cost(v, shape, tile)
+        return [f"  (not computed: even a 1 x 1 sample needs {drawn} input elements, more than explain's budget "
+                f"of {MAX_SAMPLE_INPUT_ELEMENTS})" if drawn > MAX_SAMPLE_INPUT_ELEMENTS else
+                f"  (not computed: even a 1 x 1 sample classifies {tiles} tiles over {elems} elements, "
+                f"more than explain's budget)"]
+    if fit != shape:
+        lines = [f"  (sampled at Lq={fit[1]}, Lk={fit[2]}: the full {shape[1]} x {shape[2]} sample is past explain's "
+                 f"budget of {MAX_SAMPLE_ELEMENTS} mask elements, {MAX_SAMPLE_TILES} tiles and "
+                 f"{MAX_SAMPLE_INPUT_ELEMENTS} input elements)"]
+        return lines + _density_lines(v, fit, tile, seed)
+    B, Lq, Lk = shape
+    sizes = sample_sizes(v, B, Lq, Lk)
+    try:
+        inputs = _mask_inputs(v, B, Lq, Lk, sizes, seed)
+        d = intervals.density(v, sizes, inputs, tile.block_m, tile.block_n)
+    except ValueError as e:  # a sample shape the variant cannot take (e.g. a fixed-size input)
+        return [f"  (not available at this shape: {e})"]
+    lines = []
+    frac = _pick(d, "visible", "visible_fraction", "density")
+    if frac is not None:
+        lines.append(f"  visible fraction: {100.0 * float(frac):.2f}% of the {Lq} x {Lk} score matrix")
+    never, always, maybe = _pick(d, "never"), _pick(d, "always"), _pick(d, "maybe")
+    if None not in (never, always, maybe):
+        total = int(_pick(d, "tiles") or (never + always + maybe))
+        lines.append(
+            f"  tiles of {tile.block_m} x {tile.block_n} over all (b, h): {int(never)} skipped (nothing visible), "
+            f"{int(always)} full (no per-element mask), {int(maybe)} partial of {total}"
+        )
+        if total:
+            lines.append(f"  work done: {100.0 * (total - never) / total:.1f}% of the dense tiles")
+    if is_data_dependent(v):
+        used = ", ".join(sorted(tensors_used(v.mask)))
+        lines.append(f"  depends on runtime inputs ({used}); shown for random inputs (seed {seed})")
+    return lines or [f"  {d}"]
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def resolved_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[TileConfig, bool]:
+    """The tile the kernel uses and whether it came from `tile auto`."""
+    if v.tile is not None:
+        return v.tile, False
+    return variant_tile(v, arch), True
+
+
+def _op_plan(v: Variant, arch: Arch) -> Any:
+    """The variant's OpPlan on `arch`, or None when its tile does not fit there."""
+    from attngen.cuda.render import plan
+
+    try:
+        return plan(v, arch)
+    except ValueError:
+        return None
+
+
+def _heads_text(v: Variant) -> str:
+    if v.kv_heads == v.heads:
+        return f"H{v.heads}"
+    return f"H{v.heads}/Hkv{v.kv_heads}" + (" (MQA)" if v.kv_heads == 1 else " (GQA)")
+
+
+def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
+    """One line: name, dtype, kind, layout, heads, dims, mask, scores, norms, tile."""
+    d = f"D{v.head_dim}" + (f"/Dv{v.value_head_dim}" if v.value_head_dim != v.head_dim else "")
+    parts = [f"{v.name}: {v.dtype.value} {v.kind.value} {v.layout.value} {_heads_text(v)} {d}"]
+    parts.append("mask " + (expr_text(v.mask) if not (isinstance(v.mask, Const) and v.mask.value is True) else "none"))
+    if v.scores:
+        parts.append("score " + "; ".join(expr_text(s) for s in v.scores))
+    for n in v.norms:
+        parts.append(f"norm {n.target.value} {n.kind.value} {n.scope.value}")
+    if v.residual:
+        parts.append("residual")
+    if v.sink is not None:
+        parts.append(f"sink {v.sink}")
+    from attngen.plan import decode as plan_decode
+
+    if plan_decode.forward_unsupported(v) is not None:
+        dp = plan_decode.plan(v, arch)
+        parts.append(f"kv_cache paged({v.page_size}): decode family for every Lq (split-KV mma.sync, "
+                     f"{dp.block_n} keys a warp x {dp.warps} warps, {dp.stages} stages, {dp.smem_bytes / 1024:.0f} KiB smem on {arch.value})")
+    else:
+        tile, auto = resolved_tile(v, arch)
+        smem = variant_smem_layout(v, tile, arch).bytes
+        parts.append(
+            f"tile {tile.block_m}x{tile.block_n} w{tile.warps} s{tile.stages}{' (auto)' if auto else ''} "
+            f"{engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch).value} "
+            f"{smem / 1024:.0f} KiB smem on {arch.value}"
+        )
+        if plan_decode.decode_unsupported(v) is None:
+            parts.append(f"decode family (split-KV) for Lq <= {plan_decode.DECODE_MAX_LQ}")
+    rt = v.runtime_inputs()
+    if rt:
+        parts.append("inputs " + ", ".join(f"{d.name}: {d.dtype.value}{_decl_symbolic(v, d)}" for d in rt))
+    return ", ".join(parts)
+
+
+def explain(
+    v: Variant,
+    shape: tuple[int, int, int] | None = None,
+    arch: Arch = DEFAULT_ARCH,
+    seed: int = 0,
+) -> str:
+    """A multi-line plain-words description of `v`; `shape` = (B, Lq, Lk) for sample shapes."""
+    B, Lq, Lk = shape or DEFAULT_SHAPE
+    if v.kind == AttnKind.SELF and Lq != Lk:
+        Lk = Lq  # self attention requires Lq == Lk: keep the sample meaningful
+    out: list[str] = []
+    kind = "self attention (Lq == Lk)" if v.kind == AttnKind.SELF else "cross attention (Lq and Lk independent)"
+    out.append(f"attention {v.name}: {kind}")
+    out.append(
+        f"  {v.dtype.value} Q/K/V/O, fp32 accumulation; layout {v.layout.value}"
+        + (" (a [B, L, H*D] hidden state)" if v.layout == Layout.BSHD else " ([B, H, L, D])")
+    )
+    heads = f"  {v.heads} query heads"
+    if v.kv_heads == v.heads:
+        heads += ", each with its own key/value head (MHA)"
+    elif v.kv_heads == 1:
+        heads += " share one key/value head (MQA)"
+    else:
+        heads += f" share {v.kv_heads} key/value heads (GQA: {v.group_size} query heads a group)"
+    heads += f"; head_dim {v.head_dim}" + (f", value head_dim {v.value_head_dim}" if v.value_head_dim != v.head_dim else "")
+    out.append(heads)
+
+    out.append("")
+    out.append("What is computed, for each batch row b, head h, query q and key kv:")
+    step = 1
+    for n in v.norms:
+        if n.target == NormTarget.O:
+            continue
+        what = "LayerNorm" if n.kind == NormKind.LAYERNORM else "RMSNorm"
+        over = (f"the whole {v.heads * v.head_dim}-wide hidden row (all heads; token scope)"
+                if n.scope == NormScope.TOKEN else f"each head's {v.head_dim} values (head scope, QK-norm)")
+        aff = "with learned weights" if n.affine else "without weights"
+        out.append(f"  {step}. {n.target.value} = {what}({n.target.value}) over {over}, eps {n.eps:g}, {aff}; rounded to {v.dtype.value}")
+        step += 1
+    scale_words = f"{v.effective_scale:.6g}" + (f" (1/sqrt({v.head_dim}))" if v.scale is None else " (given)")
+    hk = "h" if v.kv_heads == v.heads else f"h // {v.group_size}"
+    out.append(f"  {step}. s = {scale_words} * dot(q[b, h, q, :], k[b, {hk}, kv, :])")
+    step += 1
+    for sc in v.scores:
+        out.append(f"  {step}. score: {_score_line(sc, v)}")
+        step += 1
+    out.append(f"  {step}. mask:")
+    out += _mask_lines(v.mask, v, "       ")
+    step += 1
+    out.append(f"  {step}. P = softmax over the visible keys of s (running max, fp32); a row with no visible key gives O = 0, LSE = -inf")
+    step += 1
+    out.append(f"  {step}. o = P @ v[b, {hk}, :, :]")
+    step += 1
+    on = v.norm(NormTarget.O)
+    if on is not None:
+        what = "LayerNorm" if on.kind == NormKind.LAYERNORM else "RMSNorm"
+        out.append(f"  {step}. o = {what}(o) over each head's {v.value_head_dim} values, eps {on.eps:g}"
+                   + (" with learned weights" if on.affine else ""))
+        step += 1
+    if v.residual:
+        out.append(f"  {step}. o = x + o, x the q input before any norm (residual)")
+        step += 1
+    if v.nan_check:
+        out.append(f"  {step}. nan_check: the kernel raises a flag if o holds NaN or Inf")
+
+    # Inputs and outputs
+    out.append("")
+    out.append(f"Inputs and outputs (shapes at B={B}, Lq={Lq}, Lk={Lk}):")
+    io = io_shapes(v, B, Lq, Lk)
+    rows: list[tuple[str, str, str, str, str]] = []
+    rows.append(("q", v.dtype.value, _symbolic(v, "q"), _dims_text(io["q"]), "queries" + (" (also x, the residual)" if v.residual else "")))
+    rows.append(("k", v.dtype.value, _symbolic(v, "k"), _dims_text(io["k"]), "keys"))
+    rows.append(("v", v.dtype.value, _symbolic(v, "v"), _dims_text(io["v"]), "values"))
+
+    tile, auto = resolved_tile(v, arch)
+    dens_lines = _density_lines(v, (B, Lq, Lk), tile, seed)
+    sizes = sample_sizes(v, B, Lq, Lk)
+    for d in v.runtime_inputs():
+        try:
+            concrete = _dims_text(abi.input_shape(v, d, sizes))
+        except ValueError:
+            concrete = "bound at run time"
+        rows.append((d.name, d.dtype.value, _decl_symbolic(v, d), concrete, _input_role(v, d)))
+    rows.append(("o", v.dtype.value, _symbolic(v, "o"), _dims_text(io["o"]), "output"))
+    if v.lse:
+        rows.append(("lse", "fp32", _symbolic(v, "lse"), _dims_text(io["lse"]), "output: log-sum-exp per row (natural log)"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        out.append("  " + "  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
+
+    # Tile plan
+    out.append("")
+    kp = _op_plan(v, arch)
+    if kp is not None:
+        layout, eng, n_threads = kp.smem, kp.engine, kp.threads
+    else:  # a tile that does not fit this arch has no plan: describe it, then say why (warnings below)
+        layout = variant_smem_layout(v, tile, arch)
+        eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
+        n_threads = threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
+    smem = layout.bytes
+    out.append(f"Tile plan on {arch.value}{' (tile auto)' if auto else ''}:")
+    out.append(
+        f"  block_m {tile.block_m}, block_n {tile.block_n}, warps {tile.warps} ({n_threads} threads"
+        f"{', with the producer warpgroup' if eng == Engine.WGMMA else ''}), stages {tile.stages}"
+    )
+    out.append(f"  engine: {eng.describe(tile)}")
+    q_tile = f"{tile.block_m} x {v.head_dim}"
+    q_what = f"two {q_tile} Q buffers" if layout.q_buffers == 2 else f"a {q_tile} Q tile"
+    out.append(
+        f"  shared memory {smem} bytes ({smem / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB: "
+        f"{q_what} and {tile.stages} stage(s) of {tile.block_n}-key K/V tiles"
+    )
+    if eng == Engine.WGMMA and q_token_norm(v):
+        extra = "each Q buffer's row statistics and norm weights, copied with it"
+        if layout.residual_copy:
+            extra += "; a copy of the raw x rows for the residual"
+        elif v.residual:
+            extra += "; the residual read from global memory (a copy does not fit)"
+        out.append(f"  with the token norm: {extra}")
+    if eng == Engine.FFMA:
+        kw = tile.block_n // tile.warps
+        out.append(f"  each warp owns {kw} keys of every K/V tile (its own copies, softmax and partial O; "
+                   f"the {tile.warps} partial results combine at the end): "
+                   f"{ffma_accumulators(v.head_dim, v.value_head_dim, tile)} accumulator registers a thread")
+    for msg in validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v)):
+        out.append(f"  warning: {msg}")
+    key_tiles = f"{math.ceil(Lk / tile.block_n)} key tiles per query tile at most"
+    if kp is not None:
+        # The plan's grid rule; with unbounded SMs a persistent grid is the work-tile count.
+        g = kp.attention.launch_grid(v.heads, B, Lq, Lk, sm_count=1 << 62)
+    else:
+        n_m = math.ceil(Lq / tile.block_m)
+        g = (n_m * v.heads * B, 1, 1) if persistent(eng) else (n_m, v.heads, B)
+    grid_m = math.ceil(Lq / tile.block_m)
+    if persistent(eng):
+        out.append(f"  {g[0]} work tiles ({grid_m} query tiles x {v.heads} heads x {B} batch) over persistent CTAs, "
+                   f"at most one an SM; {key_tiles}")
+    else:
+        out.append(f"  grid {g[0]} x {g[1]} x {g[2]} CTAs (query tiles x heads x batch); {key_tiles}")
+
+    out.append("")
+    out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")
+    out += dens_lines
+
+    from attngen.plan.bwd import describe as describe_backward
+
+    out.append("")
+    out += describe_backward(v, arch)
+    return "\n".join(out)
