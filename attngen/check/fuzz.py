@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import json
 import math
 import os
@@ -398,21 +397,6 @@ def to_host_cpu(t: Any) -> np.ndarray:
     return t.numpy()
 
 
-def find_renderer() -> Callable[[Variant], str] | None:
-    """The CUDA source renderer when one is installed (works without a GPU)."""
-    for mod_name, fn_names in (("attngen.cuda.render", ("render", "render_variant", "render_source")),
-                               ("attngen.cuda.emit", ("render", "render_variant", "render_source"))):
-        try:
-            mod = importlib.import_module(mod_name)
-        except Exception:
-            continue
-        for n in fn_names:
-            fn = getattr(mod, n, None)
-            if callable(fn):
-                return fn
-    return None
-
-
 # --------------------------------------------------------------------------------------------
 # Reproducers
 
@@ -648,19 +632,19 @@ def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, se
             outcome.reproducer = write_reproducer(out_dir, spec_text, v, None, None, outcome.failure)
             return outcome
     else:
-        render = find_renderer()
-        if render is not None:
-            try:
-                src = render(v)
-                if not isinstance(src, str) or not src.strip():
-                    raise AssertionError(f"the renderer returned {type(src).__name__}, not CUDA source")
-                if render(v) != src:
-                    raise AssertionError("rendering is not deterministic: two renders of one variant differ")
-                outcome.notes.append("rendered CUDA source")
-            except Exception as e:
-                outcome.failure = f"render failed: {_fmt_exc(e)}"
-                outcome.reproducer = write_reproducer(out_dir, spec_text, v, None, None, outcome.failure)
-                return outcome
+        from attngen.cuda.render import render  # jinja2 only: works without a GPU
+
+        try:
+            src = render(v)
+            if not isinstance(src, str) or not src.strip():
+                raise AssertionError(f"the renderer returned {type(src).__name__}, not CUDA source")
+            if render(v) != src:
+                raise AssertionError("rendering is not deterministic: two renders of one variant differ")
+            outcome.notes.append("rendered CUDA source")
+        except Exception as e:
+            outcome.failure = f"render failed: {_fmt_exc(e)}"
+            outcome.reproducer = write_reproducer(out_dir, spec_text, v, None, None, outcome.failure)
+            return outcome
         try:
             import torch  # noqa: F401
 
@@ -1044,9 +1028,9 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
             probs = reference_invariants(v, arrays)
             if probs:
                 raise AssertionError(f"at {case.describe()}: " + "; ".join(probs) + f"\n--- spec ---\n{text}")
-            render = find_renderer()
-            if render is not None:
-                render(v)
+            from attngen.cuda.render import render
+
+            render(v)
 
     progress = Progress(max_examples, "generated specs", quiet)
     try:

@@ -18,6 +18,7 @@ from attngen import __version__
 from attngen.ir.nodes import (
     AttnKind,
     DType,
+    Expr,
     Layout,
     NormKind,
     NormScope,
@@ -31,6 +32,7 @@ from attngen.ir.nodes import (
     norm_weight_name,
     tensors_used,
 )
+from attngen.lang.printer import print_expr, print_program
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.resources import cuda_template_dir
 from attngen.plan.schedule import (
@@ -383,21 +385,11 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX) -> OpPlan:
 
 
 def _spec_text(v: Variant) -> str:
-    try:
-        from attngen.lang.frontend import print_program
-
-        return print_program(Program((v,)))
-    except ImportError:  # the printer ships with the front end; keep rendering usable without it
-        return repr(v)
+    return print_program(Program((v,)))
 
 
-def _expr_text(e) -> str:
-    try:
-        from attngen.lang.frontend import print_expr
-
-        return print_expr(e)
-    except ImportError:
-        return type(e).__name__
+def _expr_text(e: Expr) -> str:
+    return print_expr(e)
 
 
 def _header(v: Variant, kp: OpPlan) -> str:
