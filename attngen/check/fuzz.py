@@ -691,8 +691,6 @@ def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, se
 # --------------------------------------------------------------------------------------------
 # --specs: generated valid specs and mutated invalid ones
 
-SUPPORTED_HEAD_DIMS = (32, 64, 96, 128)
-
 
 def spec_strategy(name: str = "fuzzed"):
     """Random valid spec text: one variant drawing dtype, dims, heads, kind, layout, scale, a mask
@@ -701,7 +699,7 @@ def spec_strategy(name: str = "fuzzed"):
     from hypothesis import strategies as st
 
     from attngen.ir.nodes import TileConfig
-    from attngen.plan.schedule import validate_tile
+    from attngen.plan.schedule import SUPPORTED_HEAD_DIMS, validate_tile
 
     @st.composite
     def build(draw) -> str:

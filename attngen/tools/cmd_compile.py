@@ -28,10 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-EXIT_OK = 0
-EXIT_SPEC = 1
-EXIT_USAGE = 2
-EXIT_INTERNAL = 3
+from attngen.tools.cli import EXIT_INTERNAL, EXIT_OK, EXIT_SPEC, EXIT_USAGE  # the one home of the exit codes
 
 
 class _Usage(Exception):
