@@ -33,7 +33,7 @@ REFUSED = [(p, v) for p, v in _variants() if plan_bwd.unsupported(v)]
 def test_every_example_is_rendered_or_refused_with_a_location():
     assert len(SUPPORTED) >= 10
     for path, v in REFUSED:
-        with pytest.raises(ValueError, match="not supported by the backward kernels yet"):
+        with pytest.raises(ValueError, match="not supported by the backward kernels yet|kv_cache paged. is inference state"):
             render_bwd.render(v)
         for d in plan_bwd.unsupported(v):
             assert d.span is not None and d.span.line > 0

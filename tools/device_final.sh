@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The whole device check of a tree in two calls on the two-GPU kind (nvidia-h200-x2), each part on
+# its own GPU so they run side by side. From the repository root, with .whl (and, for part A,
+# .whl-cuda) carried:
+#
+#   source .whl/env.sh && bash tools/device_final.sh A     (GPU suite | install, arch and C++ proofs)
+#   source .whl/env.sh && bash tools/device_final.sh B     (host overhead, suite, sweep | sanitizers,
+#                                                           decode check and bench, fuzz)
+#
+# Results under $OUT: a summary.txt, the JSON results, and logs.tgz with every log (the device tool
+# brings back at most 8 files). The summary prints last.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache
+OUT=${OUT:-/tmp/out}
+LOGS=/tmp/device-final-logs
+mkdir -p "$OUT" "$LOGS"
+S="$OUT/summary.txt"
+part=${1:?usage: device_final.sh A|B}
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse --short HEAD 2>/dev/null; } | tee -a "$S"
+
+if [ "$part" = A ]; then
+  # GPU 0: the GPU test suite (NVRTC builds spread over 8 workers; the kernel cache is shared).
+  (
+    CUDA_VISIBLE_DEVICES=0 HYPOTHESIS_PROFILE=ci timeout 480 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider \
+      -n 8 -rfE --tb=short > "$LOGS/pytest_gpu.txt" 2>&1
+    echo "gpu pytest rc=$?: $(tail -n 1 "$LOGS/pytest_gpu.txt")" >> "$S"
+  ) &
+  # GPU 1: the cuda extra in a clean venv, other arches, the C++ example.
+  (
+    CUDA_VISIBLE_DEVICES=1 OUT="$LOGS/install" timeout 480 bash tools/device_install_check.sh > "$LOGS/install.txt" 2>&1
+    echo "install check rc=$?" >> "$S"
+    sed -n '/PASS\|FAIL/p' "$LOGS/install.txt" | tail -n 12 >> "$S"
+  ) &
+  wait
+  grep -E "^(FAILED|ERROR)" "$LOGS/pytest_gpu.txt" | head -n 30 >> "$S"
+  # Both GPUs: ring attention's exactness against the single-GPU kernel, and its benchmark.
+  OUT="$LOGS/ring" timeout 300 bash tools/ring_device_check.sh 2 > "$LOGS/ring.txt" 2>&1
+  echo "ring check rc=$?" >> "$S"
+  grep -E "^ring check|^ +[0-9]+ \||^ring attention|^ +L \|" "$LOGS/ring.txt" >> "$S"
+  cp "$LOGS/ring/ring_bench.json" "$LOGS/ring/ring_check.json" "$OUT/" 2>/dev/null
+fi
+
+if [ "$part" = B ]; then
+  (
+    # GPU 0, timing: host cost per call first (a quiet process), then the suite and the sweep.
+    CUDA_VISIBLE_DEVICES=0 OUT="$OUT" timeout 90 python3 tools/host_overhead.py > "$LOGS/host_overhead.txt" 2>&1
+    echo "host_overhead rc=$?" >> "$S"
+    CUDA_VISIBLE_DEVICES=0 timeout 270 python3 benchmarks/suite.py --out "$OUT/bench.jsonl" > "$LOGS/suite.txt" 2>&1
+    echo "suite rc=$?" >> "$S"
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/sweep.py --out "$OUT/sweep.jsonl" --peers cudnn,flash \
+      > "$LOGS/sweep.txt" 2>&1
+    echo "sweep rc=$?" >> "$S"
+  ) &
+  (
+    # GPU 1: sanitizers on odd shapes, the decode family's check and bench, a fuzz pass.
+    export CUDA_VISIBLE_DEVICES=1
+    for tool in memcheck racecheck; do
+      timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_cases.py > "$LOGS/san_$tool.txt" 2>&1
+      echo "compute-sanitizer $tool rc=$? ($(tail -n 1 "$LOGS/san_$tool.txt"))" >> "$S"
+    done
+    timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu/decode_smoke.py --quick \
+      --only d_cache_bf16_d128_g8 d_paged8_fp16_d64_g8 d_sink_bf16_d64_g8 > "$LOGS/decode_memcheck.txt" 2>&1
+    echo "decode memcheck rc=$? ($(tail -n 1 "$LOGS/decode_memcheck.txt"))" >> "$S"
+    timeout 120 python3 benchmarks/decode_bench.py --out "$OUT/decode_bench.json" > "$LOGS/decode_bench.txt" 2>&1
+    echo "decode bench rc=$?" >> "$S"
+    for f in examples/seed_padded_fp32.attn examples/llama3_gqa_causal.attn examples/gpt_oss_sinks.attn \
+             examples/packed_documents.attn examples/whisper_preln_cross.attn examples/paged_decode_llama3.attn; do
+      timeout 60 python3 -m attngen fuzz "$f" --seconds 20 --out /tmp/fuzz 2>&1 | tr '\r' '\n' | grep -v "ex/s" | tail -n 1
+    done > "$LOGS/fuzz.txt" 2>&1
+    timeout 90 python3 -m attngen fuzz --specs --seconds 60 --out /tmp/fuzz 2>&1 | tr '\r' '\n' | grep -v "ex/s" \
+      | tail -n 2 >> "$LOGS/fuzz.txt"
+    cat "$LOGS/fuzz.txt" >> "$S"
+  ) &
+  wait
+  { echo "== host overhead"; tail -n 25 "$LOGS/host_overhead.txt"; echo "== suite"; tail -n 45 "$LOGS/suite.txt";
+    echo "== sweep"; tail -n 40 "$LOGS/sweep.txt"; echo "== decode"; tail -n 30 "$LOGS/decode_bench.txt"; } >> "$S"
+fi
+
+tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+echo "=== summary"
+cat "$S"
