@@ -52,8 +52,14 @@ if [ "$part" = B ]; then
     echo "sweep rc=$?" >> "$S"
   ) &
   (
-    # GPU 1: sanitizers on odd shapes, the decode family's check and bench, a fuzz pass.
+    # GPU 1: (when .whl-cuda travelled) the install proofs again, sanitizers on odd shapes, the
+    # decode family's check and bench, a fuzz pass.
     export CUDA_VISIBLE_DEVICES=1
+    if [ -d .whl-cuda ]; then
+      OUT="$LOGS/install" timeout 240 bash tools/device_install_check.sh > "$LOGS/install.txt" 2>&1
+      echo "install check rc=$?" >> "$S"
+      sed -n '/PASS\|FAIL/p' "$LOGS/install.txt" | tail -n 7 >> "$S"
+    fi
     for tool in memcheck racecheck; do
       timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_cases.py > "$LOGS/san_$tool.txt" 2>&1
       echo "compute-sanitizer $tool rc=$? ($(tail -n 1 "$LOGS/san_$tool.txt"))" >> "$S"

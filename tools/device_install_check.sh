@@ -73,9 +73,11 @@ make_venv() {
   if "$VENV/bin/python" -c "import cupy" 2>/dev/null; then echo "cupy importable before the install"; return 1; fi
   local pip=("$VENV/bin/python" -m pip)
   [ -x "$VENV/bin/pip" ] || pip=("$PY" -m pip --python "$VENV/bin/python")
-  "${pip[@]}" install --no-index --no-cache-dir --find-links "$WHEELS" --find-links "$ROOT/.whl-cuda" \
+  # Without PYTHONPATH: packages a caller put there (the device's lark, a checkout) would count as
+  # already installed, and the venv would lack them once that path is gone.
+  env -u PYTHONPATH "${pip[@]}" install --no-index --no-cache-dir --find-links "$WHEELS" --find-links "$ROOT/.whl-cuda" \
     --find-links "$ROOT/.whl" "attngen[cuda]" || return 1
-  "${pip[@]}" list
+  env -u PYTHONPATH "${pip[@]}" list
 }
 step venv make_venv
 

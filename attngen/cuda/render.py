@@ -311,8 +311,8 @@ def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple
         # Lk_total. A plain call passes 0, 0, Lq, Lk.
         Field("int", "q_offset", "global position of query row 0 (0 for a whole sequence)"),
         Field("int", "kv_offset", "global position of key row 0 (0 for a whole sequence)"),
-        Field("int", "Lq_total", "global query length the mask sees (Lq for a whole sequence; >= q_offset + Lq)"),
-        Field("int", "Lk_total", "global key length the mask sees (Lk for a whole sequence; >= kv_offset + Lk)"),
+        Field("int", "Lq_total", "global query length the mask sees (>= q_offset + Lq; the C++ launcher reads 0 as q_offset + Lq)"),
+        Field("int", "Lk_total", "global key length the mask sees (>= kv_offset + Lk; the C++ launcher reads 0 as kv_offset + Lk)"),
     ]
     for t in ("q", "k", "v", "o"):
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
