@@ -7,9 +7,10 @@ lookup matches its tensor's rank.
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from attngen.lang.diagnostics import SpecError
 from attngen.lang.frontend import format_source, loads, print_expr, print_program
 from attngen.ir.nodes import (
     FP32_MAX,
@@ -314,10 +315,20 @@ def programs(draw) -> Program:
     return Program(tuple(draw(variants(n)) for n in ns))
 
 
+def _loads_in_budget(text: str):
+    """`loads`, with drawn programs past the expression-size bound (lower.MAX_EXPR_NODES, a
+    located refusal of its own: tests/hostile) set aside rather than failed."""
+    try:
+        return loads(text)
+    except SpecError as e:
+        assume(not all("operations here" in d.message for d in e.diagnostics))
+        raise
+
+
 @given(programs())
 def test_print_then_load_is_identity(p: Program):
     text = print_program(p)
-    assert loads(text) == p
+    assert _loads_in_budget(text) == p
 
 
 @given(programs())
@@ -330,11 +341,11 @@ def test_printed_text_is_formatted(p: Program):
 @given(expr(None, Ctx({}, 8, AttnKind.SELF, True), 5))
 def test_expression_round_trip(e: Expr):
     text = print_expr(e)
-    v = loads(f"attention a {{ dtype bf16; head_dim 64; heads 8\n score {text}\n}}").get()
+    v = _loads_in_budget(f"attention a {{ dtype bf16; head_dim 64; heads 8\n score {text}\n}}").get()
     assert v.scores == (e,)
 
 
 @given(bool_expr(Ctx({}, 8, AttnKind.SELF, False), 5))
 def test_mask_round_trip(e: Expr):
-    v = loads(f"attention a {{ dtype bf16; head_dim 64; heads 8\n mask {print_expr(e)}\n}}").get()
+    v = _loads_in_budget(f"attention a {{ dtype bf16; head_dim 64; heads 8\n mask {print_expr(e)}\n}}").get()
     assert v.mask == e
