@@ -632,7 +632,7 @@ def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, se
             outcome.reproducer = write_reproducer(out_dir, spec_text, v, None, None, outcome.failure)
             return outcome
     else:
-        from attngen.cuda.render import render  # jinja2 only: works without a GPU
+        from attngen.cuda.render_decode import render_family as render  # jinja2 only: works without a GPU
 
         try:
             src = render(v)
@@ -1026,9 +1026,9 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
             probs = reference_invariants(v, arrays)
             if probs:
                 raise AssertionError(f"at {case.describe()}: " + "; ".join(probs) + f"\n--- spec ---\n{text}")
-            from attngen.cuda.render import render
+            from attngen.cuda.render_decode import render_family
 
-            render(v)
+            render_family(v)
 
     progress = Progress(max_examples, "generated specs", quiet)
     try:

@@ -282,12 +282,15 @@ class IntervalEmitter:
             fn = "ag_mul_lo" if not sub_float else "ag_fmul_lo"
             fh = "ag_mul_hi" if not sub_float else "ag_fmul_hi"
             return decl(f"{fn}({a}_lo, {a}_hi, {b}_lo, {b}_hi)", f"{fh}({a}_lo, {a}_hi, {b}_lo, {b}_hi)")
-        if not sub_float and e.op == BinOp.DIV:
-            self.lines.append(f"long long {t}_lo, {t}_hi; ag_idiv({a}_lo, {a}_hi, {b}_lo, {b}_hi, {t}_lo, {t}_hi);")
-            return t
-        if not sub_float and e.op == BinOp.MOD:
-            self.lines.append(f"long long {t}_lo, {t}_hi; ag_imod({a}_lo, {a}_hi, {b}_lo, {b}_hi, {t}_lo, {t}_hi);")
-            return t
+        if not sub_float and e.op in (BinOp.DIV, BinOp.MOD):
+            fn = "ag_idiv" if e.op == BinOp.DIV else "ag_imod"
+            if not as_float:
+                self.lines.append(f"long long {t}_lo, {t}_hi; {fn}({a}_lo, {a}_hi, {b}_lo, {b}_hi, {t}_lo, {t}_hi);")
+                return t
+            # An int quotient or remainder compared with a float (`(q - kv) % 3 == 0.0`): the
+            # bounds come out as integers and are widened like every other int operand here.
+            self.lines.append(f"long long {t}_ilo, {t}_ihi; {fn}({a}_lo, {a}_hi, {b}_lo, {b}_hi, {t}_ilo, {t}_ihi);")
+            return decl(f"(float){t}_ilo", f"(float){t}_ihi")
         if sub_float and e.op == BinOp.DIV:
             self.lines.append(f"float {t}_lo, {t}_hi; ag_fdiv({a}_lo, {a}_hi, {b}_lo, {b}_hi, {t}_lo, {t}_hi);")
             return t

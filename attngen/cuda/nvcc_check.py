@@ -91,7 +91,7 @@ class NvccChecker:
 
     def submit(self, spec_text: str, variants: tuple[Variant, ...]) -> None:
         """Render each variant for each target and queue the sources not compiled before."""
-        from attngen.cuda.render import render
+        from attngen.cuda.render_decode import render_family as render
 
         self.specs += 1
         for v in variants:

@@ -140,4 +140,15 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
     return src, dp
 
 
-__all__ = ["render_decode", "decode_fields"]
+def render_family(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
+    """The source of the family that runs `v` for its whole range: the decode family's for a paged
+    KV cache (the forward kernels refuse it), the forward's otherwise (what `attngen compile`
+    emits)."""
+    if v.page_size is not None:
+        return render_decode(v, arch)[0]
+    from attngen.cuda.render import render
+
+    return render(v, arch)
+
+
+__all__ = ["render_decode", "decode_fields", "render_family"]

@@ -298,6 +298,15 @@ def _run(args: argparse.Namespace) -> int:
         if backward:
             source, kp = _render_backward(v, arch, text, args.file, bool(getattr(args, "deterministic", False)), emit)
         else:
+            if v.page_size is not None:
+                from attngen.lang.diagnostics import Diagnostic
+
+                # The forward kernels read contiguous K/V; the decode family that runs a paged
+                # cache has no standalone launcher yet (it runs through attngen.compile).
+                raise SpecError([Diagnostic(
+                    "attngen compile emits the forward family, which does not read a `kv_cache paged` cache",
+                    v.span, "a paged cache runs on the decode family from Python (attngen.compile); its "
+                    "standalone .cu is not emitted yet")], text, args.file)
             source, kp = render_cuda.render_with_plan(v, arch, prefix=prefix)
     except SpecError as e:
         print(e.render(), file=sys.stderr)

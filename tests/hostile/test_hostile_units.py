@@ -228,3 +228,26 @@ def test_fmt_is_linear_in_comments():
     small, large = cost(250), cost(2000)
     # 8x the input: linear is ~8x; the old quadratic scan was ~25x at these sizes.
     assert large < 14 * max(small, 1e-3), (small, large)
+
+
+# --------------------------------------------------------------------------------------------
+# Families: a paged cache renders on the decode family (found by `attngen fuzz --specs`, which once
+# rendered every generated spec with the forward renderer), and `attngen compile` refuses it with a
+# located error rather than an unlocated one.
+
+
+def test_paged_cache_renders_on_the_decode_family(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from attngen.cuda.render_decode import render_family
+
+    spec = Path(__file__).parent / "families" / "paged_sink_nan_check.attn"
+    v = frontend.load(spec).get()
+    src = render_family(v)
+    assert "_decode" in src and "block_table" in src
+    r = subprocess.run([sys.executable, "-m", "attngen", "compile", str(spec), "-o", str(tmp_path / "x.cu")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert f"{spec.name}:3:1: error: attngen compile emits the forward family" in r.stderr
