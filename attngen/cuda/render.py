@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import jinja2
 
 from attngen import __version__
+from attngen.ir import names
 from attngen.ir.nodes import (
     AttnKind,
     DType,
@@ -318,13 +319,22 @@ def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
             f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
     f.extend(pr.field for pr in preps)
-    for d in v.runtime_inputs():
-        f.append(Field(f"const {tensor_ctype(d.dtype)}* __restrict__", f"in_{d.name}", f"runtime input {d.name}: {d.dtype.value}"))
-        for i in range(len(d.shape)):
-            f.append(Field("int", f"in_{d.name}_n{i}", f"{d.name} size of dim {i}"))
-        for i in range(len(d.shape)):
-            f.append(Field("long long", f"in_{d.name}_s{i}", f"{d.name} stride of dim {i}, elements"))
+    f.extend(input_fields(v))
     return tuple(f)
+
+
+def input_fields(v: Variant) -> list[Field]:
+    """The runtime inputs' fields, every family's ABI tail: each input's pointer, then its sizes,
+    then its strides (names from `attngen.ir.names`, the one mangling scheme)."""
+    f = []
+    for d in v.runtime_inputs():
+        f.append(Field(f"const {tensor_ctype(d.dtype)}* __restrict__", names.input_field(d.name),
+                       f"runtime input {d.name}: {d.dtype.value}"))
+        for i in range(len(d.shape)):
+            f.append(Field("int", names.input_size_field(d.name, i), f"{d.name} size of dim {i}"))
+        for i in range(len(d.shape)):
+            f.append(Field("long long", names.input_stride_field(d.name, i), f"{d.name} stride of dim {i}, elements"))
+    return f
 
 
 def _preps(v: Variant, prefix: str = DEFAULT_PREFIX) -> tuple[Prep, ...]:

@@ -11,7 +11,7 @@ from attngen import __version__
 from attngen.ir.nodes import SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan.decode import COMBINE_THREADS, DecodePlan, mask_uses_head, plan
-from attngen.cuda.render import Field, _environment, _expr_text, _spec_text, _tensor_ctx
+from attngen.cuda.render import Field, _environment, input_fields, _expr_text, _spec_text, _tensor_ctx
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
 
@@ -45,12 +45,7 @@ def decode_fields(v: Variant) -> tuple[Field, ...]:
         paged = v.page_size is not None and t in ("k", "v")
         for s, what in (("sb", "page" if paged else "batch"), ("sh", "head"), ("ss", "slot-in-page" if paged else "sequence")):
             f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
-    for d in v.runtime_inputs():
-        f.append(Field(f"const {tensor_ctype(d.dtype)}* __restrict__", f"in_{d.name}", f"runtime input {d.name}: {d.dtype.value}"))
-        for i in range(len(d.shape)):
-            f.append(Field("int", f"in_{d.name}_n{i}", f"{d.name} size of dim {i}"))
-        for i in range(len(d.shape)):
-            f.append(Field("long long", f"in_{d.name}_s{i}", f"{d.name} stride of dim {i}, elements"))
+    f.extend(input_fields(v))
     return tuple(f)
 
 
