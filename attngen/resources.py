@@ -9,6 +9,8 @@ first and takes a real directory from it only: a namespace package answers with 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -48,3 +50,31 @@ def grammar_dir() -> Path:
 def cuda_template_dir() -> Path:
     """The directory holding the CUDA templates (attention.cu.j2 and its partials)."""
     return _dir("attngen.backends.cuda", "backends/cuda", "backends/cuda", "fwd/attention.cu.j2")
+
+
+def cache_dir() -> Path:
+    """Where attngen keeps what it can rebuild: cubins, the parser tables, compiled templates.
+    ATTNGEN_CACHE_DIR, else $XDG_CACHE_HOME/attngen, else ~/.cache/attngen."""
+    root = os.environ.get("ATTNGEN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attngen"
+    )
+    return Path(root)
+
+
+def cache_write(name: str, data: bytes) -> None:
+    """Writes one cache entry atomically (a temporary file renamed into place, so a reader sees the
+    old entry or the new one, never half of one). A read-only or full cache directory is ignored:
+    it only costs a rebuild."""
+    d = cache_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, d / name)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError:
+        pass

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# The test run keeps its caches (cubins, parser tables, compiled templates) to itself, not in the
+# user's ~/.cache/attngen; an explicit ATTNGEN_CACHE_DIR still wins.
+os.environ.setdefault("ATTNGEN_CACHE_DIR", tempfile.mkdtemp(prefix="attngen-test-cache-"))
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]

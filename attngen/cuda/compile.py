@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attngen.plan.schedule import Arch
+from attngen.resources import cache_dir, cache_write
 
 CACHE_FORMAT_VERSION = 1
 NVCC_FLAGS = ("-std=c++17", "-O3", "--use_fast_math")
@@ -47,13 +48,6 @@ class Resources:
     spill_loads: int
     stack_bytes: int
     static_smem: int
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("ATTNGEN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attngen"
-    )
-    return Path(root)
 
 
 def _gencode(arch: Arch) -> str:
@@ -103,15 +97,7 @@ def _cache_get(key: str) -> bytes | None:
 
 
 def _cache_put(key: str, data: bytes) -> None:
-    d = cache_dir()
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".cubin")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, d / f"{key}.cubin")
-    except OSError:
-        pass  # a read-only or full cache directory only costs a recompile
+    cache_write(f"{key}.cubin", data)
 
 
 def _wheel_include_dirs() -> list[str]:

@@ -35,7 +35,7 @@ from attngen.ir.nodes import (
 )
 from attngen.lang.printer import print_expr, print_program
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.resources import cuda_template_dir
+from attngen.resources import cache_dir, cuda_template_dir
 from attngen.plan.schedule import (
     DEFAULT_ARCH,
     Arch,
@@ -494,12 +494,34 @@ def _wgmma_shapes(kp: OpPlan, v: Variant) -> list[dict]:
     return out
 
 
+class _TemplateBytecode(jinja2.FileSystemBytecodeCache):
+    """Compiled templates on disk, keyed by template name and source checksum (an edited template
+    is a miss). Jinja writes entries by rename; an unreadable entry is a miss here, not an error."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except Exception:
+            bucket.reset()
+
+
+@functools.cache
 def _environment() -> jinja2.Environment:
+    """One environment a process, so each template is compiled once, not at every render (about
+    30 ms a render before); its compiled code is also kept on disk for the next process."""
+    bytecode = None
+    try:
+        d = cache_dir() / "templates"
+        d.mkdir(parents=True, exist_ok=True)
+        bytecode = _TemplateBytecode(str(d))
+    except OSError:
+        pass  # an unwritable cache directory only costs compiling the templates
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(cuda_template_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        bytecode_cache=bytecode,
     )
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
+import io
+import sys
 from typing import Iterable
 
 import lark
@@ -18,7 +21,7 @@ from lark.lexer import PatternStr
 from attngen.lang import ast as A
 from attngen.lang.diagnostics import Diagnostic, SpecError, normalize_newlines, split_lines
 from attngen.ir.nodes import Span
-from attngen.resources import grammar_dir
+from attngen.resources import cache_dir, cache_write, grammar_dir
 
 STATEMENT_KEYWORDS = tuple(k.value for k in A.StmtKind)
 
@@ -31,17 +34,36 @@ MAX_NESTING = 200
 MAX_TOKEN_CHARS = 256
 
 
+_PARSER_OPTIONS = dict(parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=True)
+
+
 @functools.lru_cache(maxsize=1)
 def _parser() -> lark.Lark:
+    """The LALR parser. Building its tables takes about 50 ms, a large part of a warm
+    `attngen.compile` in a fresh process, so they are kept in the cache directory, keyed by the
+    grammar's text, the options and the lark and Python versions; an entry that fails to load is
+    a miss and is rebuilt."""
     text = (grammar_dir() / "attn.lark").read_text(encoding="utf-8")
-    return lark.Lark(
-        text,
-        parser="lalr",
-        lexer="contextual",
-        propagate_positions=True,
-        maybe_placeholders=True,
-        lexer_callbacks={"COMMENT": _dispatch_comment, "NAME": _bounded, "NUMBER": _bounded},
-    )
+    callbacks = {"COMMENT": _dispatch_comment, "NAME": _bounded, "NUMBER": _bounded}
+    fields = [text, repr(sorted(_PARSER_OPTIONS.items())), lark.__version__, repr(sys.version_info[:2])]
+    key = hashlib.sha256("\0".join(fields).encode()).hexdigest()[:32]
+    path = cache_dir() / f"parser-{key}.lark"
+    try:
+        with open(path, "rb") as f:
+            # Lark.load takes no options; its _load is what lark's own cache calls to restore the
+            # callbacks, which are code and not saved. Should a lark release change it, this is
+            # a miss every time: slower, never wrong.
+            return lark.Lark.__new__(lark.Lark)._load(f, lexer_callbacks=callbacks)
+    except Exception:
+        pass
+    parser = lark.Lark(text, **_PARSER_OPTIONS, lexer_callbacks=callbacks)
+    buf = io.BytesIO()
+    try:
+        parser.save(buf)
+    except Exception:
+        return parser
+    cache_write(path.name, buf.getvalue())
+    return parser
 
 
 class _TooLong(Exception):

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jinja2
-
 from attngen import __version__
 from attngen.ir.nodes import DType
-from attngen.resources import cuda_template_dir
+from attngen.cuda.render import _environment
 
 CHECK_THREADS = 256
 CHECK_MAX_BLOCKS = 1024
@@ -47,8 +45,7 @@ def check_kernel_name(dtype: DType) -> str:
 
 def render_checks() -> str:
     """The check kernels' CUDA source (stable bytes)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(cuda_template_dir())), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False)
+    env = _environment()
     types = [dict(suffix=s, ctype=c) for s, c in _TYPES.values()]
     return env.get_template("common/checks.cu.j2").render(version=__version__, types=types, threads=CHECK_THREADS)
 
