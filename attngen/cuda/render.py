@@ -114,6 +114,10 @@ class KernelRole(enum.Enum):
     ATTENTION = "attention"  # the forward attention kernel
 
 
+MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's y and z dimensions
+MAX_WORK_TILES = 2**31 - 1
+
+
 class GridRule(enum.Enum):
     """How a kernel's launch grid follows from the call's sizes. The one place the formulas live:
     the runtime evaluates `OpKernel.launch_grid`, the launcher, header and `explain` print
@@ -175,7 +179,14 @@ class OpKernel:
         assert self.tile is not None
         n_m = -(-Lq // self.tile.block_m)
         if self.grid_rule == GridRule.PERSISTENT:
+            # The kernel counts work tiles in an int.
+            if n_m * heads * B > MAX_WORK_TILES:
+                raise ValueError(f"B={B}, H={heads}, Lq={Lq}: {n_m * heads * B} work tiles of {self.tile.block_m} query rows, "
+                                 f"more than the {MAX_WORK_TILES} one launch can count; split the batch")
             return (max(1, min(n_m * heads * B, sm_count)), 1, 1)
+        if B > MAX_GRID_YZ:
+            raise ValueError(f"B={B}: at most {MAX_GRID_YZ} sequences a launch (the grid's z dimension on the "
+                             f"{self.engine.value} engine); split the batch")
         return (n_m, heads, B)
 
     def grid_cpp(self, ns: str) -> str:

@@ -76,8 +76,10 @@ def render_header(v, arch, prefix: str | None = None) -> str:
     kp = plan(v, arch, prefix=prefix or DEFAULT_PREFIX)
     v = kp.problem  # the header reads only the plan
     name = kp.kernel_name
-    guard = name.upper() + "_H"
-    macro = name.upper()
+    # Guard and macros keep the kernel name's case: upper-casing it would give variants `x` and `X`
+    # (or prefixes `a` and `A`) one guard, and one header would silently hide the other.
+    guard = name + "_H"
+    macro = name
     st = f"{name}_params"
     types = [_c_type(f.ctype) for f in kp.fields]
     offsets, size = _c_layout(types)

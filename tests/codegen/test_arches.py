@@ -98,7 +98,7 @@ def test_prefix_renames_every_symbol_and_default_is_unchanged():
 def test_prefix_on_the_command_line(tmp_path, capsys):
     assert cli.main(["compile", str(FP16), "--arch", "sm_80", "--prefix", "x86", "--emit", "header", "-o", str(tmp_path / "h.h")]) == 0
     h = (tmp_path / "h.h").read_text()
-    assert "x86_gpt2_causal_fp16_launch(" in h and "attngen_" not in h and "#ifndef X86_GPT2_CAUSAL_FP16_H" in h
+    assert "x86_gpt2_causal_fp16_launch(" in h and "attngen_" not in h and "#ifndef x86_gpt2_causal_fp16_H" in h
     assert cli.main(["compile", str(FP16), "--prefix", "a-b"]) == 2
     assert "not a C identifier" in capsys.readouterr().err
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -154,8 +156,8 @@ def test_header(capsys):
     v = load(LLAMA).get()
     kp = render_cuda.plan(v, Arch.SM90A)
     name = kp.kernel_name
-    assert out.count("#ifndef ATTNGEN_LLAMA3_GQA_CAUSAL_H\n#define ATTNGEN_LLAMA3_GQA_CAUSAL_H\n") == 1
-    assert out.rstrip().endswith("#endif  // ATTNGEN_LLAMA3_GQA_CAUSAL_H")
+    assert out.count("#ifndef attngen_llama3_gqa_causal_H\n#define attngen_llama3_gqa_causal_H\n") == 1
+    assert out.rstrip().endswith("#endif  // attngen_llama3_gqa_causal_H")
     assert f"typedef struct {name}_params {{" in out
     assert f"cudaError_t {name}_launch(const {name}_params* params, cudaStream_t stream);" in out
     assert "#include <cuda_runtime_api.h>" in out
@@ -163,7 +165,7 @@ def test_header(capsys):
     declared = re.findall(r"^\s+(?:const )?[\w ]+?\*?\s+(\w+);", body, re.M)
     assert declared == [f.name for f in kp.fields]
     assert "__restrict__" not in out and "elem_t" not in out and "__half" not in out
-    assert f"#define ATTNGEN_LLAMA3_GQA_CAUSAL_SMEM_BYTES {kp.smem_bytes}\n" in out
+    assert f"#define attngen_llama3_gqa_causal_SMEM_BYTES {kp.smem_bytes}\n" in out
     # The launcher in the .cu takes the same fields in the same order.
     src = render_cuda.render(v, Arch.SM90A)
     assert f'extern "C" cudaError_t {name}_launch(const {name}_impl::Params* params, cudaStream_t stream)' in src
@@ -271,3 +273,27 @@ def test_main_directly_returns_codes(tmp_path):
     ns.output = str(tmp_path / "g.cu")
     assert cmd_compile.main(ns) == 0
     assert Path(ns.output).read_text().count("attngen_gemma2_local(") == 1
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on the PATH")
+def test_headers_of_names_differing_in_case_coexist(capsys, tmp_path):
+    """Regression (tests/codegen/regressions/case_only_names.attn): the guard and macros were the
+    upper-cased kernel name, so the header of `X` included after that of `x` was skipped whole."""
+    spec = Path(__file__).parent / "regressions" / "case_only_names.attn"
+    headers = []
+    for variant in ("x", "X"):
+        rc, out, err = run(capsys, str(spec), "--variant", variant, "--emit", "header")
+        assert rc == 0, err
+        headers.append(tmp_path / f"{variant}_{len(headers)}.h")
+        headers[-1].write_text(out)
+    assert headers[0].read_text().split("#ifndef ")[1].split()[0] != headers[1].read_text().split("#ifndef ")[1].split()[0]
+    main = tmp_path / "both.c"
+    main.write_text(f'#include "{headers[0].name}"\n#include "{headers[1].name}"\n'
+                    "int main(void) { attngen_x_params a; attngen_X_params b; (void)a; (void)b;\n"
+                    "  return attngen_x_HEAD_DIM + attngen_X_HEAD_DIM; }\n")
+    incs = [d for d in compile_cuda._cuda_include_dirs() if (Path(d) / "cuda_runtime_api.h").is_file()]
+    if not incs:
+        pytest.skip("no CUDA headers (cuda_runtime_api.h) found")
+    cmd = ["cc", "-fsyntax-only", "-std=c99", f"-I{tmp_path}", f"-I{incs[0]}"]
+    r = subprocess.run(cmd + [str(main)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

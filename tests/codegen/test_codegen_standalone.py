@@ -56,7 +56,7 @@ int main() {{
   {KERNEL}_params p = {{}};
   p.B = 1; p.Lq = 1; p.Lk = 1; p.Lq_total = 1; p.Lk_total = 1;
   cudaError_t err = {KERNEL}_launch(&p, (cudaStream_t)0);
-  std::printf("%d %d\\n", (int)err, {KERNEL.upper()}_SMEM_BYTES);
+  std::printf("%d %d\\n", (int)err, {KERNEL}_SMEM_BYTES);
   return 0;
 }}
 """

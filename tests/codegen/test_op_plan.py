@@ -57,3 +57,18 @@ def test_sorted_inputs_on_the_problem():
     v = _v("dtype bf16; head_dim 64; heads 4; input doc: i32[B, Lk] sorted; input w: fp32[H]; mask document(doc)")
     kp = plan(v, Arch.SM80)
     assert [d.name for d in kp.problem.sorted_inputs] == ["doc"]
+
+
+def test_grids_past_the_launch_limits_are_refused_before_launch():
+    """B > 65535 on a one-CTA-a-tile engine was left to the driver's launch failure."""
+    v = _v("dtype bf16; head_dim 64; heads 8; mask causal")
+    tiles = plan(v, Arch.SM80).attention
+    assert tiles.grid_rule == GridRule.TILES
+    assert tiles.launch_grid(8, 65535, 1, 1, 132)[2] == 65535
+    with pytest.raises(ValueError, match=r"B=65536: at most 65535 sequences a launch"):
+        tiles.launch_grid(8, 65536, 1, 1, 132)
+    persistent = plan(v, Arch.SM90A).attention
+    assert persistent.grid_rule == GridRule.PERSISTENT
+    assert persistent.launch_grid(8, 100_000, 128, 128, 132) == (132, 1, 1)
+    with pytest.raises(ValueError, match="work tiles .* more than the 2147483647"):
+        persistent.launch_grid(8, 2**28, 1024, 1024, 132)

@@ -220,10 +220,15 @@ def _commented(n: int) -> str:
 
 def test_fmt_is_linear_in_comments():
     def cost(n: int) -> float:
+        # The best of three runs: a busy machine (other tests, other jobs) only ever adds time,
+        # and once made one run of the small case look cheap enough to fail a linear fmt.
         text = _commented(n)
-        t0 = time.process_time()
-        frontend.format_source(text)
-        return time.process_time() - t0
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.process_time()
+            frontend.format_source(text)
+            best = min(best, time.process_time() - t0)
+        return best
 
     small, large = cost(250), cost(2000)
     # 8x the input: linear is ~8x; the old quadratic scan was ~25x at these sizes.
