@@ -166,7 +166,7 @@ step nvrtc-new run_hidden nvrtc_new_arches
 cpp_example() {
   command -v cmake && command -v nvcc || { echo "cmake or nvcc missing"; return 1; }
   cmake -S examples/cpp -B "$WORK/cpp" -DATTNGEN_COMMAND="$VENV/bin/attngen" && cmake --build "$WORK/cpp" -j 8 \
-    && "$WORK/cpp/attn_demo"
+    && "$WORK/cpp/attn_demo" && "$WORK/cpp/paged_decode_demo"
 }
 step cpp cpp_example
 

@@ -34,8 +34,8 @@ def decode_fields(v: Variant) -> tuple[Field, ...]:
         # parallelism); the decode family runs whole sequences, so these are 0, 0, Lq, Lk.
         Field("int", "q_offset", "global position of query row 0 (always 0 here)"),
         Field("int", "kv_offset", "global position of key row 0 (always 0 here)"),
-        Field("int", "Lq_total", "global query length the mask sees (Lq here)"),
-        Field("int", "Lk_total", "global key length the mask sees (Lk here)"),
+        Field("int", "Lq_total", "global query length the mask sees (Lq here; the C++ launcher reads 0 as Lq)"),
+        Field("int", "Lk_total", "global key length the mask sees (Lk here; the C++ launcher reads 0 as Lk)"),
         Field("int", "splits", "key splits (gridDim.x of the split kernel)"),
         Field("int", "chunks_per_split", "ring chunks of keys a split covers; splits * chunks_per_split >= ceil(Lk / chunk)"),
         *([Field("int", "num_pages", "pages of the paged K/V cache (k and v are [num_pages, page_size, Hkv, D])")]
@@ -76,15 +76,19 @@ def _header(v: Variant, dp: DecodePlan, fields: tuple[Field, ...]) -> str:
         "Arguments, in order (also the fields of Params, for the host launcher):",
         *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(fields)),
         "",
-        f"Host: cudaError_t {dp.kernel_name}_launch(const Params* p, cudaStream_t stream) (nvcc builds only).",
+        "Host (nvcc builds only; the C header from `attngen compile --emit header` declares them):",
+        f"  size_t {dp.kernel_name}_workspace_bytes(int B, int Lq, int Lk); void {dp.kernel_name}_bind_workspace(Params* p,",
+        f"  void* workspace) (also picks splits and chunks_per_split for the current device); cudaError_t",
+        f"  {dp.kernel_name}_launch(const Params* p, cudaStream_t stream); {dp.kernel_name}_choose_splits(...): the split policy.",
     ]
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
 
 
-def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None) -> tuple[str, DecodePlan]:
+def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None, *,
+                  prefix: str = "attngen") -> tuple[str, DecodePlan]:
     """The decode family's `.cu` source for one variant and its plan (ValueError when the family
-    cannot run the variant); `tile` as in `plan_decode.plan`."""
-    dp = plan(v, arch, tile)
+    cannot run the variant); `tile` and `prefix` as in `plan_decode.plan`."""
+    dp = plan(v, arch, tile, prefix=prefix)
     fields = decode_fields(v)
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
@@ -130,6 +134,7 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
         sink_tensor=v.sink or "",
         paged=v.page_size is not None,
         page_size=v.page_size or 0,
+        splits_cpp=dp.splits_cpp(),
     )
     src = _environment().get_template("decode/decode.cu.j2").render(**ctx)
     return src, dp

@@ -142,6 +142,24 @@ class DecodePlan:
         per = -(-n_chunks // want)
         return -(-n_chunks // per), per
 
+    def splits_cpp(self) -> str:
+        """`splits` as C++ (the standalone launcher's copy of the policy, for C++ engines; a test
+        compiles it and compares it with `splits` over a grid of sizes)."""
+        group = self.heads // self.kv_heads
+        return "\n".join([
+            "  const long long chunk = " + str(self.chunk) + ";",
+            "  const long long n_chunks = Lk > 0 ? (Lk + chunk - 1) / chunk : 1;",
+            f"  const long long base = (long long)B * {self.kv_heads} * (({group}LL * Lq + {self.block_m} - 1) / {self.block_m});",
+            "  long long want = base > 0 ? sm_count / base : 1;",
+            "  if (want < 1) want = 1;",
+            f"  const long long by_length = n_chunks / {MIN_CHUNKS_PER_SPLIT} > 1 ? n_chunks / {MIN_CHUNKS_PER_SPLIT} : 1;",
+            "  if (want > by_length) want = by_length;",
+            f"  if (want > {MAX_SPLITS}) want = {MAX_SPLITS};",
+            "  const long long per = (n_chunks + want - 1) / want;",
+            "  *splits = (int)((n_chunks + per - 1) / per);",
+            "  *chunks_per_split = (int)per;",
+        ])
+
     def workspace_shapes(self, B: int, Lq: int, splits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """fp32 partial O [B, H, Lq, splits, Dv] and partial LSE [B, H, Lq, splits]."""
         return (B, self.heads, Lq, splits, self.value_head_dim), (B, self.heads, Lq, splits)
@@ -171,9 +189,10 @@ def smem_bytes(v: Variant, block_n: int, stages: int) -> int:
     return max(tiles, reduce)
 
 
-def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None) -> DecodePlan:
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None, *, prefix: str = "attngen") -> DecodePlan:
     """The decode plan of a variant; ValueError when the family cannot run it. `tile` overrides
-    (keys a warp, stages) for schedule sweeps (benchmarks/decode_bench.py)."""
+    (keys a warp, stages) for schedule sweeps (benchmarks/decode_bench.py); `prefix` starts the
+    kernels' names (as `attngen compile --prefix` for the forward family)."""
     why = decode_unsupported(v)
     if why is not None:
         raise ValueError(f"variant {v.name}: {why}")
@@ -185,8 +204,8 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = N
         raise ValueError(f"decode tile: expected keys a warp a multiple of 16 and 2..6 stages, got {block_n}, {stages}")
     suffix = "" if tile is None else f"_n{block_n}s{stages}"
     return DecodePlan(
-        kernel_name=f"attngen_{v.name}_decode{suffix}",
-        combine_name=f"attngen_{v.name}_decode{suffix}_combine",
+        kernel_name=f"{prefix}_{v.name}_decode{suffix}",
+        combine_name=f"{prefix}_{v.name}_decode{suffix}_combine",
         heads=v.heads,
         kv_heads=v.kv_heads,
         value_head_dim=v.value_head_dim,

@@ -264,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--emit", choices=["cu", "ptx", "cubin", "header"], default="cu", help="what to write")
     k.add_argument("--resources", action="store_true", help="print ptxas registers, shared memory, spills")
     k.add_argument("--verbose", "-v", action="store_true", help="print compile times and cache use")
+    k.add_argument("--family", choices=["auto", "forward", "decode"], default="auto",
+                   help="kernel family: decode (split-KV, Lq up to ~16, paged caches) or forward; "
+                   "auto (default): decode for a `kv_cache paged` variant, else forward")
     k.add_argument("--pass", dest="pass_", choices=["forward", "backward"], default="forward",
                    help="the forward kernel (default) or the backward kernels (dq, dk, dv)")
     k.add_argument("--deterministic", action="store_true", help="backward: dQ without float atomics (bitwise reproducible)")

@@ -29,7 +29,7 @@
 namespace {
 
 constexpr int B = 2, L = 77;  // a length that is no multiple of any tile
-constexpr int H = DEMO_SM90A_ATTN_DEMO_HEADS, HKV = DEMO_SM90A_ATTN_DEMO_KV_HEADS, D = DEMO_SM90A_ATTN_DEMO_HEAD_DIM;
+constexpr int H = demo_sm90a_attn_demo_HEADS, HKV = demo_sm90a_attn_demo_KV_HEADS, D = demo_sm90a_attn_demo_HEAD_DIM;
 constexpr float EPS = 1e-6f;
 
 // The persistent (wgmma) build has a work counter; the mma.sync build has none.

@@ -177,7 +177,10 @@ def test_cpp_example_configures_builds_and_links(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     p = subprocess.run(["cmake", "--build", str(build), "-j", "2"], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert (build / "attn_demo").is_file()
+    assert (build / "attn_demo").is_file() and (build / "paged_decode_demo").is_file()
     syms = subprocess.run(["nm", str(build / "attn_demo")], capture_output=True, text=True).stdout
     for prefix in ("demo_sm80", "demo_sm90a"):
         assert re.search(rf"\bT {prefix}_attn_demo_launch$", syms, re.M), prefix
+    syms = subprocess.run(["nm", str(build / "paged_decode_demo")], capture_output=True, text=True).stdout
+    for fn in ("launch", "workspace_bytes", "bind_workspace"):
+        assert re.search(rf"\bT pdec_paged_decode_llama3_decode_{fn}$", syms, re.M), fn

@@ -237,8 +237,8 @@ def test_fmt_is_linear_in_comments():
 
 # --------------------------------------------------------------------------------------------
 # Families: a paged cache renders on the decode family (found by `attngen fuzz --specs`, which once
-# rendered every generated spec with the forward renderer), and `attngen compile` refuses it with a
-# located error rather than an unlocated one.
+# rendered every generated spec with the forward renderer); `attngen compile` emits that family, and
+# forcing the forward family is a located error rather than an unlocated one.
 
 
 def test_paged_cache_renders_on_the_decode_family(tmp_path):
@@ -252,7 +252,12 @@ def test_paged_cache_renders_on_the_decode_family(tmp_path):
     v = frontend.load(spec).get()
     src = render_family(v)
     assert "_decode" in src and "block_table" in src
+    # `attngen compile` emits the decode family for it; forcing the forward family is a located error.
     r = subprocess.run([sys.executable, "-m", "attngen", "compile", str(spec), "-o", str(tmp_path / "x.cu")],
                        capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "x.cu").read_text() == src
+    r = subprocess.run([sys.executable, "-m", "attngen", "compile", str(spec), "--family", "forward", "-o", str(tmp_path / "y.cu")],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
-    assert f"{spec.name}:3:1: error: attngen compile emits the forward family" in r.stderr
+    assert f"{spec.name}:3:1: error: --family forward does not read a `kv_cache paged` cache" in r.stderr
