@@ -78,6 +78,10 @@ def main() -> int:
     dec = attngen.compile(v_plain, family="decode")
     fwd = attngen.compile(v_plain, family="forward")
     dec_cache = attngen.compile(v_cache, family="decode")
+    # The same cache token-major ([B, Lk, Hkv, D]: a KV head's rows interleaved with the other
+    # heads', as in a page), to tell the paged layout's cost from the page lookups'.
+    dec_cache_bshd = attngen.compile(frontend.loads(
+        SPEC % "layout bshd\n  input cache_lens: i32[B]\n  mask causal && kv < cache_lens[b]", "<bench>").get(), family="decode")
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
     rows = [(B, Lk, 1) for B, Lk in ROWS] + [(8, 32768, 4)]
@@ -163,7 +167,12 @@ def main() -> int:
                   torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16)) for _ in range(n)]
         t_contig, _ = _time(lambda q, k, v: dec_cache(q, k, v, cache_lens=lens), csets, args.iters)
         del csets
-        prow = dict(B=B, Lk=Lk, kv_bytes=kv_bytes, contiguous_us=t_contig)
+        qt = q.transpose(1, 2).contiguous()  # [B, 1, H, D]
+        tsets = [(qt, torch.randn(B, Lk, HKV, D, device=dev, dtype=torch.bfloat16),
+                  torch.randn(B, Lk, HKV, D, device=dev, dtype=torch.bfloat16)) for _ in range(n)]
+        t_tok, _ = _time(lambda q, k, v: dec_cache_bshd(q, k, v, cache_lens=lens), tsets, args.iters)
+        del tsets
+        prow = dict(B=B, Lk=Lk, kv_bytes=kv_bytes, contiguous_us=t_contig, contiguous_token_major_us=t_tok)
         for page in (16, 64, 256):
             vp = frontend.loads(SPEC % f"input cache_lens: i32[B]\n  kv_cache paged({page})\n  mask causal && kv < cache_lens[b]", "<bench>").get()
             kp = attngen.compile(vp)
@@ -211,7 +220,7 @@ def main() -> int:
             for n, x in r["tiles"].items()))
     print("\npaged decode (causal && kv < cache_lens, shuffled pages) vs contiguous:")
     for r in paged_rows:
-        print(f"  ({r['B']}, {r['Lk']}): contiguous {gbs(r, 'contiguous_us')}; " + "; ".join(
+        print(f"  ({r['B']}, {r['Lk']}): contiguous {gbs(r, 'contiguous_us')}; token-major {gbs(r, 'contiguous_token_major_us')}; " + "; ".join(
             f"page {pg}: {gbs(r, f'paged{pg}_us')} ({r[f'paged{pg}_us'] / r['contiguous_us']:.3f}x, err {r[f'paged{pg}_err_vs_contiguous']:.1e})"
             for pg in (16, 64, 256)))
     for r in results:
