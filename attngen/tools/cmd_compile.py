@@ -174,7 +174,7 @@ def resource_table(res, kp) -> str:
     return "\n".join(out) + "\n"
 
 
-def _render_backward(v, arch, text: str, path: str, deterministic: bool, emit: str):
+def _render_backward(v, arch, text: str, path: str, deterministic: bool, emit: str, prefix: str):
     """`--pass backward`: the backward kernels' source and plan; a construct they do not support
     yet is a located spec error (never silently wrong code)."""
     from attngen.plan import bwd as plan_bwd
@@ -186,7 +186,7 @@ def _render_backward(v, arch, text: str, path: str, deterministic: bool, emit: s
     bad = plan_bwd.unsupported(v)
     if bad:
         raise SpecError(bad, text, path)
-    return render_bwd.render_with_plan(v, arch, deterministic=deterministic)
+    return render_bwd.render_with_plan(v, arch, deterministic=deterministic, prefix=prefix)
 
 
 def _bwd_resource_table(res, bp) -> str:
@@ -291,12 +291,10 @@ def _run(args: argparse.Namespace) -> int:
     backward = getattr(args, "pass_", "forward") == "backward"
     if getattr(args, "deterministic", False) and not backward:
         raise _Usage("--deterministic is an option of the backward pass: add --pass backward")
-    if backward and getattr(args, "prefix", None):
-        raise _Usage("--prefix is not available with --pass backward yet (the backward kernels keep the attngen_ prefix)")
     t0 = time.perf_counter()
     try:
         if backward:
-            source, kp = _render_backward(v, arch, text, args.file, bool(getattr(args, "deterministic", False)), emit)
+            source, kp = _render_backward(v, arch, text, args.file, bool(getattr(args, "deterministic", False)), emit, prefix)
         else:
             if v.page_size is not None:
                 from attngen.lang.diagnostics import Diagnostic
