@@ -27,10 +27,10 @@ def meta(*shape, dtype=torch.float16, grad=False):
 class Spy:
     """Records the calls of an op attribute of an AttnOp (and forwards them)."""
 
-    def __init__(self, op, attr):
+    def __init__(self, op, attr, monkeypatch):
         self.inner = getattr(op, attr)
         self.calls = []
-        setattr(op, attr, self)
+        monkeypatch.setattr(op, attr, self)
 
     def __call__(self, *args, **kw):
         self.calls.append((args, kw))
@@ -55,9 +55,9 @@ def test_grad_inputs_and_schemas():
     assert a.name == "tg_nm" and b.name.startswith("tg_nm_bwd_")
 
 
-def test_gradients_only_for_inputs_that_require_grad():
+def test_gradients_only_for_inputs_that_require_grad(monkeypatch):
     op = at.register(LEARN)
-    spy = Spy(op, "bwd_op")
+    spy = Spy(op, "bwd_op", monkeypatch)
     q = meta(2, 4, 33, 64, grad=True)
     k, v = meta(2, 2, 33, 64), meta(2, 2, 33, 64, grad=True)
     bb, sl, rel = meta(4, 33, 33, dtype=torch.float32), meta(4, grad=True), meta(4, 17, dtype=torch.float32, grad=True)
@@ -76,9 +76,9 @@ def test_gradients_only_for_inputs_that_require_grad():
     assert rel.grad.shape == (4, 17) and rel.grad.dtype == torch.float32
 
 
-def test_declared_lse_output_passes_its_gradient():
+def test_declared_lse_output_passes_its_gradient(monkeypatch):
     op = at.register("attention tg_lse2 { dtype bf16; head_dim 64; heads 2; layout bshd; mask causal; output lse }")
-    spy = Spy(op, "bwd_op")
+    spy = Spy(op, "bwd_op", monkeypatch)
     q = meta(1, 17, 2, 64, dtype=torch.bfloat16, grad=True)
     k = meta(1, 17, 2, 64, dtype=torch.bfloat16, grad=True)
     o, lse = op(q, k, k)
@@ -89,9 +89,9 @@ def test_declared_lse_output_passes_its_gradient():
     assert q.grad.shape == q.shape and k.grad.shape == k.shape
 
 
-def test_sink_gradient_is_computed_from_the_saved_lse():
+def test_sink_gradient_is_computed_from_the_saved_lse(monkeypatch):
     op = at.register(EX / "gpt_oss_sinks.attn", "gpt_oss_full")
-    spy = Spy(op, "bwd_op")
+    spy = Spy(op, "bwd_op", monkeypatch)
     q = meta(1, 64, 9, 64, dtype=torch.bfloat16, grad=True)
     kv = meta(1, 8, 9, 64, dtype=torch.bfloat16)
     sinks = meta(64, dtype=torch.float32, grad=True)
@@ -102,9 +102,9 @@ def test_sink_gradient_is_computed_from_the_saved_lse():
     assert sinks.grad.shape == (64,) and sinks.grad.dtype == torch.float32
 
 
-def test_direct_op_call_is_trainable():
+def test_direct_op_call_is_trainable(monkeypatch):
     op = at.register(LEARN)
-    fwd = Spy(op, "fwd_op")
+    fwd = Spy(op, "fwd_op", monkeypatch)
     q = meta(1, 4, 16, 64, grad=True)
     kv = meta(1, 2, 16, 64)
     bb, sl, rel = meta(4, 16, 16, dtype=torch.float32), meta(4), meta(4, 17, dtype=torch.float32, grad=True)
@@ -175,3 +175,22 @@ def test_compile_fullgraph_traces_forward_and_backward():
     assert any("attngen.tg_learn_fwd" in t for t in fwd_targets), fwd_targets
     assert any("attngen.tg_learn_bwd" in t for t in bwd_targets), bwd_targets
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and bb.grad.shape == (4, 40, 40) and rel.grad is None
+
+
+def test_opcheck_on_meta_tensors():
+    """torch.library.opcheck of the three ops on meta tensors (the fake implementations; the GPU
+    suite runs it on real ones): schema, autograd registration, fake tensors, AOT dispatch."""
+    op = at.register(LEARN)
+    args = (meta(1, 4, 40, 64, grad=True), meta(1, 2, 40, 64, grad=True), meta(1, 2, 40, 64, grad=True),
+            meta(4, 40, 40, dtype=torch.float32, grad=True), meta(4, grad=True), torch.empty(1, dtype=torch.int32, device="meta"),
+            meta(4, 17, dtype=torch.float32, grad=True))
+    want = {"test_schema": "SUCCESS", "test_autograd_registration": "SUCCESS", "test_faketensor": "SUCCESS",
+            "test_aot_dispatch_dynamic": "SUCCESS"}
+    assert torch.library.opcheck(op.op, args, {"check_inputs": True}) == want
+    assert torch.library.opcheck(op.fwd_op, args, {"check_inputs": True, "deterministic": True}) == want
+    with torch.no_grad():
+        o, lse = op.fwd_op(*args)
+    plain = tuple(a.detach() for a in args)
+    bargs = (*plain[:3], o, lse, meta(1, 4, 40, 64), None, *plain[3:])
+    got = torch.library.opcheck(op.bwd_op, bargs, {"wrt": 0b101, "deterministic": False})
+    assert got == want, got
