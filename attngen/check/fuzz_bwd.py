@@ -101,8 +101,17 @@ def compare_backward(v: Variant, arrays: Mapping[str, np.ndarray], dO: np.ndarra
     amax = lambda a: float(np.abs(np.asarray(a, dtype=np.float64)).max()) if np.size(a) else 0.0  # noqa: E731
     atol = tolerance.grad_atol(v.dtype, q_max=amax(q), k_max=amax(k), v_max=amax(vv), do_max=amax(dO.astype(np.float64)),
                                value_head_dim=v.value_head_dim, scale=v.effective_scale, residual=v.residual)
-    reps = [tolerance.check_grad(got[n], want[n], v.dtype, n, atol=atol if n in ("dq", "dk", "dv") else 0.0)
-            for n in ("dq", "dk", "dv", *wrt)]
+    B = np.shape(q)[0]
+    Lq, Lk = want["dq"].size // (B * v.heads * v.head_dim), want["dk"].size // (B * v.kv_heads * v.head_dim)
+    o_max = amax(vv) + (amax(q) if v.residual else 0.0)
+
+    def floor(n: str) -> float:
+        if n in ("dq", "dk", "dv"):
+            return atol
+        return tolerance.param_grad_atol(do_max=amax(dO.astype(np.float64)), o_max=o_max,
+                                         contributions=B * v.heads * Lq * Lk / max(1, np.size(want[n])))
+
+    reps = [tolerance.check_grad(got[n], want[n], v.dtype, n, atol=floor(n)) for n in ("dq", "dk", "dv", *wrt)]
     masked = _masked_rows(v, arrays)
     if masked.any() and not v.residual:
         dq = got["dq"] if v.layout == Layout.BHSD else np.swapaxes(got["dq"], 1, 2)

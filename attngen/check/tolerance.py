@@ -275,6 +275,14 @@ def grad_atol(dtype: DType | str, *, q_max: float, k_max: float, v_max: float, d
     return (1e-5 + 2 * _ULP[d] * math.sqrt(value_head_dim)) * do_max * (1 + o_max) * (1 + abs(scale) * (q_max + k_max))
 
 
+def param_grad_atol(*, do_max: float, o_max: float, contributions: float) -> float:
+    """The absolute floor of a learnable input's gradient: each element is a sum of dS terms
+    (fp32 atomics, `contributions` of them on average) that can cancel exactly in the reference
+    (one visible key: dS = 0), while the kernel keeps fp32 roundoff of dO.v - rowsum(dO * O) per
+    term, ~1e-5 |dO| (1 + |O|) at most, summed like a random walk."""
+    return 1e-5 * do_max * (1 + o_max) * math.sqrt(max(1.0, contributions))
+
+
 def check_grad(out: object, ref: object, dtype: DType | str, what: str, *, atol: float = 0.0) -> Report:
     """Compare a gradient with the float64 reference backward: every element within
     GRAD_MAX_ABS[dtype] x max|ref| + atol; NaN or Inf never pass. The relative L2 error is

@@ -220,7 +220,8 @@ class AttnOp:
     # attngen::<name>_fwd and its backward
 
     def _impl_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
-        arrays, (check_inputs,) = _trailing(rest, kw, len(self.input_names), {"check_inputs": True})
+        arrays, (check_inputs, _deterministic) = _trailing(rest, kw, len(self.input_names),
+                                                           {"check_inputs": True, "deterministic": False})
         o, lse = self._launch(self.train_kernel(), q, k, v, arrays, self.input_names, check_inputs)
         return o, lse
 

@@ -194,3 +194,68 @@ def test_opcheck_on_meta_tensors():
     bargs = (*plain[:3], o, lse, meta(1, 4, 40, 64), None, *plain[3:])
     got = torch.library.opcheck(op.bwd_op, bargs, {"wrt": 0b101, "deterministic": False})
     assert got == want, got
+
+
+class _StubKernel:
+    """Stands in for a compiled forward kernel on CPU tensors: dense attention in torch (causal
+    GQA, the LSE), through the same `_run` entry point the ops call."""
+
+    class plan:  # noqa: N801
+        class problem:  # noqa: N801
+            sorted_inputs = ()
+
+    def __init__(self, v):
+        self.variant = v
+        self.runs = []
+
+    def _run(self, q, k, v, out, lse, stream, check_inputs, inputs, defer):
+        self.runs.append((check_inputs, sorted(inputs), defer))
+        g = q.shape[1] // k.shape[1]
+        s = (q.float() @ k.float().repeat_interleave(g, 1).transpose(-1, -2)) * self.variant.effective_scale
+        L = q.shape[2]
+        s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        o = (torch.softmax(s, -1) @ v.float().repeat_interleave(g, 1)).to(q.dtype)
+        return (o, torch.logsumexp(s, -1)) if self.variant.lse else o
+
+
+def test_real_implementations_on_cpu_with_stub_kernels(monkeypatch):
+    """The ops' real (non-fake) implementations and their argument plumbing, with the kernels
+    replaced by stubs: every call convention the dispatcher uses reaches them whole."""
+    from attngen.runtime import bwd as runtime_bwd
+
+    op = at.register(LEARN)
+    stub = _StubKernel(op.train_variant)
+    monkeypatch.setattr(op, "train_kernel", lambda: stub)
+    calls = []
+
+    def fake_backward(kernel, q, k, v, dO, **kw):
+        calls.append((kernel, sorted(kw)))
+        grads = (torch.full_like(q, 1.0), torch.full_like(k, 2.0), torch.full_like(v, 3.0))
+        if kw.get("wrt"):
+            return (*grads, {n: torch.full(kw[n].shape, 4.0) for n in kw["wrt"]})
+        return grads
+
+    monkeypatch.setattr(runtime_bwd, "backward", fake_backward)
+    q = torch.randn(1, 4, 12, 64).half().requires_grad_()
+    k, v = torch.randn(1, 2, 12, 64).half().requires_grad_(), torch.randn(1, 2, 12, 64).half()
+    bb, sl, rel = torch.zeros(4, 12, 12), torch.zeros(4, requires_grad=True), torch.zeros(4, 17)
+    lens = torch.full((1,), 12, dtype=torch.int32)
+    for det in (False, True):
+        q.grad = k.grad = sl.grad = None
+        o = op(q, k, v, bb, sl, lens, rel, deterministic=det)
+        assert o.shape == q.shape and o.dtype == torch.float16
+        o.float().sum().backward()
+        kernel, kw = calls[-1]
+        assert kernel is stub and "lse" in kw and "o" in kw and kw.count("wrt") == 1
+        assert torch.equal(q.grad, torch.ones_like(q)) and torch.equal(k.grad, torch.full_like(k, 2.0))
+        assert v.grad is None and torch.equal(sl.grad, torch.full((4,), 4.0))
+    assert stub.runs[-1] == (True, ["bb", "lens", "rel", "sl"], True)
+    plain = _StubKernel(op.variant)
+    monkeypatch.setattr(op, "kernel", lambda: plain)
+    q.grad = None
+    o = torch.ops.attngen.tg_learn(q, k, v, bb, sl, lens, rel, check_inputs=False)
+    assert plain.runs == [(False, ["bb", "lens", "rel", "sl"], True)] and o.shape == q.shape
+    n_fwd = len(stub.runs)
+    o.float().sum().backward()
+    assert len(stub.runs) == n_fwd + 1 and stub.runs[-1][0] is False  # the LSE-saving forward reran
+    assert torch.equal(q.grad, torch.ones_like(q))
