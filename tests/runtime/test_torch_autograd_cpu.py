@@ -259,3 +259,33 @@ def test_real_implementations_on_cpu_with_stub_kernels(monkeypatch):
     o.float().sum().backward()
     assert len(stub.runs) == n_fwd + 1 and stub.runs[-1][0] is False  # the LSE-saving forward reran
     assert torch.equal(q.grad, torch.ones_like(q))
+
+
+@pytest.mark.parametrize("variant", ["gpt_oss_full", "gpt_oss_sliding"])
+def test_sink_gradient_formula_matches_the_reference_backward(variant):
+    """The sink gradient computed in torch from O, the LSE and dO (AttnOp._sink_grad) against the
+    float64 reference backward's, on the reference's own forward (rows with nothing visible
+    included: padding is not in these specs, so a short window leaves none; B=2, Lq=Lk=33)."""
+    import dataclasses
+
+    import numpy as np
+
+    from attngen.check import fuzz, reference, reference_bwd
+
+    op = at.register(EX / "gpt_oss_sinks.attn", variant)
+    v = op.variant
+    arrays = fuzz.case_inputs(v, fuzz.Case(B=2, Lq=33, Lk=33, seed=3))
+    arrays["sinks"] = np.random.default_rng(4).normal(size=arrays["sinks"].shape).astype(np.float32)
+    q, k, vv, rest = fuzz.split_inputs(arrays)
+    o, lse = reference.attention(dataclasses.replace(v, lse=True), q, k, vv, rest)
+    dO = np.random.default_rng(5).normal(size=np.shape(o))
+    want = reference_bwd.attention_backward(v, q, k, vv, rest, dO, wrt=("sinks",))["sinks"]
+    t = lambda a: torch.tensor(np.asarray(a, dtype=np.float64))  # noqa: E731
+    got = op._sink_grad(t(q), t(o), t(lse), t(dO), None, t(arrays["sinks"]))
+    assert got.shape == (v.heads,)
+    np.testing.assert_allclose(got.numpy(), want, rtol=2e-2, atol=1e-6 * float(np.abs(want).max()))
+    # With a gradient at the LSE too: d lse / d sink = P_sink.
+    dl = np.random.default_rng(6).normal(size=np.shape(lse))
+    got2 = op._sink_grad(t(q), t(o), t(lse), t(dO), t(dl), t(arrays["sinks"]))
+    psink = np.exp(arrays["sinks"].astype(np.float64)[None, :, None] - lse)
+    np.testing.assert_allclose((got2 - got).numpy(), (psink * dl).sum(axis=(0, 2)), rtol=1e-9)
