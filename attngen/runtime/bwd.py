@@ -9,7 +9,11 @@ The forward's O and LSE are what the backward reads (P is recomputed from the LS
 forward of the same variant with `output lse` runs first. Arrays are checked before any launch, as
 the forward checks them: wrong shapes, dtypes, devices or layouts are a ValueError saying what was
 expected. Arrays are CuPy arrays (bf16 as uint16 bit patterns) or torch CUDA tensors; the
-gradients come back in the library of q, contiguous, in the shapes of q, k, v.
+gradients come back in the library of q, contiguous, in the shapes of q, k, v. With torch tensors
+the workspaces come from torch's allocator on the launch stream (so a CUDA graph can capture the
+backward). `q_offset`, `kv_offset`, `Lq_total`, `Lk_total` place the call in a longer sequence as in
+the forward call; `dlse` adds a gradient at the LSE output. `attngen.torch` builds its autograd on
+this function (attngen/runtime/torch_op.py).
 """
 
 from __future__ import annotations
