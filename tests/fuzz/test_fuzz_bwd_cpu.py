@@ -106,3 +106,19 @@ def test_every_supported_example_passes_the_reference_checks(path):
             continue
         arrays, dO = fuzz_bwd.backward_inputs(v, fuzz.Case(B=2, Lq=7, Lk=11 if v.kind.value == "cross" else 7, seed=2))
         assert fuzz_bwd.reference_problems(v, arrays, dO, fuzz_bwd.wrt_names(v)) == []
+
+
+def test_specs_backward_nvcc_failure_is_reported(tmp_path, monkeypatch):
+    from attngen.cuda import nvcc_check
+
+    seen = []
+
+    def broken(source, arch, timeout_s=0):
+        seen.append(arch.value)
+        return f"nvcc for {arch.value} failed: boom"
+
+    monkeypatch.setattr(nvcc_check, "compile_check", broken)
+    out, = fuzz_bwd.fuzz_specs_backward(gpu=False, max_examples=10, seconds=None, seed=5, out_dir=str(tmp_path), quiet=True, nvcc_jobs=1)
+    assert seen and set(seen) <= {"sm_90a", "sm_80"}
+    assert out.failure and "backward source(s) do not compile" in out.failure and "boom" in out.failure
+    assert any(n.startswith("backward nvcc: 0 of ") for n in out.notes)
