@@ -1136,6 +1136,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--specs: compile every accepted spec with nvcc (sm_90a and sm_80); the default when nvcc is on the PATH")
     p.add_argument("--no-nvcc", dest="nvcc", action="store_false", help="--specs: skip the nvcc step")
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc compiles (default: the CPU count)")
+    p.add_argument("--pass", dest="pass_", choices=["forward", "backward", "both"], default=None,
+                   help="FILE: forward (default) or backward (attngen.check.fuzz_bwd); --specs: both (default)")
     return p
 
 
@@ -1162,8 +1164,14 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         checker = (nvcc_check.NvccChecker(jobs=args.jobs or nvcc_check.default_jobs(), out_dir=out_dir, report_every=50)
                    if use_nvcc else None)
-        outcomes = fuzz_specs(gpu=gpu, max_examples=n, seconds=args.seconds, seed=seed, out_dir=out_dir,
-                              nvcc=checker)
+        which = getattr(args, "pass_", None) or "both"
+        outcomes = [] if which == "backward" else fuzz_specs(gpu=gpu, max_examples=n, seconds=args.seconds, seed=seed,
+                                                             out_dir=out_dir, nvcc=checker)
+        if which != "forward":  # the backward pass: attngen.check.fuzz_bwd
+            from attngen.check import fuzz_bwd
+
+            outcomes += fuzz_bwd.fuzz_specs_backward(gpu=gpu, max_examples=max(1, n // 4), seconds=args.seconds and args.seconds / 4,
+                                                     seed=seed, out_dir=out_dir, nvcc_jobs=(args.jobs or nvcc_check.default_jobs()) if use_nvcc else 0)
     else:
         if not args.file:
             print("attngen fuzz: error: expected FILE (or --specs)", file=sys.stderr)
@@ -1188,8 +1196,16 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         n = args.max_examples or (100 if gpu else 30)
         per = None if args.seconds is None else args.seconds / len(variants)
-        outcomes = [fuzz_variant(v, text, gpu=gpu, max_examples=n, seconds=per, seed=seed, out_dir=out_dir)
-                    for v in variants]
+        if getattr(args, "pass_", None) in ("backward", "both"):  # attngen.check.fuzz_bwd
+            from attngen.check import fuzz_bwd
+
+            outcomes = [fuzz_bwd.fuzz_backward_variant(v, text, gpu=gpu, max_examples=n, seconds=per, seed=seed, out_dir=out_dir)
+                        for v in variants]
+        else:
+            outcomes = []
+        if getattr(args, "pass_", None) != "backward":
+            outcomes = [fuzz_variant(v, text, gpu=gpu, max_examples=n, seconds=per, seed=seed, out_dir=out_dir)
+                        for v in variants] + outcomes
     failed = [o for o in outcomes if o.failure]
     for o in failed:
         print(f"\nFAIL {o.label} after {o.examples} examples:\n{o.failure}", file=sys.stderr)

@@ -257,6 +257,70 @@ def _check_lse(o: np.ndarray, r: np.ndarray, tol: Tolerance, dtype: DType | str,
                   float(bound.max()) if n else 0.0, n, n_nan, n_bad, worst, wo, wr, tuple(reasons))
 
 
+# Gradients (the backward pass; tests/gpu/test_gpu_backward.py measured these on the H200): the
+# max error over max|ref| per dtype -- fp32 sums in every engine, so half-precision inputs, the
+# rounded O that enters delta = rowsum(dO * O) and the rounded gradients dominate -- plus an
+# absolute floor `grad_atol` for gradients that cancel to ~0 (one visible key: dS = 0 exactly).
+GRAD_MAX_ABS: dict[DType, float] = {DType.FP32: 2e-3, DType.FP16: 1.5e-2, DType.BF16: 4e-2}
+_ULP = {DType.FP32: 2.0**-24, DType.FP16: 2.0**-11, DType.BF16: 2.0**-8}
+
+
+def grad_atol(dtype: DType | str, *, q_max: float, k_max: float, v_max: float, do_max: float, value_head_dim: int,
+              scale: float, residual: bool = False) -> float:
+    """The absolute floor of the gradient bound: delta = rowsum(dO * O) reads O rounded to the
+    dtype (with a residual O = O' + q, rounded), so dS carries |dO| |O| ulp sqrt(Dv), times scale
+    |q|, |k| in dk, dq; plus fp32 roundoff of the same products."""
+    d = dtype if isinstance(dtype, DType) else DType(str(dtype))
+    o_max = v_max + (q_max if residual else 0.0)
+    return (1e-5 + 2 * _ULP[d] * math.sqrt(value_head_dim)) * do_max * (1 + o_max) * (1 + abs(scale) * (q_max + k_max))
+
+
+def param_grad_atol(*, do_max: float, o_max: float, contributions: float) -> float:
+    """The absolute floor of a learnable input's gradient: each element is a sum of dS terms
+    (fp32 atomics, `contributions` of them on average) that can cancel exactly in the reference
+    (one visible key: dS = 0), while the kernel keeps fp32 roundoff of dO.v - rowsum(dO * O) per
+    term, ~1e-5 |dO| (1 + |O|) at most, summed like a random walk."""
+    return 1e-5 * do_max * (1 + o_max) * math.sqrt(max(1.0, contributions))
+
+
+def check_grad(out: object, ref: object, dtype: DType | str, what: str, *, atol: float = 0.0) -> Report:
+    """Compare a gradient with the float64 reference backward: every element within
+    GRAD_MAX_ABS[dtype] x max|ref| + atol; NaN or Inf never pass. The relative L2 error is
+    reported, not bounded (its bound is inf)."""
+    d = dtype if isinstance(dtype, DType) else DType(str(dtype))
+    o, r = _f64(out), _f64(ref)
+    reasons: list[str] = []
+    if o.shape != r.shape:
+        return Report(what, _dtype_name(d), False, math.inf, math.inf, math.inf, 0.0, int(r.size), 0, int(r.size),
+                      None, math.nan, math.nan, (f"shape {o.shape} != reference shape {r.shape}",))
+    n = int(r.size)
+    with np.errstate(invalid="ignore", over="ignore"):
+        bad_out = ~np.isfinite(o)
+        n_nan = int(np.isnan(o).sum())
+        if bad_out.any():
+            reasons.append(f"{int(bad_out.sum())} NaN/Inf in the gradient")
+        if not np.isfinite(r).all():
+            reasons.append("the reference gradient is not finite (a reference bug)")
+        diff = np.where(bad_out, math.inf, np.abs(o - r))
+        ref_max = float(np.abs(r).max()) if n else 0.0
+        bound = GRAD_MAX_ABS[d] * ref_max + atol
+        over = diff > bound
+        fin = np.where(np.isfinite(diff), diff, 0.0)
+        ref_norm = float(np.sqrt((r * r).sum())) if n else 0.0
+        err_norm = float(np.sqrt((fin * fin).sum()))
+    rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    max_abs = float(diff.max()) if n else 0.0
+    if over.any() and not bad_out.any():
+        reasons.append(f"max abs error {max_abs:.3g} exceeds {bound:.3g} (= {GRAD_MAX_ABS[d]:.3g} x max|ref| {ref_max:.3g} + {atol:.3g})")
+    worst = None
+    wo = wr = math.nan
+    if n:
+        worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), r.shape))
+        wo, wr = float(o[worst]), float(r[worst])
+    return Report(what, _dtype_name(d), not reasons, rel, max_abs, math.inf, bound, n, n_nan, int(over.sum()),
+                  worst, wo, wr, tuple(reasons))
+
+
 def assert_close(out: object, ref: object, dtype: DType | str, what: str = "O", *, score_err: float = 0.0) -> Report:
     """`check` (or `check_lse` when `what` starts with 'LSE'), raising AssertionError with the
     summary when the comparison fails; returns the report when it passes."""

@@ -14,7 +14,7 @@ from attngen.analysis import derivative
 from attngen.ir.nodes import NormKind, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan.bwd import PRE_THREADS, BwdPlan, plan
-from attngen.cuda.render import _environment, _expr_text, _spec_text, _tensor_ctx
+from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
 
@@ -64,10 +64,24 @@ def _param_grads(v: Variant, elem: ElementEmitter) -> list[dict]:
     return list(out.values())
 
 
-def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) -> tuple[str, BwdPlan]:
+def with_prefix(bp: BwdPlan, v: Variant, prefix: str) -> BwdPlan:
+    """The plan with every symbol (namespace, kernels, launcher) under `{prefix}_{variant}_bwd`
+    instead of the default prefix's, as `attngen compile --prefix` does for the forward."""
+    import dataclasses
+
+    if prefix == DEFAULT_PREFIX:
+        return bp
+    old, new = bp.base_name, kernel_name(v, prefix) + "_bwd"
+    kernels = tuple(dataclasses.replace(k, name=new + k.name[len(old):]) for k in bp.kernels)
+    return dataclasses.replace(bp, base_name=new, kernels=kernels)
+
+
+def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False,
+                     prefix: str = DEFAULT_PREFIX) -> tuple[str, BwdPlan]:
     """The complete backward `.cu` source for one variant, and its plan. ValueError when the
-    backward kernels do not support a construct of the variant (`plan_bwd.unsupported`)."""
-    bp = plan(v, arch, deterministic=deterministic)
+    backward kernels do not support a construct of the variant (`plan_bwd.unsupported`), or
+    `prefix` is not a C identifier."""
+    bp = with_prefix(plan(v, arch, deterministic=deterministic), v, prefix)
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
     elem = ElementEmitter(consts, fast_math=False)  # libm accuracy: the gradients are fp32 sums
@@ -109,9 +123,9 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
     return src, bp
 
 
-def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) -> str:
+def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, prefix: str = DEFAULT_PREFIX) -> str:
     """The backward `.cu` source (see `render_with_plan`)."""
-    return render_with_plan(v, arch, deterministic=deterministic)[0]
+    return render_with_plan(v, arch, deterministic=deterministic, prefix=prefix)[0]
 
 
-__all__ = ["render", "render_with_plan"]
+__all__ = ["render", "render_with_plan", "with_prefix"]

@@ -9,7 +9,11 @@ The forward's O and LSE are what the backward reads (P is recomputed from the LS
 forward of the same variant with `output lse` runs first. Arrays are checked before any launch, as
 the forward checks them: wrong shapes, dtypes, devices or layouts are a ValueError saying what was
 expected. Arrays are CuPy arrays (bf16 as uint16 bit patterns) or torch CUDA tensors; the
-gradients come back in the library of q, contiguous, in the shapes of q, k, v.
+gradients come back in the library of q, contiguous, in the shapes of q, k, v. With torch tensors
+the workspaces come from torch's allocator on the launch stream (so a CUDA graph can capture the
+backward). `q_offset`, `kv_offset`, `Lq_total`, `Lk_total` place the call in a longer sequence as in
+the forward call; `dlse` adds a gradient at the LSE output. `attngen.torch` builds its autograd on
+this function (attngen/runtime/torch_op.py).
 """
 
 from __future__ import annotations
@@ -87,6 +91,18 @@ def _forward_with_lse(kernel: Any):
     return runtime.compile(dataclasses.replace(v, lse=True, nan_check=False), arch=kernel.plan.arch)
 
 
+def _torch_stream(ptr: int, device: Any) -> Any:
+    """torch's allocations and ops on the launch stream: nothing to switch when it is torch's
+    current stream (the autograd case, also under CUDA-graph capture), else that stream."""
+    import contextlib
+
+    import torch
+
+    if torch.cuda.current_stream(device).cuda_stream == ptr:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(ptr, device=device))
+
+
 def backward(
     kernel: Any,
     q: Any,
@@ -99,11 +115,21 @@ def backward(
     deterministic: bool = False,
     wrt: tuple[str, ...] = (),
     stream: Any = None,
+    dlse: Any = None,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    Lq_total: int | None = None,
+    Lk_total: int | None = None,
     **inputs: Any,
 ) -> tuple[Any, ...]:
     """(dq, dk, dv) for a compiled forward `kernel` (attngen.compile); see the module doc. With
     `wrt` naming score inputs (`plan_bwd.learnable`: bias, alibi slopes, rel_bias tables, float
-    lookups), (dq, dk, dv, {name: gradient}) with each gradient fp32 in its input's shape."""
+    lookups), (dq, dk, dv, {name: gradient}) with each gradient fp32 in its input's shape.
+
+    `dlse` (fp32 [B, H, Lq], contiguous): a gradient at the LSE output as well, for a loss that
+    reads the LSE (d LSE/d s = P, so it enters as delta - dlse). `q_offset`, `kv_offset`,
+    `Lq_total`, `Lk_total` place the call in a longer sequence exactly as in the forward call
+    (`abi.Positions`); pass the same values the forward got."""
     import cupy
     import numpy as np
 
@@ -121,12 +147,15 @@ def backward(
     for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ado, "dO")):
         runtime._check_dtype(a, var.dtype, n)
     given = {name: runtime._view(x, name) for name, x in inputs.items()}
+    placed = abi.Positions(q_offset, kv_offset, Lq_total, Lk_total)
     sizes = abi.bind_sizes(
         var, aq.shape, ak.shape, av.shape,
         {n: (a.shape, runtime._dtype_name_for_abi(a, next((d.dtype for d in var.runtime_inputs() if d.name == n), DType.I32)))
          for n, a in given.items()},
+        positions=placed,
     )
     B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
+    pos = placed.resolve(Lq, Lk)
     o_shape = tuple(abi.o_shape(var, B, Lq))
     if ado.shape != o_shape:
         raise ValueError(f"dO: expected the output's shape {o_shape}, got {ado.shape}")
@@ -137,13 +166,21 @@ def backward(
     if (o is None) != (lse is None):
         raise ValueError("o, lse: expected both (the forward's saved output and LSE) or neither, got one")
     if o is None:
-        o, lse = _forward_with_lse(kernel)(q, k, v, stream=stream, **inputs)
+        where = {} if placed.is_plain else dict(q_offset=q_offset, kv_offset=kv_offset, Lq_total=Lq_total, Lk_total=Lk_total)
+        o, lse = _forward_with_lse(kernel)(q, k, v, stream=stream, **where, **inputs)
     ao, al = runtime._view(o, "o"), runtime._view(lse, "lse")
     runtime._check_dtype(ao, var.dtype, "o")
     if ao.shape != o_shape:
         raise ValueError(f"o: expected shape {o_shape}, got {ao.shape}")
     if al.dtype != "float32" or al.shape != (B, var.heads, Lq) or al.strides != (var.heads * Lq, Lq, 1):
         raise ValueError(f"lse: expected a contiguous float32 array of shape {(B, var.heads, Lq)}, got {al.dtype} {al.shape} strides {al.strides}")
+    adl = None
+    if dlse is not None:
+        adl = runtime._view(dlse, "dlse")
+        if adl.dtype != "float32" or adl.shape != (B, var.heads, Lq) or adl.strides != (var.heads * Lq, Lq, 1):
+            raise ValueError(f"dlse: expected a contiguous float32 array of shape {(B, var.heads, Lq)}, got {adl.dtype} {adl.shape} strides {adl.strides}")
+        if adl.is_torch != aq.is_torch or adl.device != dev:
+            raise ValueError(f"dlse: expected a {'torch tensor' if aq.is_torch else 'CuPy array'} on cuda:{dev} like q")
 
     def strides3(a, name: str) -> tuple[int, int, int]:
         if a.strides[-1] != 1:
@@ -167,16 +204,39 @@ def backward(
     agq, agk, agv = (runtime._view(g, n) for g, n in zip(grads, ("dq", "dk", "dv")))
     bp = bk.plan
     elem = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[var.dtype]
-    with stream:  # workspaces in the launch stream's order (they grow with B*L, never Lq*Lk)
-        delta = cupy.empty(B * var.heads * Lq, dtype=cupy.float32)
-        ws_dq = cupy.empty(B * var.heads * Lq * var.head_dim, dtype=cupy.float32)
-        ws = {"ws_q": cupy.empty(B * var.heads * Lq * var.head_dim, dtype=elem) if bp.q_norm else None,
-              "ws_k": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=elem) if bp.k_norm else None,
-              "ws_dk": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=cupy.float32) if bp.k_norm else None}
+    # Workspaces in the launch stream's order (they grow with B*L, never Lq*Lk), from the caller's
+    # library: torch's caching allocator is CUDA-graph aware, so a captured backward allocates
+    # from the graph's pool instead of calling cudaMalloc inside the capture.
+    if aq.is_torch:
+        import torch
+
+        tdev = aq.obj.device
+        with _torch_stream(stream.ptr, tdev):
+            def alloc(n: int, fp32: bool) -> Any:
+                dt = torch.float32 if fp32 else {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}[var.dtype]
+                return torch.empty(n, dtype=dt, device=tdev)
+
+            delta = alloc(B * var.heads * Lq, True)
+            ws_dq = alloc(B * var.heads * Lq * var.head_dim, True)
+            ws = {"ws_q": alloc(B * var.heads * Lq * var.head_dim, False) if bp.q_norm else None,
+                  "ws_k": alloc(B * var.kv_heads * Lk * var.head_dim, False) if bp.k_norm else None,
+                  "ws_dk": alloc(B * var.kv_heads * Lk * var.head_dim, True) if bp.k_norm else None}
+    else:
+        with stream:
+            delta = cupy.empty(B * var.heads * Lq, dtype=cupy.float32)
+            ws_dq = cupy.empty(B * var.heads * Lq * var.head_dim, dtype=cupy.float32)
+            ws = {"ws_q": cupy.empty(B * var.heads * Lq * var.head_dim, dtype=elem) if bp.q_norm else None,
+                  "ws_k": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=elem) if bp.k_norm else None,
+                  "ws_dk": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=cupy.float32) if bp.k_norm else None}
+
+    def ptr(a: Any) -> np.uint64:
+        return np.uint64(a.data_ptr() if aq.is_torch else a.data.ptr)
+
     args: list[Any] = [np.uint64(a.ptr) for a in (aq, ak, av, ao, ado, al, agq, agk, agv)]
-    args += [np.uint64(delta.data.ptr), np.uint64(ws_dq.data.ptr)]
-    args += [np.uint64(ws[f.name].data.ptr) for f in bp.fields if f.name in ws]
-    args += [np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(0), np.int32(0), np.int32(Lq), np.int32(Lk)]  # whole sequences
+    args += [ptr(delta), ptr(ws_dq)]
+    args += [ptr(ws[f.name]) for f in bp.fields if f.name in ws]
+    args += [np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(pos.q_offset), np.int32(pos.kv_offset),
+             np.int32(pos.Lq_total), np.int32(pos.Lk_total)]
     for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ao, "o"), (ado, "dO"), (agq, "dq"), (agk, "dk"), (agv, "dv")):
         args += [np.int64(s) for s in strides3(a, n)]
     for d in var.runtime_inputs():
@@ -194,7 +254,7 @@ def backward(
             if aq.is_torch:
                 import torch
 
-                with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=aq.obj.device)):
+                with _torch_stream(stream.ptr, aq.obj.device):
                     param_grads[name] = torch.zeros(shape, dtype=torch.float32, device=aq.obj.device)
             else:
                 with stream:
@@ -205,6 +265,14 @@ def backward(
     for kern in bp.kernels:
         grid = bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim)
         bk.functions[kern.func](grid, (kern.threads,), tuple(args), shared_mem=kern.smem, stream=stream)
+        if kern.func == "ag_bwd_pre" and adl is not None:
+            # A loss that reads the LSE: dS = P * (dP - delta) + P * dlse = P * (dP - (delta - dlse)).
+            if aq.is_torch:
+                with _torch_stream(stream.ptr, tdev):
+                    delta.sub_(adl.obj.reshape(-1))
+            else:
+                with stream:
+                    delta -= adl.obj.reshape(-1)
     # The workspaces were allocated in the launch stream's order: dropping them here is safe.
     if wrt:
         return grads[0], grads[1], grads[2], {n: param_grads[n] for n in wrt}

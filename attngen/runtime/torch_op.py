@@ -17,13 +17,27 @@ break and `torch.library.opcheck` passes. The op never synchronises the host:
   call, which syncs the stream for variants that have sorted inputs; under capture the check kernel
   is captured too and its error surfaces like nan_check's, at `raise_pending()`.
 
-Autograd: no backward yet. An input that requires grad raises ValueError at the call (before any
-device work through `Attention`/the callable; at the op's autograd setup for direct
-`torch.ops.attngen.*` calls): the gradient is never silently dropped.
+Autograd: every op is trainable (`register_autograd`). Called through `op(...)` or `Attention`
+with an input that requires grad, the forward runs `attngen::<name>_fwd`, the same kernel built
+to also write the LSE (the user still sees o, or (o, lse) when the spec declares `output lse`), and
+saves q, k, v, o, the LSE and the runtime inputs; the backward, `attngen::<name>_bwd`, runs the
+backward kernels on torch's current stream with no host sync (workspaces from torch's
+allocator, so fwd + bwd can be captured in a CUDA graph). A direct `torch.ops.attngen.<name>`
+call is trainable too; when the spec does not declare `output lse` its backward first reruns the
+LSE-saving forward (one extra forward), so prefer the callable. Gradients: q, k, v; the score
+inputs the backward differentiates (`bias`, `alibi` slopes, `rel_bias` tables, float lookups in
+custom scores), the q/k pre-norms' weights and biases, and `sink` logits, each in its input's
+dtype when that input requires grad. Other runtime inputs get None (integers; a float input read
+only by the mask is piecewise constant: its gradient is zero). A loss that reads the declared LSE
+output gets that path too. Constructs the backward kernels refuse (`plan.bwd.unsupported`: the o
+post-norm, a token-scope q norm, a paged cache) raise ValueError at the forward call when an input
+requires grad, never a silently wrong or missing gradient. `deterministic=True` (the callable,
+`Attention`) gives a bitwise reproducible dQ.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from typing import Any
@@ -41,57 +55,117 @@ _NAMES: dict[str, tuple[Variant, str]] = {}
 _TORCH_DTYPES = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
 
 
-def _grad_error(name: str, which: list[str]) -> ValueError:
-    return ValueError(
-        f"attngen::{name}: {', '.join(which)} require{'s' if len(which) == 1 else ''} grad, but attngen has no backward "
-        f"kernels yet; pass tensors that do not require grad (detach() them, or call under torch.no_grad())")
-
-
 def _op_name(v: Variant, arch: str) -> str:
     """A name unique to (variant, arch): the variant's own where it is free, else with a hash."""
     base = v.name if v.name.isidentifier() else "v_" + "".join(c if c.isalnum() else "_" for c in v.name)
-    taken = _NAMES.get(base)
-    if taken is None or taken == (v, arch):
+    # Each variant takes three names: <name>, <name>_fwd and <name>_bwd.
+    if all(_NAMES.get(n) in (None, (v, arch)) for n in (base, f"{base}_fwd", f"{base}_bwd")):
         return base
     return f"{base}_{hashlib.sha256(repr((v, arch)).encode()).hexdigest()[:10]}"
+
+
+def grad_inputs(v: Variant) -> tuple[str, ...]:
+    """The runtime inputs a call can return gradients for, in ABI order: what the backward kernels
+    differentiate (`plan.bwd.learnable`, `plan.bwd.norm_params`) and the `sink` logits (from the
+    saved LSE, in torch)."""
+    from attngen.plan import bwd as plan_bwd
+
+    names = set(plan_bwd.learnable(v)) | set(plan_bwd.norm_params(v)) | ({v.sink} if v.sink else set())
+    return tuple(d.name for d in v.runtime_inputs() if d.name in names)
+
+
+def backward_refusal(v: Variant) -> str | None:
+    """Why the backward kernels cannot differentiate `v` (None when they can)."""
+    from attngen.plan import bwd as plan_bwd
+
+    bad = plan_bwd.unsupported(v)
+    if not bad:
+        return None
+    return "; ".join(d.message.removeprefix("--pass backward: ") for d in bad)
+
+
+def _trailing(rest: tuple[Any, ...], kw: dict[str, Any], n: int, defaults: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """(the n runtime inputs, the trailing scalars in `defaults`' order) of an op call: the
+    dispatcher hands arguments left at their default value over as keywords, or not at all."""
+    arrays, tail = list(rest[:n]), list(rest[n:])
+    for i, (name, default) in enumerate(defaults.items()):
+        if i >= len(tail):
+            tail.append(kw.get(name, default))
+    return arrays, tail
 
 
 class AttnOp:
     """One variant registered as `torch.ops.attngen.<name>`; call it like the op:
     `op(q, k, v, *runtime_inputs, check_inputs=True)` (runtime inputs in ABI order, `input_names`).
-    Returns o, or (o, lse) when the spec asks for the LSE."""
+    Returns o, or (o, lse) when the spec asks for the LSE; differentiable (see the module doc)."""
 
     def __init__(self, v: Variant, arch: str | None) -> None:
         self.variant = v
         self.arch = arch
         self.input_names = tuple(d.name for d in v.runtime_inputs())
+        self.grad_names = grad_inputs(v)
+        self.refusal = backward_refusal(v)
+        # The forward that saves the LSE for the backward: the variant itself when it declares
+        # `output lse`, else the same variant built to write it (the user's outputs unchanged).
+        self.train_variant = v if v.lse else dataclasses.replace(v, lse=True)
         self.name = _op_name(v, arch or "")
-        self._kernel: runtime.Kernel | None = None
+        self._kernel: Any = None
+        self._train_kernel: Any = None
         ins = "".join(f", Tensor {n}" for n in self.input_names)
         ret = "(Tensor, Tensor)" if v.lse else "Tensor"
-        schema = f"(Tensor q, Tensor k, Tensor v{ins}, bool check_inputs=True) -> {ret}"
         qualname = f"attngen::{self.name}"
-        self.op_def = torch.library.custom_op(qualname, self._impl, mutates_args=(), schema=schema)
+        self.op_def = torch.library.custom_op(
+            qualname, self._impl, mutates_args=(), schema=f"(Tensor q, Tensor k, Tensor v{ins}, bool check_inputs=True) -> {ret}")
         self.op_def.register_fake(self._fake)
-        self.op_def.register_autograd(self._no_backward, setup_context=self._refuse_grad)
+        self.op_def.register_autograd(self._backward_public, setup_context=self._setup_public)
         self.op = getattr(torch.ops.attngen, self.name).default
+        # attngen::<name>_fwd: o and the LSE, always; `deterministic` only rides along to the backward.
+        self.fwd_def = torch.library.custom_op(
+            f"{qualname}_fwd", self._impl_fwd, mutates_args=(),
+            schema=f"(Tensor q, Tensor k, Tensor v{ins}, bool check_inputs=True, bool deterministic=False) -> (Tensor, Tensor)")
+        self.fwd_def.register_fake(self._fake_fwd)
+        self.fwd_def.register_autograd(self._backward_fwd, setup_context=self._setup_fwd)
+        self.fwd_op = getattr(torch.ops.attngen, f"{self.name}_fwd").default
+        # attngen::<name>_bwd: [dq, dk, dv, then the gradient of each input whose bit is set in
+        # `wrt` (bit i: grad_names[i]; fp32, the input's shape; the sink's is computed outside)].
+        self.bwd_def = torch.library.custom_op(
+            f"{qualname}_bwd", self._impl_bwd, mutates_args=(),
+            schema=f"(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dO, Tensor? dlse{ins}, "
+                   f"int wrt=0, bool deterministic=False) -> Tensor[]")
+        self.bwd_def.register_fake(self._fake_bwd)
+        self.bwd_op = getattr(torch.ops.attngen, f"{self.name}_bwd").default
 
-    # the real implementation: the compiled kernel, errors deferred under capture
-    def kernel(self) -> runtime.Kernel:
+    # ------------------------------------------------------------------------------------------
+    # kernels
+
+    def kernel(self) -> Any:
         if self._kernel is None:
             self._kernel = runtime.compile(self.variant, arch=self.arch)
         return self._kernel
 
-    def _impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any) -> Any:
-        *arrays, check_inputs = rest if rest and isinstance(rest[-1], bool) else (*rest, True)
-        kern = self.kernel()
-        inputs = dict(zip(self.input_names, arrays))
+    def train_kernel(self) -> runtime.Kernel:
+        """The forward family's kernel of `train_variant` (the backward reads its LSE)."""
+        if self._train_kernel is None:
+            self._train_kernel = runtime.compile(self.train_variant, arch=self.arch, family="forward")
+        return self._train_kernel
+
+    @staticmethod
+    def _launch(kern: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arrays: Any, names: tuple[str, ...],
+                check_inputs: bool) -> Any:
+        inputs = dict(zip(names, arrays))
         # No host sync inside the op: nan_check is always deferred; input checks are read back at
         # the call except under CUDA-graph capture (where a sync is not allowed).
         defer = not (check_inputs and kern.plan.problem.sorted_inputs and not torch.cuda.is_current_stream_capturing())
         return kern._run(q, k, v, None, None, None, check_inputs, inputs, defer)
 
-    def _fake(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any) -> Any:
+    # ------------------------------------------------------------------------------------------
+    # attngen::<name>
+
+    def _impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
+        arrays, (check_inputs,) = _trailing(rest, kw, len(self.input_names), {"check_inputs": True})
+        return self._launch(self.kernel(), q, k, v, arrays, self.input_names, check_inputs)
+
+    def _fake_outputs(self, q: torch.Tensor, with_lse: bool) -> Any:
         var = self.variant
         if q.dim() == 3:  # a flat [B, L, H*D] hidden state (token-scope q norm)
             B, Lq = q.shape[0], q.shape[1]
@@ -100,24 +174,150 @@ class AttnOp:
         else:
             B, Lq = q.shape[0], q.shape[1]
         o = q.new_empty(abi.o_shape(var, B, Lq), dtype=_TORCH_DTYPES[var.dtype])
-        if var.lse:
+        if with_lse:
             return o, q.new_empty(abi.lse_shape(var, B, Lq), dtype=torch.float32)
         return o
 
-    def _refuse_grad(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        which = [n for n, x in zip(("q", "k", "v", *self.input_names), inputs)
-                 if isinstance(x, torch.Tensor) and x.requires_grad]
-        raise _grad_error(self.name, which or ["an input"])
+    def _fake(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
+        return self._fake_outputs(q, self.variant.lse)
 
-    def _no_backward(self, ctx: Any, *grads: Any) -> Any:  # pragma: no cover - setup_context refuses first
-        raise _grad_error(self.name, ["an input"])
+    def _refuse(self, tensors: tuple[Any, ...]) -> None:
+        """ValueError when an input requires grad and the backward kernels refuse the variant."""
+        if self.refusal is None:
+            return
+        which = [n for n, x in zip(("q", "k", "v", *self.input_names), tensors) if isinstance(x, torch.Tensor) and x.requires_grad]
+        if which:
+            raise ValueError(
+                f"attngen::{self.name}: {', '.join(which)} require{'s' if len(which) == 1 else ''} grad, but the backward "
+                f"kernels do not support this variant: {self.refusal}; pass tensors that do not require grad (detach() "
+                f"them, or call under torch.no_grad())")
+
+    def _setup_public(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        self._refuse(inputs)
+        n = len(self.input_names)
+        q, k, v, arrays = inputs[0], inputs[1], inputs[2], inputs[3:3 + n]
+        if self.variant.lse:
+            o, lse = output
+            ctx.save_for_backward(q, k, v, o, lse, *arrays)
+        else:  # no LSE to save: the backward reruns the LSE-saving forward
+            ctx.save_for_backward(q, k, v, *arrays)
+        ctx.check_inputs = bool(inputs[3 + n]) if len(inputs) > 3 + n else True
+
+    def _backward_public(self, ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        n = len(self.input_names)
+        if self.variant.lse:
+            q, k, v, o, lse, *arrays = ctx.saved_tensors
+            do, dlse = grads
+        else:
+            q, k, v, *arrays = ctx.saved_tensors
+            with torch.no_grad():
+                o, lse = self.fwd_op(q, k, v, *arrays, check_inputs=ctx.check_inputs)
+            do, dlse = grads[0], None
+        out = self._grads(ctx.needs_input_grad[:3 + n], q, k, v, o, lse, do, dlse, arrays, False)
+        return (*out, None)
+
+    # ------------------------------------------------------------------------------------------
+    # attngen::<name>_fwd and its backward
+
+    def _impl_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
+        arrays, (check_inputs, _deterministic) = _trailing(rest, kw, len(self.input_names),
+                                                           {"check_inputs": True, "deterministic": False})
+        o, lse = self._launch(self.train_kernel(), q, k, v, arrays, self.input_names, check_inputs)
+        return o, lse
+
+    def _fake_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
+        return self._fake_outputs(q, True)
+
+    def _setup_fwd(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        self._refuse(inputs)
+        n = len(self.input_names)
+        o, lse = output
+        ctx.save_for_backward(inputs[0], inputs[1], inputs[2], o, lse, *inputs[3:3 + n])
+        ctx.deterministic = bool(inputs[4 + n]) if len(inputs) > 4 + n else False
+
+    def _backward_fwd(self, ctx: Any, do: Any, dlse: Any) -> tuple[Any, ...]:
+        n = len(self.input_names)
+        q, k, v, o, lse, *arrays = ctx.saved_tensors
+        # The LSE reaches the user only when the spec declares it; otherwise its gradient is zero.
+        out = self._grads(ctx.needs_input_grad[:3 + n], q, k, v, o, lse, do, dlse if self.variant.lse else None,
+                          arrays, ctx.deterministic)
+        return (*out, None, None)
+
+    def _grads(self, needs: tuple[bool, ...], q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, dlse: Any,
+               arrays: Any, deterministic: bool) -> list[Any]:
+        """Gradients of (q, k, v, *runtime inputs), None where not needed or not defined."""
+        if self.refusal is not None:  # (setup refuses first; kept for a saved graph replayed later)
+            raise ValueError(f"attngen::{self.name}: the backward kernels do not support this variant: {self.refusal}")
+        n = len(self.input_names)
+        if do is None:
+            return [None] * (3 + n)
+        want = [nm for i, nm in enumerate(self.input_names) if needs[3 + i] and nm in self.grad_names]
+        kernel_wrt = [nm for nm in want if nm != self.variant.sink]
+        mask = sum(1 << self.grad_names.index(nm) for nm in kernel_wrt)
+        dl = None if dlse is None else dlse.to(torch.float32).contiguous()
+        res = self.bwd_op(q, k, v, o, lse, do.contiguous(), dl, *arrays, wrt=mask, deterministic=deterministic)
+        dq, dk, dv, *pg = res
+        by_name = dict(zip(kernel_wrt, pg))
+        if self.variant.sink in want:
+            by_name[self.variant.sink] = self._sink_grad(q, o, lse, do, dl, arrays[self.input_names.index(self.variant.sink)])
+        out: list[Any] = [dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None]
+        for nm, x in zip(self.input_names, arrays):
+            g = by_name.get(nm)
+            out.append(None if g is None else g.to(x.dtype))
+        return out
+
+    def _sink_grad(self, q: Any, o: Any, lse: Any, do: Any, dlse: Any, sink: Any) -> Any:
+        """d loss/d sink[h] = sum over rows of P_sink * (dlse - D): the sink's logit only joins the
+        softmax denominator, so O moves by -P_sink * O and the LSE by P_sink (P_sink =
+        exp(sink - LSE); D = rowsum(dO * O') with O' the attention output before the residual)."""
+        var = self.variant
+        oa = o.to(torch.float32)
+        if var.residual:
+            oa = oa - q.to(torch.float32)
+        d = (do.to(torch.float32) * oa).sum(-1)
+        if var.layout != Layout.BHSD:
+            d = d.transpose(1, 2)  # [B, H, Lq], as the LSE
+        p = torch.exp(sink.to(torch.float32).view(1, -1, 1) - lse)
+        p = torch.where(torch.isfinite(lse), p, torch.zeros_like(p))  # (a row the forward left at -inf)
+        g = -d if dlse is None else dlse - d
+        return (p * g).sum(dim=(0, 2))
+
+    # ------------------------------------------------------------------------------------------
+    # attngen::<name>_bwd
+
+    def _impl_bwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                  do: torch.Tensor, dlse: Any, *rest: Any, **kw: Any) -> list[torch.Tensor]:
+        from attngen.runtime.bwd import backward
+
+        arrays, (wrt, deterministic) = _trailing(rest, kw, len(self.input_names), {"wrt": 0, "deterministic": False})
+        names = [nm for i, nm in enumerate(self.grad_names) if wrt >> i & 1]
+        inputs = dict(zip(self.input_names, arrays))
+        res = backward(self.train_kernel(), q, k, v, do, o=o, lse=lse, dlse=dlse, deterministic=deterministic,
+                       wrt=tuple(names), **inputs)
+        out = list(res[:3])
+        if names:
+            out += [res[3][nm] for nm in names]
+        return out
+
+    def _fake_bwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                  do: torch.Tensor, dlse: Any, *rest: Any, **kw: Any) -> list[torch.Tensor]:
+        arrays, (wrt, _deterministic) = _trailing(rest, kw, len(self.input_names), {"wrt": 0, "deterministic": False})
+        inputs = dict(zip(self.input_names, arrays))
+        out = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)]
+        out += [torch.empty(inputs[nm].shape, dtype=torch.float32, device=q.device)
+                for i, nm in enumerate(self.grad_names) if wrt >> i & 1]
+        return out
+
+    # ------------------------------------------------------------------------------------------
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *inputs: torch.Tensor,
-                 check_inputs: bool = True) -> Any:
-        if torch.is_grad_enabled():
-            which = [n for n, x in zip(("q", "k", "v", *self.input_names), (q, k, v, *inputs)) if x.requires_grad]
-            if which:
-                raise _grad_error(self.name, which)
+                 check_inputs: bool = True, deterministic: bool = False) -> Any:
+        """o (or (o, lse)); with an input that requires grad (and grad mode on), through the
+        LSE-saving forward, so that the backward reads the saved LSE."""
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *inputs)):
+            self._refuse((q, k, v, *inputs))
+            o, lse = self.fwd_op(q, k, v, *inputs, check_inputs=check_inputs, deterministic=deterministic)
+            return (o, lse) if self.variant.lse else o
         return self.op(q, k, v, *inputs, check_inputs=check_inputs)
 
 
@@ -132,17 +332,21 @@ def register(spec: Any, variant: str | None = None, *, arch: str | None = None) 
         if op is None:
             op = AttnOp(v, arch)
             _OPS[key] = op
-            _NAMES[op.name] = key
+            for n in (op.name, f"{op.name}_fwd", f"{op.name}_bwd"):
+                _NAMES[n] = key
         return op
 
 
 class Attention(torch.nn.Module):
-    """A module around one registered variant: `forward(q, k, v, **runtime_inputs)`."""
+    """A module around one registered variant: `forward(q, k, v, **runtime_inputs)`; trainable
+    (`deterministic=True`: a bitwise reproducible dQ in the backward)."""
 
-    def __init__(self, spec: Any, variant: str | None = None, *, arch: str | None = None, check_inputs: bool = True) -> None:
+    def __init__(self, spec: Any, variant: str | None = None, *, arch: str | None = None, check_inputs: bool = True,
+                 deterministic: bool = False) -> None:
         super().__init__()
         self.op = register(spec, variant, arch=arch)
         self.check_inputs = check_inputs
+        self.deterministic = deterministic
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **inputs: torch.Tensor) -> Any:
         names = self.op.input_names
@@ -152,7 +356,7 @@ class Attention(torch.nn.Module):
             raise ValueError(f"runtime inputs: expected {', '.join(names) or 'none'}; got"
                              + (f" missing {', '.join(missing)}" if missing else "")
                              + (f" unexpected {', '.join(extra)}" if extra else ""))
-        return self.op(q, k, v, *(inputs[n] for n in names), check_inputs=self.check_inputs)
+        return self.op(q, k, v, *(inputs[n] for n in names), check_inputs=self.check_inputs, deterministic=self.deterministic)
 
 
 def raise_pending(stream: Any = None) -> None:

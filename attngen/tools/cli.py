@@ -284,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--specs: compile every accepted spec with nvcc (default when nvcc is on the PATH)")
     z.add_argument("--no-nvcc", dest="nvcc", action="store_false", help="--specs: skip the nvcc step")
     z.add_argument("--jobs", type=int, default=None, help="parallel nvcc compiles (default: the CPU count)")
+    z.add_argument("--pass", dest="pass_", choices=["forward", "backward", "both"], default=None,
+                   help="FILE: the forward kernel (default) or the backward kernels' gradients; --specs: both (default)")
     z.set_defaults(func=cmd_fuzz)
 
     b = sub.add_parser("bench", help="time a kernel, side by side with torch peers when available")

@@ -239,7 +239,7 @@ def _decode_resource_table(res, dp) -> str:
     return "\n".join(out) + "\n"
 
 
-def _render_backward(v, arch, text: str, path: str, deterministic: bool, emit: str):
+def _render_backward(v, arch, text: str, path: str, deterministic: bool, emit: str, prefix: str):
     """`--pass backward`: the backward kernels' source and plan; a construct they do not support
     yet is a located spec error (never silently wrong code)."""
     from attngen.plan import bwd as plan_bwd
@@ -251,7 +251,7 @@ def _render_backward(v, arch, text: str, path: str, deterministic: bool, emit: s
     bad = plan_bwd.unsupported(v)
     if bad:
         raise SpecError(bad, text, path)
-    return render_bwd.render_with_plan(v, arch, deterministic=deterministic)
+    return render_bwd.render_with_plan(v, arch, deterministic=deterministic, prefix=prefix)
 
 
 def _bwd_resource_table(res, bp) -> str:
@@ -356,8 +356,6 @@ def _run(args: argparse.Namespace) -> int:
     backward = getattr(args, "pass_", "forward") == "backward"
     if getattr(args, "deterministic", False) and not backward:
         raise _Usage("--deterministic is an option of the backward pass: add --pass backward")
-    if backward and getattr(args, "prefix", None):
-        raise _Usage("--prefix is not available with --pass backward yet (the backward kernels keep the attngen_ prefix)")
     family = getattr(args, "family", None) or "auto"
     if backward and family == "decode":
         raise _Usage("--family decode has no backward pass (the backward follows the forward family)")
@@ -367,7 +365,7 @@ def _run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         if backward:
-            source, kp = _render_backward(v, arch, text, args.file, bool(getattr(args, "deterministic", False)), emit)
+            source, kp = _render_backward(v, arch, text, args.file, bool(getattr(args, "deterministic", False)), emit, prefix)
         elif decode:
             from attngen.cuda.render_decode import render_decode
             from attngen.lang.diagnostics import Diagnostic

@@ -1,5 +1,6 @@
 """attngen.torch without a GPU: registration, the fake implementation, tracing with
-torch.compile(fullgraph=True), and the refusal of inputs that require grad (meta tensors)."""
+torch.compile(fullgraph=True), and the autograd route (meta tensors; tests/runtime/test_torch_autograd_cpu.py
+has the backward's plumbing)."""
 
 from __future__ import annotations
 
@@ -68,17 +69,13 @@ def test_compile_fullgraph_traces_the_op():
     assert any("attngen.seed_padded_fp32" in t for t in targets), targets
 
 
-def test_requires_grad_is_refused_before_any_device_work():
+def test_requires_grad_goes_through_the_lse_saving_forward():
     op = at.register(SEED)
     q, k, v, kl, ql = _seed_args()
-    with pytest.raises(ValueError, match="q, v require grad.*no backward"):
-        op(q.requires_grad_(), k, v.requires_grad_(), kl, ql)
-    with pytest.raises(ValueError, match="no backward"):
-        at.Attention(SEED)(q, k, v, kv_lens=kl, q_lens=ql)
-    with pytest.raises(ValueError, match="require grad"):  # the raw op too, at its autograd setup
-        torch.ops.attngen.seed_padded_fp32(q, k, v, kl, ql)
-    with torch.no_grad():
-        assert op(q, k, v, kl, ql).shape == (4, 8, 128, 64)
+    o = op(q.requires_grad_(), k, v.requires_grad_(), kl, ql)
+    assert o.shape == (4, 8, 128, 64) and "seed_padded_fp32_fwd" in type(o.grad_fn).__name__
+    with torch.no_grad():  # no grad: the plain op, as before
+        assert op(q, k, v, kl, ql).grad_fn is None
 
 
 def test_module_checks_input_names():
