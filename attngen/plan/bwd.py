@@ -34,7 +34,10 @@ PRE_THREADS = 256  # per CTA of the grid-stride pre / convert kernels (8 warps, 
 PRE_MAX_BLOCKS = 4096
 TILE_CHOICES = (64, 32, 16)  # square tiles, the largest whose shared memory fits the arch
 TC_BLOCK_M = 64  # tensor-core dK/dV kernel: query rows a step
-TC_BLOCK_N = 64  # key rows a CTA: 16 a warp
+# Key rows a CTA (16 a warp), the largest that fits: 128 halves the Q/dO traffic and dQ atomics
+# per key of 64 (FlashAttention-2's choice); it needs head dims that are multiples of 32 (each warp
+# then takes whole 16-column blocks of dQ).
+TC_BLOCK_N_CHOICES = (128, 64)
 TC_MAX_DIM = 128  # head dims (multiples of 16) the tensor-core engine serves
 
 
@@ -135,11 +138,21 @@ def choose_tile(v: Variant, arch: Arch) -> int:
     raise ValueError(f"variant {v.name}: the backward's smallest tile ({TILE_CHOICES[-1]}) does not fit {arch.value}'s shared memory")
 
 
-def tc_smem_bytes(D: int, Dv: int) -> int:
+def tc_smem_bytes(D: int, Dv: int, block_n: int) -> int:
     """Dynamic shared memory of the tensor-core dK/dV kernel: K, V (one tile), Q, dO (two stages),
     dS^T (elements, rows padded by 16 bytes), LSE and delta (two stages, fp32)."""
-    rows = TC_BLOCK_N * (D + 8) + TC_BLOCK_N * (Dv + 8) + 2 * TC_BLOCK_M * (D + 8) + 2 * TC_BLOCK_M * (Dv + 8) + TC_BLOCK_N * (TC_BLOCK_M + 8)
+    rows = block_n * (D + 8) + block_n * (Dv + 8) + 2 * TC_BLOCK_M * (D + 8) + 2 * TC_BLOCK_M * (Dv + 8) + block_n * (TC_BLOCK_M + 8)
     return 2 * rows + 4 * 4 * TC_BLOCK_M
+
+
+def tc_block_n(v: Variant, arch: Arch) -> int | None:
+    """The tensor-core kernel's key tile for a variant (None: no choice fits)."""
+    for bn in TC_BLOCK_N_CHOICES:
+        warps = bn // 16
+        if (v.head_dim * (TC_BLOCK_M // 16)) % (16 * warps) == 0 and warps % (TC_BLOCK_M // 16) == 0 \
+                and tc_smem_bytes(v.head_dim, v.value_head_dim, bn) <= arch.smem_budget:
+            return bn
+    return None
 
 
 def choose_engine(v: Variant, arch: Arch) -> tuple[BwdEngine, str]:
@@ -151,7 +164,7 @@ def choose_engine(v: Variant, arch: Arch) -> tuple[BwdEngine, str]:
     for name, d in (("head_dim", v.head_dim), ("value head dim", v.value_head_dim)):
         if d % 16 or d > TC_MAX_DIM:
             return BwdEngine.FFMA, f"{name} {d}: the tensor-core engine takes multiples of 16 up to {TC_MAX_DIM}"
-    if tc_smem_bytes(v.head_dim, v.value_head_dim) > arch.smem_budget:
+    if tc_block_n(v, arch) is None:
         return BwdEngine.FFMA, f"the tensor-core tiles do not fit {arch.value}'s shared memory"
     return BwdEngine.MMA, "fp16/bf16 inputs on sm_80+"
 
@@ -247,9 +260,10 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
                                  "the pre-normalised " + " and ".join(n for n, on in (("queries (ws_q)", qn), ("keys (ws_k)", kn)) if on)
                                  + ", rounded as the forward rounds them"))
     engine, reason = choose_engine(v, arch)
-    if engine == BwdEngine.MMA:
-        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * TC_BLOCK_N // 16, tc_smem_bytes(v.head_dim, v.value_head_dim),
-                                 f"(p.Lk + {TC_BLOCK_N - 1}) / {TC_BLOCK_N}, {v.kv_heads}, p.B",
+    bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
+    if bn is not None:
+        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
+                                 f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
                                  "tensor cores (mma.sync m16n8k16, fp32 accumulators): dK, dV per key tile over the visible "
                                  "query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
     else:
@@ -265,7 +279,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
                              + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"))
     mma = engine == BwdEngine.MMA
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, kn, engine, reason,
-                   TC_BLOCK_M if mma else 0, TC_BLOCK_N if mma else 0)
+                   TC_BLOCK_M if mma else 0, bn or 0)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
@@ -307,4 +321,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "TC_BLOCK_M", "TC_BLOCK_N", "choose_engine", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
