@@ -87,7 +87,7 @@ def _row(name: str, iters: int, once: bool) -> dict:
     fwd_flops = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
     bwd_flops = 2.5 * fwd_flops
     res = {"row": name, "D": D, "B": B, "H": H, "L": L, "causal": causal, "dtype": "bf16",
-           "engine": bp.engine.value, "tc_block_n": bp.tc_block_n, "bwd_flops": bwd_flops, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+           "engine": bp.engine.value, "tc_block_n": bp.tc_block_n, "tc_rotate": bp.tc_rotate, "bwd_flops": bwd_flops, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, vv))
     for label, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
         try:
@@ -124,7 +124,12 @@ def main() -> int:
     ap.add_argument("--once", action="store_true", help="one attngen backward of each --only row, nothing timed")
     ap.add_argument("--tc-block-n", type=int, choices=[64, 128], default=None,
                     help="experiment: force the tensor-core kernel's key tile (the plan's choice otherwise)")
+    ap.add_argument("--no-rotate", action="store_true", help="experiment: every CTA walks the query tiles from the first")
     args = ap.parse_args()
+    if args.no_rotate:
+        from attngen.plan import bwd as plan_bwd
+
+        plan_bwd.TC_ROTATE = False
     if args.tc_block_n:
         from attngen.plan import bwd as plan_bwd
 

@@ -108,6 +108,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         tc=bp.engine == BwdEngine.MMA,
         tc_block_m=bp.tc_block_m,
         tc_block_n=bp.tc_block_n,
+        tc_rotate=bp.tc_rotate,
         has_score=bool(v.scores),
         mma_type="bf16" if v.dtype == DType.BF16 else "f16",
         mma_k16=arch.mma_k16,

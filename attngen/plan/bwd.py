@@ -38,6 +38,9 @@ TC_BLOCK_M = 64  # tensor-core dK/dV kernel: query rows a step
 # per key of 64 (FlashAttention-2's choice); it needs head dims that are multiples of 32 (each warp
 # then takes whole 16-column blocks of dQ).
 TC_BLOCK_N_CHOICES = (128, 64)
+# Each CTA starts its walk over the query tiles at a different one (its key tile's index), so the
+# CTAs of a head do not all add dQ atomics into the same rows at once.
+TC_ROTATE = True
 TC_MAX_DIM = 128  # head dims (multiples of 16) the tensor-core engine serves
 
 
@@ -75,6 +78,7 @@ class BwdPlan:
     engine_reason: str = ""  # why this engine (for explain)
     tc_block_m: int = 0  # the tensor-core dK/dV kernel's tile (0 on FFMA)
     tc_block_n: int = 0
+    tc_rotate: bool = False  # the tensor-core kernel's rotated walk (TC_ROTATE)
 
     @property
     def launcher(self) -> str:
@@ -279,7 +283,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
                              + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"))
     mma = engine == BwdEngine.MMA
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, kn, engine, reason,
-                   TC_BLOCK_M if mma else 0, bn or 0)
+                   TC_BLOCK_M if mma else 0, bn or 0, mma and TC_ROTATE)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
