@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from attngen import __version__
 from attngen.analysis import derivative
-from attngen.ir.nodes import NormKind, NormTarget, SizeSym, Variant
+from attngen.ir.nodes import DType, NormKind, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.bwd import PRE_THREADS, BwdPlan, plan
+from attngen.plan.bwd import PRE_THREADS, THREADS, BwdEngine, BwdPlan, plan
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -27,9 +27,12 @@ def _header(v: Variant, bp: BwdPlan) -> str:
         f"Variant {v.name}, backward: dtype {v.dtype.value}, D={v.head_dim}, Dv={v.value_head_dim}, H={v.heads}, "
         f"Hkv={v.kv_heads}, layout {v.layout.value}, scale {v.effective_scale!r}",
         "Gradients of sum(dO * O): dq, dk, dv in the shapes (and layouts) of q, k, v. The forward's LSE is",
-        "read, P recomputed from it; every product and accumulation in fp32 (FFMA engine).",
+        *(["read, P recomputed from it; every product and accumulation in fp32 (FFMA engine)."] if bp.engine == BwdEngine.FFMA else
+          ["read, P recomputed from it. dK/dV (and the atomic dQ) on tensor cores: mma.sync m16n8k16,",
+           f"{v.dtype.value} products (P and dS rounded to {v.dtype.value}), fp32 accumulators; the other kernels in fp32 (FFMA)."]),
         f"dQ: {'deterministic (a dQ kernel per query tile, no atomics)' if bp.deterministic else 'fp32 atomics into ws_dq, then converted'}.",
-        f"Tile: block_m {bp.block_m}, block_n {bp.block_n}; target {bp.arch.value}.",
+        f"Tile: block_m {bp.block_m}, block_n {bp.block_n}; target {bp.arch.value}."
+        + (f" Tensor-core dK/dV tile: {bp.tc_block_m} queries x {bp.tc_block_n} keys." if bp.engine == BwdEngine.MMA else ""),
         "Kernels, launched in this order on one stream with the same arguments:",
         *(f"  {k.name}: grid ({k.grid_code.replace('(long long)', '').replace('p.', '')}), {k.threads} threads, "
           f"{k.smem} bytes of dynamic shared memory; {k.doc}" for k in bp.kernels),
@@ -99,7 +102,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         scale=float_literal(v.effective_scale),
         block_m=bp.block_m,
         block_n=bp.block_n,
-        threads=bp.kernel("ag_bwd_dkdv").threads,
+        threads=THREADS,  # the FFMA kernels (the tensor-core kernel has TC_THREADS)
         pre_threads=PRE_THREADS,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{ns}::elem_t"), name=f.name) for f in bp.fields],
         tensors=_tensor_ctx(v),
@@ -116,6 +119,14 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         residual=v.residual,
         **_norm_ctx(v),
         deterministic=deterministic,
+        tc=bp.engine == BwdEngine.MMA,
+        tc_block_m=bp.tc_block_m,
+        tc_block_n=bp.tc_block_n,
+        tc_rotate=bp.tc_rotate,
+        has_score=bool(v.scores),
+        mma_type="bf16" if v.dtype == DType.BF16 else "f16",
+        mma_k16=arch.mma_k16,
+        cp_async=arch.cp_async,
         kernels=[dict(name=k.name, func=k.func, threads=k.threads, smem=k.smem, grid_code=k.grid_code, doc=k.doc) for k in bp.kernels],
         launcher=bp.launcher,
     )

@@ -11,16 +11,20 @@ The backward is three to five launches on one stream (see `backends/cuda/bwd/bac
     <name>_bwd_finish   dq from dQ' (through the q norm's backward, + dO for a residual); dk from
                         dK' through the k norm's backward
 
-Engine: FFMA (every product in fp32) for every element type; tensor-core engines come later. The
+Engines (`choose_engine`): the dK/dV kernel runs on mma.sync tensor cores (m16n8k16, fp16/bf16
+inputs, fp32 accumulators; FlashAttention-2's structure) for fp16/bf16 on sm_80 and newer at head
+dims that are multiples of 16 up to 128, and on FFMA (every product in fp32) otherwise: fp32, sm_75,
+other head dims. The pre/prep/finish kernels and the deterministic dQ kernel are FFMA in both. The
 forward must have saved the LSE (natural log, [B, H, Lq] fp32, -inf for rows with nothing visible).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from attngen.lang.diagnostics import Diagnostic
-from attngen.ir.nodes import NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name
+from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name
 from attngen.cuda.render import Field, kernel_name
 from attngen.cuda.emit import tensor_ctype
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
@@ -29,6 +33,22 @@ THREADS = 256  # per CTA of the dK/dV and dQ kernels
 PRE_THREADS = 256  # per CTA of the grid-stride pre / convert kernels (8 warps, a row each)
 PRE_MAX_BLOCKS = 4096
 TILE_CHOICES = (64, 32, 16)  # square tiles, the largest whose shared memory fits the arch
+TC_BLOCK_M = 64  # tensor-core dK/dV kernel: query rows a step
+# Key rows a CTA (16 a warp), the largest that fits: 128 halves the Q/dO traffic and dQ atomics
+# per key of 64 (FlashAttention-2's choice); it needs head dims that are multiples of 32 (each warp
+# then takes whole 16-column blocks of dQ).
+TC_BLOCK_N_CHOICES = (128, 64)
+# Each CTA starts its walk over the query tiles at a different one (its key tile's index), so the
+# CTAs of a head do not all add dQ atomics into the same rows at once.
+TC_ROTATE = True
+TC_MAX_DIM = 128  # head dims (multiples of 16) the tensor-core engine serves
+
+
+class BwdEngine(enum.Enum):
+    """What computes the dK/dV (and atomic dQ) products."""
+
+    FFMA = "ffma"  # fp32 products on the CUDA cores, every dtype and arch
+    MMA = "mma"  # mma.sync m16n8k16 tensor cores, fp16/bf16 inputs, fp32 accumulators (sm_80+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +74,11 @@ class BwdPlan:
     kernels: tuple[BwdKernel, ...]
     q_norm: bool = False  # head-scope q pre-norm: Q' in ws_q, a norm backward for dq
     k_norm: bool = False  # k pre-norm: K' in ws_k, dK' in ws_dk, a norm backward for dk
+    engine: BwdEngine = BwdEngine.FFMA
+    engine_reason: str = ""  # why this engine (for explain)
+    tc_block_m: int = 0  # the tensor-core dK/dV kernel's tile (0 on FFMA)
+    tc_block_n: int = 0
+    tc_rotate: bool = False  # the tensor-core kernel's rotated walk (TC_ROTATE)
 
     @property
     def launcher(self) -> str:
@@ -67,7 +92,8 @@ class BwdPlan:
         if func == "ag_bwd_pre":
             return (min(B * heads * Lq // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
         if func == "ag_bwd_dkdv":
-            return ((Lk + self.block_n - 1) // self.block_n, kv_heads, B)
+            bn = self.tc_block_n if self.engine == BwdEngine.MMA else self.block_n
+            return ((Lk + bn - 1) // bn, kv_heads, B)
         if func == "ag_bwd_dq":
             return ((Lq + self.block_m - 1) // self.block_m, heads, B)
         if func == "ag_bwd_prep":
@@ -114,6 +140,37 @@ def choose_tile(v: Variant, arch: Arch) -> int:
             if need(t) <= limit:
                 return t
     raise ValueError(f"variant {v.name}: the backward's smallest tile ({TILE_CHOICES[-1]}) does not fit {arch.value}'s shared memory")
+
+
+def tc_smem_bytes(D: int, Dv: int, block_n: int) -> int:
+    """Dynamic shared memory of the tensor-core dK/dV kernel: K, V (one tile), Q, dO (two stages),
+    dS^T (elements, rows padded by 16 bytes), LSE and delta (two stages, fp32)."""
+    rows = block_n * (D + 8) + block_n * (Dv + 8) + 2 * TC_BLOCK_M * (D + 8) + 2 * TC_BLOCK_M * (Dv + 8) + block_n * (TC_BLOCK_M + 8)
+    return 2 * rows + 4 * 4 * TC_BLOCK_M
+
+
+def tc_block_n(v: Variant, arch: Arch) -> int | None:
+    """The tensor-core kernel's key tile for a variant (None: no choice fits)."""
+    for bn in TC_BLOCK_N_CHOICES:
+        warps = bn // 16
+        if (v.head_dim * (TC_BLOCK_M // 16)) % (16 * warps) == 0 and warps % (TC_BLOCK_M // 16) == 0 \
+                and tc_smem_bytes(v.head_dim, v.value_head_dim, bn) <= arch.smem_budget:
+            return bn
+    return None
+
+
+def choose_engine(v: Variant, arch: Arch) -> tuple[BwdEngine, str]:
+    """The dK/dV engine of a variant on an arch, and why (explain's wording)."""
+    if v.dtype == DType.FP32:
+        return BwdEngine.FFMA, "fp32 inputs: exact fp32 products"
+    if not (arch.mma_k16 and arch.cp_async):
+        return BwdEngine.FFMA, f"{arch.value} has no m16n8k16 mma.sync / cp.async (sm_80 and newer)"
+    for name, d in (("head_dim", v.head_dim), ("value head dim", v.value_head_dim)):
+        if d % 16 or d > TC_MAX_DIM:
+            return BwdEngine.FFMA, f"{name} {d}: the tensor-core engine takes multiples of 16 up to {TC_MAX_DIM}"
+    if tc_block_n(v, arch) is None:
+        return BwdEngine.FFMA, f"the tensor-core tiles do not fit {arch.value}'s shared memory"
+    return BwdEngine.MMA, "fp16/bf16 inputs on sm_80+"
 
 
 def _fields(v: Variant) -> tuple[Field, ...]:
@@ -206,11 +263,17 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
         kernels.append(BwdKernel(f"{base}_prep", "ag_bwd_prep", PRE_THREADS, 0, rows_grid(f"({rows})"),
                                  "the pre-normalised " + " and ".join(n for n, on in (("queries (ws_q)", qn), ("keys (ws_k)", kn)) if on)
                                  + ", rounded as the forward rounds them"))
-    kernels += [
-        BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, False),
-                  f"(p.Lk + {t - 1}) / {t}, {v.kv_heads}, p.B",
-                  "dK, dV per key tile over the visible query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")),
-    ]
+    engine, reason = choose_engine(v, arch)
+    bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
+    if bn is not None:
+        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
+                                 f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
+                                 "tensor cores (mma.sync m16n8k16, fp32 accumulators): dK, dV per key tile over the visible "
+                                 "query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
+    else:
+        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, False),
+                                 f"(p.Lk + {t - 1}) / {t}, {v.kv_heads}, p.B",
+                                 "dK, dV per key tile over the visible query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
     if deterministic:
         kernels.append(BwdKernel(f"{base}_dq", "ag_bwd_dq", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True),
                                  f"(p.Lq + {t - 1}) / {t}, {v.heads}, p.B", "dQ' per query tile over the visible key tiles, no atomics"))
@@ -218,7 +281,9 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
     kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 0, rows_grid(f"({finish_rows})"),
                              "dq from dQ'" + (" through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
                              + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"))
-    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, kn)
+    mma = engine == BwdEngine.MMA
+    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, kn, engine, reason,
+                   TC_BLOCK_M if mma else 0, bn or 0, mma and TC_ROTATE)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
@@ -238,14 +303,26 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
             out.append(f"  refused{where}: {d.message.removeprefix('--pass backward: ')}")
         return out
     bp = plan(v, arch)
-    out.append(f"  on {arch.value}: FFMA engine (fp32 products for every dtype), tile {bp.block_m} x {bp.block_n}; P recomputed from the forward's LSE")
+    if bp.engine == BwdEngine.MMA:
+        out.append(f"  on {arch.value}: tensor-core engine (mma.sync m16n8k16, {v.dtype.value} inputs, fp32 accumulators; {bp.engine_reason}) "
+                   f"for {bp.base_name}_dkdv, tile {bp.tc_block_m} queries x {bp.tc_block_n} keys; FFMA for the other kernels; "
+                   "P recomputed from the forward's LSE")
+    elif v.dtype == DType.FP32:
+        out.append(f"  on {arch.value}: FFMA engine (fp32 products for every dtype), tile {bp.block_m} x {bp.block_n}; P recomputed from the forward's LSE")
+    else:
+        out.append(f"  on {arch.value}: FFMA engine (fp32 products), tile {bp.block_m} x {bp.block_n}, not tensor cores: {bp.engine_reason}; "
+                   "P recomputed from the forward's LSE")
     for k in bp.kernels:
         out.append(f"  {k.name}: {k.threads} threads, {k.smem} bytes of shared memory; {k.doc}")
-    out.append("  --deterministic: dQ by a kernel per query tile instead of fp32 atomics (bitwise reproducible)")
+    if bp.engine == BwdEngine.MMA:
+        out.append(f"  --deterministic: dQ by an FFMA kernel per query tile (tile {bp.block_m} x {bp.block_n}) instead of fp32 atomics "
+                   "(bitwise reproducible); dK, dV stay on tensor cores")
+    else:
+        out.append("  --deterministic: dQ by a kernel per query tile instead of fp32 atomics (bitwise reproducible)")
     return out
 
 
 __all__ = [
     "describe",
     "learnable",
-    "norm_params","BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

@@ -28,7 +28,7 @@ from typing import Any
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.ir.nodes import DType, Layout, Variant
-from attngen.plan.bwd import BwdPlan, learnable, norm_params, unsupported
+from attngen.plan.bwd import BwdEngine, BwdPlan, learnable, norm_params, unsupported
 from attngen.cuda.render_bwd import render_with_plan
 from attngen.plan.schedule import Arch
 
@@ -190,6 +190,17 @@ def backward(
         if var.layout == Layout.BHSD:
             return a.strides[0], a.strides[1], a.strides[2]
         return a.strides[0], a.strides[2], a.strides[1]
+
+    if bk.plan.engine == BwdEngine.MMA:
+        # The tensor-core kernel copies rows of these with 16-byte cp.async.
+        for a, n, read in ((aq, "q", not bk.plan.q_norm), (ak, "k", not bk.plan.k_norm), (av, "v", True), (ado, "dO", True)):
+            if not read:
+                continue
+            bad = [s for s in strides3(a, n) if s % 8]
+            if bad:
+                raise ValueError(f"{n}: expected every stride to be a multiple of 8 elements (16 bytes) for the tensor-core backward, got strides {a.strides}")
+            if a.ptr % 16:
+                raise ValueError(f"{n}: expected a 16-byte aligned data pointer for the tensor-core backward")
 
     if stream is None:
         if aq.is_torch:

@@ -263,7 +263,8 @@ def _bwd_resource_table(res, bp) -> str:
             for r in res]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
-    return "\n".join([fmt(head)] + [fmt(r) for r in rows]) + f"\nbackward tile {bp.block_m}x{bp.block_n}\n"
+    tc = f"; tensor-core dK/dV tile {bp.tc_block_m}x{bp.tc_block_n} (mma.sync)" if bp.tc_block_n else ""
+    return "\n".join([fmt(head)] + [fmt(r) for r in rows]) + f"\nbackward tile {bp.block_m}x{bp.block_n}{tc}\n"
 
 
 # --------------------------------------------------------------------------------------------

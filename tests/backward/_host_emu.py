@@ -83,6 +83,71 @@ static void ag_launch(unsigned gx, unsigned gy, unsigned gz, int threads, const 
 """
 
 
+# The tensor-core primitives of the backward's mma.sync engine (the block between the markers in
+# backends/cuda/bwd/_mma_bwd.cu.j2), emulated: shared memory is the array ag_smem and a shared
+# address is an offset into it; ldmatrix and mma.sync gather the warp's fragments through the
+# per-warp barrier (every lane hands in its part, then each computes its own, by the PTX ISA's
+# fragment layouts); cp.async copies synchronously (zero-filling as src-size 0 does); ex2 is exp2.
+TC_BEGIN = "// ---- tensor-core primitives (PTX;"
+TC_END = "// ---- end of the tensor-core primitives ----"
+TC_EMU = r"""
+extern unsigned char ag_smem[];
+inline unsigned ag_smem_addr(const void* ptr) { return (unsigned)((const unsigned char*)ptr - ag_smem); }
+inline float ag_ex2(float x) { return std::exp2(x); }
+inline unsigned ag_bits(elem_t e) { unsigned short u; std::memcpy(&u, &e, 2); return u; }
+inline float ag_elem(unsigned bits16) { unsigned short u = (unsigned short)bits16; elem_t e; std::memcpy(&e, &u, 2); return ag_to_float(e); }
+inline unsigned ag_pack2(float lo, float hi) { return ag_bits(ag_from_float<elem_t>(lo)) | (ag_bits(ag_from_float<elem_t>(hi)) << 16); }
+inline void ag_cp_async16(unsigned dst, const void* src, bool pred) {
+  if (pred) std::memcpy(ag_smem + dst, src, 16); else std::memset(ag_smem + dst, 0, 16);
+}
+inline void ag_cp_async_commit() {}
+template <int N> inline void ag_cp_async_wait() {}
+static unsigned ag_xa[64][32][4], ag_xb[64][32][2];
+inline unsigned ag_ld16(unsigned addr) { unsigned short u; std::memcpy(&u, ag_smem + addr, 2); return u; }
+// ldmatrix.m8n8.x4: lanes 8i..8i+7 give the row addresses of matrix i; lane l receives row l/4,
+// columns 2(l%4), 2(l%4)+1 of each matrix (of its transpose with .trans).
+inline void ag_ldmatrix(unsigned (&r)[4], unsigned addr, bool trans) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
+  ag_warp_bar[w]->arrive_and_wait();
+  ag_xa[w][l][0] = addr;
+  ag_warp_bar[w]->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) {
+    if (!trans) r[i] = ag_ld16(ag_xa[w][8 * i + g][0] + 4 * t) | (ag_ld16(ag_xa[w][8 * i + g][0] + 4 * t + 2) << 16);
+    else r[i] = ag_ld16(ag_xa[w][8 * i + 2 * t][0] + 2 * g) | (ag_ld16(ag_xa[w][8 * i + 2 * t + 1][0] + 2 * g) << 16);
+  }
+}
+inline void ag_ldmatrix_x4(unsigned (&r)[4], unsigned addr) { ag_ldmatrix(r, addr, false); }
+inline void ag_ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) { ag_ldmatrix(r, addr, true); }
+// mma.m16n8k16.row.col: a[0..3] = A(g, 2t..), A(g+8, 2t..), A(g, 2t+8..), A(g+8, 2t+8..);
+// b0, b1 = B(2t.., g), B(2t+8.., g); d[0..3] = D(g, 2t), D(g, 2t+1), D(g+8, 2t), D(g+8, 2t+1).
+inline void ag_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
+  ag_warp_bar[w]->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) ag_xa[w][l][i] = a[i];
+  ag_xb[w][l][0] = b0; ag_xb[w][l][1] = b1;
+  ag_warp_bar[w]->arrive_and_wait();
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+    float acc = d[e];
+    for (int k = 0; k < 16; ++k) {
+      const unsigned ar = ag_xa[w][(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)];
+      const unsigned br = ag_xb[w][col * 4 + (k % 8) / 2][k / 8];
+      acc += ag_elem(ar >> (16 * (k % 2))) * ag_elem(br >> (16 * (k % 2)));
+    }
+    d[e] = acc;
+  }
+}
+"""
+
+
+def _emulate_tc(body: str) -> str:
+    """The source with its tensor-core primitive block (if any) replaced by the emulation."""
+    if TC_BEGIN not in body:
+        return body
+    head, rest = body.split(TC_BEGIN, 1)
+    return head + TC_EMU + rest.split(TC_END, 1)[1]
+
+
 def available() -> str | None:
     """None when the emulation can run here, else why not."""
     if shutil.which("g++") is None:
@@ -93,7 +158,8 @@ def available() -> str | None:
 
 
 def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wanted: tuple[str, ...]) -> str:
-    lines = [f"namespace {ns} {{ float smem[{max(k.smem for k in bp.kernels) // 4 + 1}]; }}",
+    lines = [f"namespace {ns} {{ float smem[{max(k.smem for k in bp.kernels) // 4 + 1}]; "
+             f"alignas(16) unsigned char ag_smem[{max(k.smem for k in bp.kernels) + 16}]; }}",
              "static std::vector<std::vector<char>> blobs;",
              "int main(int argc, char** argv) {",
              "  FILE* f = std::fopen(argv[1], \"rb\");",
@@ -196,7 +262,7 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
     tmp = workdir or tempfile.mkdtemp(prefix="attngen-emu-")
     cpp = os.path.join(tmp, "k.cpp")
     exe = os.path.join(tmp, "k")
-    Path(cpp).write_text(SHIM + body + _harness(bp, ns, grids, wanted))
+    Path(cpp).write_text(SHIM + _emulate_tc(body) + _harness(bp, ns, grids, wanted))
     r = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", f"-I{CUDA_INCLUDE}", cpp, "-o", exe],
                        capture_output=True, text=True, check=False)
     if r.returncode != 0:

@@ -1,0 +1,157 @@
+"""Backward benchmark (issue 14): attngen's backward against torch SDPA's backward under cuDNN and
+FlashAttention-2 (SDPA flash), same run, bf16.
+
+    python benchmarks/bwd_bench.py [--out PATH] [--iters N] [--only ROW --once]
+
+Rows: D128 B2 H16 L16k dense and causal, D64 B8 H16 L4k dense and causal, D128 B16 H16 L2k causal.
+TFLOP/s count the backward as 2.5x the forward's 4 B H Lq Lk D (causal: half), the FlashAttention
+convention. attngen's time is its whole backward (pre, dK/dV, finish kernels and the workspace
+allocations of `attngen.runtime.bwd.backward`), given the forward's saved O and LSE; the peers'
+is torch.autograd.grad through F.scaled_dot_product_attention with the graph retained. Inputs are
+random normal (never zeros); every timed launch is queued behind a spin kernel, events around
+them, median over rounds. attngen's dq, dk, dv are compared with cuDNN's (max error over the
+largest magnitude) before timing. Results: JSON to PATH (default $OUT/h200_bwd.json if $OUT is
+set, else benchmarks/results/h200_bwd.json) and a table on stdout. `--only ROW --once` runs one
+backward of one row (for a profiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ROWS = {
+    "d128_b2_h16_l16k_dense": (128, 2, 16, 16384, False),
+    "d128_b2_h16_l16k_causal": (128, 2, 16, 16384, True),
+    "d64_b8_h16_l4k_dense": (64, 8, 16, 4096, False),
+    "d64_b8_h16_l4k_causal": (64, 8, 16, 4096, True),
+    "d128_b16_h16_l2k_causal": (128, 16, 16, 2048, True),
+}
+
+
+def _spec(D: int, H: int, causal: bool) -> str:
+    mask = "\n  mask causal" if causal else ""
+    return f"attention bwdbench {{\n  dtype bf16\n  head_dim {D}\n  heads {H}{mask}\n  output lse\n}}\n"
+
+
+def _time(fn, iters: int, repeats: int = 5) -> float:
+    """Median milliseconds per call over `repeats` rounds of `iters` queued calls."""
+    import torch
+
+    fn()
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(20_000_000)  # the CPU queues every launch behind ~10 ms of spin
+        e0.record()
+        for _ in range(iters):
+            fn()
+        e1.record()
+        torch.cuda.synchronize()
+        out.append(e0.elapsed_time(e1) / iters)
+    return statistics.median(out)
+
+
+def _row(name: str, iters: int, once: bool) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attngen.lang import frontend
+    from attngen.plan.bwd import plan as plan_bwd
+    from attngen.runtime import kernel as runtime
+    from attngen.runtime.bwd import backward
+
+    D, B, H, L, causal = ROWS[name]
+    v = frontend.loads(_spec(D, H, causal), "<bwd-bench>").get()
+    kern = runtime.compile(v)
+    bp = plan_bwd(v, kern.plan.arch)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, vv, dO = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    o, lse = kern(q, k, vv)
+    ours = lambda: backward(kern, q, k, vv, dO, o=o, lse=lse)  # noqa: E731
+    if once:
+        ours()
+        torch.cuda.synchronize()
+        return {}
+    fwd_flops = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+    bwd_flops = 2.5 * fwd_flops
+    res = {"row": name, "D": D, "B": B, "H": H, "L": L, "causal": causal, "dtype": "bf16",
+           "engine": bp.engine.value, "tc_block_n": bp.tc_block_n, "tc_rotate": bp.tc_rotate, "bwd_flops": bwd_flops, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+    qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, vv))
+    for label, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                peer = lambda: torch.autograd.grad(out, (qg, kg, vg), dO, retain_graph=True)  # noqa: E731
+                if label == "cudnn":
+                    want = peer()
+                    got = ours()
+                    res["max_rel_err_vs_cudnn"] = {
+                        n: float((a.float() - b.float()).abs().max() / b.float().abs().max()) for n, a, b in zip(("dq", "dk", "dv"), got, want)}
+                    del want, got
+                ms = _time(peer, iters)
+            res[f"{label}_ms"] = ms
+            res[f"{label}_tflops"] = bwd_flops / ms / 1e9
+            del out
+        except Exception as e:  # a backend that refuses the shape: recorded, not fatal
+            res[f"{label}_error"] = f"{type(e).__name__}: {e}"[:300]
+    ms = _time(ours, iters)
+    res["attngen_ms"] = ms
+    res["attngen_tflops"] = bwd_flops / ms / 1e9
+    for label in ("cudnn", "fa2"):
+        if f"{label}_ms" in res:
+            res[f"attngen_vs_{label}"] = res[f"{label}_ms"] / ms
+    torch.cuda.empty_cache()
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--only", choices=sorted(ROWS), action="append")
+    ap.add_argument("--once", action="store_true", help="one attngen backward of each --only row, nothing timed")
+    ap.add_argument("--tc-block-n", type=int, choices=[64, 128], default=None,
+                    help="experiment: force the tensor-core kernel's key tile (the plan's choice otherwise)")
+    ap.add_argument("--no-rotate", action="store_true", help="experiment: every CTA walks the query tiles from the first")
+    args = ap.parse_args()
+    if args.no_rotate:
+        from attngen.plan import bwd as plan_bwd
+
+        plan_bwd.TC_ROTATE = False
+    if args.tc_block_n:
+        from attngen.plan import bwd as plan_bwd
+
+        plan_bwd.TC_BLOCK_N_CHOICES = (args.tc_block_n,)
+    rows = args.only or list(ROWS)
+    results = []
+    for name in rows:
+        r = _row(name, args.iters, args.once)
+        if args.once:
+            continue
+        results.append(r)
+        print(f"{name:28s} engine {r['engine']:4s}  attngen {r['attngen_tflops']:6.1f} TFLOP/s  "
+              f"cuDNN {r.get('cudnn_tflops', float('nan')):6.1f}  FA2 {r.get('fa2_tflops', float('nan')):6.1f}  "
+              f"x cuDNN {r.get('attngen_vs_cudnn', float('nan')):.2f}  x FA2 {r.get('attngen_vs_fa2', float('nan')):.2f}  "
+              f"err vs cuDNN {r.get('max_rel_err_vs_cudnn')}", flush=True)
+    if args.once:
+        return 0
+    out = args.out or (os.path.join(os.environ["OUT"], "h200_bwd.json") if os.environ.get("OUT") else str(ROOT / "benchmarks/results/h200_bwd.json"))
+    Path(out).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
