@@ -402,9 +402,10 @@ class Kernel:
             if x != NO_ERROR:
                 shape = self._check_shapes[i] if i < len(self._check_shapes) else None
                 where = f"{decl.name}[{', '.join(map(str, flat_to_index(int(x), shape)))}]" if shape else f"flat index {x} of {decl.name}"
+                why = ("prefix sums of the sequence lengths of `layout varlen`" if decl.name in self.variant.cu_seqlens_names
+                       else "the spec declares it `sorted`")
                 raise InputCheckError(
-                    f"{decl.name}: expected values that never decrease along the last dimension (the spec declares it "
-                    f"`sorted`), but {where} is smaller than the element before it (variant {self.variant.name}; "
+                    f"{decl.name}: expected values that never decrease along the last dimension ({why}), but {where} is smaller than the element before it (variant {self.variant.name}; "
                     f"this call's output is not valid; check_inputs=False skips this check)")
         raise NaNCheckError(f"variant {self.variant.name}: the output holds NaN or Inf (nan_check)")
 
