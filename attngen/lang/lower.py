@@ -873,6 +873,13 @@ def _kv_cache(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl]
         lw.error(f"`{BLOCK_TABLE}` is implied by `kv_cache paged`", tensors[BLOCK_TABLE].span or st.span,
                  f"remove its `input` line: it is i32[B, {BLOCK_TABLE_PAGES}]")
         return None
+    srt = [d for d in tensors.values() if d.sorted]
+    if srt:
+        # Paged caches run on the decode family only, which has no device check of `sorted` yet
+        # (plan.decode.decode_unsupported): such a spec would check clean and compile nowhere.
+        lw.error(f"`sorted` input `{srt[0].name}` with `kv_cache paged`: the decode family, which runs paged caches, "
+                 "does not check `sorted` promises yet", srt[0].span or st.span, "drop `sorted` (the mask is then classified per element)")
+        return None
     return n
 
 
