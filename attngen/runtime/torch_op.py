@@ -93,7 +93,9 @@ class AttnOp:
 
     def _fake(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any) -> Any:
         var = self.variant
-        if q.dim() == 3:  # a flat [B, L, H*D] hidden state (token-scope q norm)
+        if var.layout == Layout.VARLEN:  # packed [total_q, H, D]: the shapes need only the total
+            B, Lq = 1, q.shape[0]
+        elif q.dim() == 3:  # a flat [B, L, H*D] hidden state (token-scope q norm)
             B, Lq = q.shape[0], q.shape[1]
         elif var.layout == Layout.BHSD:
             B, Lq = q.shape[0], q.shape[2]

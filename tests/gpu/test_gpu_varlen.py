@@ -169,3 +169,20 @@ def test_lse_layout_is_heads_by_total() -> None:
     q, kk, vv = dev.pop("q"), dev.pop("k"), dev.pop("v")
     o, lse = kernel_for(v)(q, kk, vv, **dev)
     assert tuple(o.shape) == (204, 16, 128) and tuple(lse.shape) == (16, 204)
+
+
+def test_torch_op_takes_varlen_batches() -> None:
+    """attngen.torch.register: the op (its fake shapes too) on a packed batch equals the kernel."""
+    torch = pytest.importorskip("torch")
+    from attngen.runtime import torch_op
+
+    v = _v("wgmma_causal")
+    dev = _call_inputs(v, [70, 1, 0, 300])
+    q, kk, vv = dev.pop("q"), dev.pop("k"), dev.pop("v")
+    op = torch_op.register(v)
+    o, lse = op(q, kk, vv, dev["cu_seqlens"])
+    o_k, lse_k = kernel_for(v)(q, kk, vv, **dev)
+    torch.cuda.synchronize()
+    assert torch.equal(o, o_k) and torch.equal(lse, lse_k)
+    fo, fl = op._fake(q, kk, vv, dev["cu_seqlens"])
+    assert fo.shape == o.shape and fl.shape == lse.shape
