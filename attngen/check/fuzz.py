@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import textwrap
 import time
@@ -173,9 +174,16 @@ class Case:
     kv_lens: tuple[int, ...] | None = None
     docs: str = "default"  # default | single | per_token
     blocks: str = "default"  # default | empty | full
+    # `layout varlen`: each sequence's query and key lengths (B of each; Lq and Lk are the totals).
+    seq_q: tuple[int, ...] | None = None
+    seq_k: tuple[int, ...] | None = None
 
     def describe(self) -> str:
         extra = []
+        if self.seq_q is not None:
+            extra.append(f"seq_q={list(self.seq_q)}")
+        if self.seq_k is not None and self.seq_k != self.seq_q:
+            extra.append(f"seq_k={list(self.seq_k)}")
         if self.q_lens is not None:
             extra.append(f"q_lens={list(self.q_lens)}")
         if self.kv_lens is not None:
@@ -221,6 +229,33 @@ def case_strategy(v: Variant, *, max_len: int = 2048, max_work: int = MAX_SCORE_
     has_blocks = any(r == BuiltinName.BLOCK_SPARSE.value for r in roles.values())
 
     @st.composite
+    def seq_lengths(draw, B: int) -> tuple[int, ...]:
+        # Empty sequences and sequences of one row are boundary cases of their own in a packed batch.
+        return tuple(draw(st.one_of(st.sampled_from([0, 1]), lengths())) for _ in range(B))
+
+    @st.composite
+    def build_varlen(draw) -> Case:
+        B = draw(st.integers(1, 6))
+        seq_q = list(draw(seq_lengths(B)))
+        seq_k = list(seq_q) if v.kind == AttnKind.SELF else list(draw(seq_lengths(B)))
+        # Keep the reference cheap (sum over sequences of H * Lq_b * Lk_b score elements).
+        while v.heads * sum(a * b for a, b in zip(seq_q, seq_k)) > max_work:
+            i = max(range(B), key=lambda j: seq_q[j] * seq_k[j])
+            seq_q[i] //= 2
+            seq_k[i] = seq_q[i] if v.kind == AttnKind.SELF else seq_k[i] // 2
+        seq_q[0] = max(seq_q[0], 1)  # at least one query and one key row in all
+        if v.kind == AttnKind.SELF:
+            seq_k = list(seq_q)
+        elif sum(seq_k) == 0:
+            seq_k[-1] = 1
+        dist = draw(st.sampled_from(["normal", "normal", "large", "uniform"]))
+        seed = draw(st.integers(0, 2**31 - 1))
+        return Case(B, sum(seq_q), sum(seq_k), dist, seed, seq_q=tuple(seq_q), seq_k=tuple(seq_k))
+
+    if v.layout == Layout.VARLEN:
+        return build_varlen()
+
+    @st.composite
     def build(draw) -> Case:
         B = draw(st.integers(1, 4))
         Lq = draw(lengths())
@@ -254,6 +289,10 @@ def case_inputs(v: Variant, case: Case) -> dict[str, np.ndarray]:
 
     rng = np.random.default_rng(case.seed)
     arrays = workload.make_inputs(v, case.B, case.Lq, case.Lk, rng, dist=case.dist)
+    if case.seq_q is not None:
+        cu_q, cu_k = v.cu_seqlens_names
+        arrays[cu_q] = workload.cu_seqlens_of(case.seq_q)
+        arrays[cu_k] = workload.cu_seqlens_of(case.seq_k if case.seq_k is not None else case.seq_q)
     if case.q_lens is not None and PADDING_Q_LENS in arrays:
         arrays[PADDING_Q_LENS] = np.asarray(case.q_lens, dtype=arrays[PADDING_Q_LENS].dtype)
     if case.kv_lens is not None and PADDING_KV_LENS in arrays:
@@ -287,6 +326,8 @@ def run_kernel(kernel: Any, v: Variant, arrays: Mapping[str, np.ndarray]) -> tup
     q, k, vv, rest = split_inputs(arrays)
     B = q.shape[0]
     Lq = q.shape[2] if (v.layout == Layout.BHSD and q.ndim == 4) else q.shape[1]
+    if v.layout == Layout.VARLEN:
+        B, Lq = len(rest[v.cu_seqlens_names[0]]) - 1, q.shape[0]
     out = empty_device(abi.o_shape(v, B, Lq), v.dtype)
     lse = empty_device(abi.lse_shape(v, B, Lq), DType.FP32) if v.lse else None
     dev = {n: to_device(a) for n, a in rest.items()}
@@ -331,12 +372,16 @@ def reference_invariants(v: Variant, arrays: Mapping[str, np.ndarray]) -> list[s
         probs.append(f"reference O has {int(np.isnan(of).sum())} NaN")
     if np.isnan(lse).any() or np.isposinf(lse).any():
         probs.append("reference LSE has NaN or +inf")
-    if lse.shape != abi.lse_shape(v, q.shape[0], lse.shape[2]):
+    varlen = v.layout == Layout.VARLEN
+    if lse.shape != (abi.lse_shape(v, 1, q.shape[0]) if varlen else abi.lse_shape(v, q.shape[0], lse.shape[2])):
         probs.append(f"reference LSE shape {lse.shape}")
     if not v.norms and not v.residual:
         # An empty row must be exactly 0 (without a post-norm or residual changing it).
-        o4 = of if v.layout == Layout.BHSD else of.transpose(0, 2, 1, 3)
-        empty = np.isneginf(lse)
+        if varlen:  # o [total, H, Dv], lse [H, total]
+            o4, empty = of, np.isneginf(lse).T
+        else:
+            o4 = of if v.layout == Layout.BHSD else of.transpose(0, 2, 1, 3)
+            empty = np.isneginf(lse)
         if empty.any() and np.abs(o4[empty]).max() != 0:
             probs.append("reference O is not 0 on rows whose LSE is -inf")
     _last_ref[0] = (o, lse)
@@ -358,6 +403,8 @@ def flex_crosscheck(v: Variant, arrays: Mapping[str, np.ndarray]) -> tolerance.R
     from attngen.check import flex
 
     q, k, vv, rest = split_inputs(arrays)
+    if v.layout == Layout.VARLEN:
+        return None  # flex.run_flex takes padded batches; the reference's varlen path is tested against its dense one
     if v.page_size is not None:
         # Flex reads a contiguous cache: gather the pages (as the reference does) first.
         import dataclasses
@@ -859,9 +906,16 @@ def spec_strategy(name: str = "fuzzed"):
             n = fresh("sinks")
             inputs.append(f"input {n}: fp32[H]")
             lines.append(f"sink {n}")
-        decodable = dtype != "fp32" and D == Dv and D in (64, 128) and not any(x.startswith(("norm", "residual")) for x in lines)
+        decodable = (dtype != "fp32" and D == Dv and D in (64, 128) and not any(x.startswith(("norm", "residual")) for x in lines)
+                     and not any(i.endswith(" sorted") for i in inputs))  # the decode family checks no `sorted` promise
         if kind == "cross" and decodable and draw(st.integers(0, 3)) == 0:
             lines.append(f"kv_cache paged({draw(st.sampled_from([8, 16, 64, 256]))})")
+        # `layout varlen`, drawn last too, where nothing in the spec refuses it (norms, paged
+        # caches, inputs sized by Lq or Lk: positions restart in every packed sequence).
+        packable = not any(x.startswith(("norm", "kv_cache")) for x in lines) and not any(
+            re.search(r"\bL[qk]\b", x) for x in inputs)
+        if packable and draw(st.integers(0, 5)) == 0:
+            lines[4] = "layout varlen"
         body = "\n".join(f"  {x}" for x in lines[:5] + inputs + lines[5:])
         return f"attention {name} {{\n{body}\n}}\n"
 
@@ -885,6 +939,7 @@ MUTATION_TOKENS = (
     # 0, heads past the grid, an over-long literal, odd line breaks.
     "x_n0", "q_lens_n0", "q_norm_weight_s0", "a_launch", "1e-50", "1e-45", "65536", "0" * 300 + "8", "\r", "\f",
     "\u2028", "t[t[t[t[t[kv]]]]]",
+    "varlen", "layout varlen", "cu_seqlens", "cu_seqlens_q",
 )
 
 

@@ -407,8 +407,13 @@ def attention(
 
     With offsets or totals, q, k and v are a shard of a longer sequence (`abi.Positions`): the
     mask and the scores see global positions and lengths, and runtime inputs sized Lq or Lk hold
-    the whole sequence. The result is then the shard's rows of attention over the shard's keys."""
+    the whole sequence. The result is then the shard's rows of attention over the shard's keys.
+
+    `layout varlen`: O [total_q, H, Dv] and LSE [H, total_q], each sequence computed on its own
+    (`attention_varlen`)."""
     _check_mask(v)
+    if v.layout == Layout.VARLEN:
+        return attention_varlen(v, q, k, v_, inputs, positions=abi.Positions(q_offset, kv_offset, Lq_total, Lk_total))
     pos_given = abi.Positions(q_offset, kv_offset, Lq_total, Lk_total)
     sizes = _bind(v, q, k, v_, inputs, pos_given)
     pos = pos_given.resolve(sizes.Lq, sizes.Lk)
@@ -436,63 +441,123 @@ def attention(
     if v.residual and D != Dv:
         raise ValueError(f"residual: expected Dv == D, got D={D}, Dv={Dv}")
 
-    # Query rows per step: bounded by the score block (G x cq x Lk) and the token-norm row block.
     sink = np.asarray(tensors[v.sink], dtype=np.float64).reshape(-1) if v.sink is not None else None
-    cq = max(1, min(Lq, CHUNK_BYTES // (8 * max(G * Lk, H * D, G * max(D, Dv)))))
-    scale = v.effective_scale
     with np.errstate(all="ignore"):
         for b in range(B):
-            for hk in range(Hkv):
-                heads = np.arange(hk * G, (hk + 1) * G)
-                kk = round_to(k4[b, hk], v.dtype)  # [Lk, D]
-                if kn is not None:
-                    w, bias = _weights(tensors, NormTarget.K, kn.affine, kn.kind)
-                    kk = round_to(_normalise(kk, kn.kind, kn.eps, w, bias), v.dtype)
-                vv = round_to(v4[b, hk], v.dtype)  # [Lk, Dv]
-                for q0 in range(0, Lq, cq):
-                    q1 = min(Lq, q0 + cq)
-                    qq = _queries(v, q4, tensors, b, heads, q0, q1)  # [G, cq, D]
-                    s = np.matmul(qq, kk.T) * scale  # [G, cq, Lk]
-                    env = Env(
-                        {
-                            IndexVar.B: b,
-                            IndexVar.H: heads[:, None, None],
-                            IndexVar.Q: np.arange(q0 + pos.q_offset, q1 + pos.q_offset)[None, :, None],
-                            IndexVar.KV: np.arange(pos.kv_offset, pos.kv_offset + Lk)[None, None, :],
-                        },
-                        env_sizes,
-                        tensors,
-                    )
-                    for sc in v.scores:
-                        s = np.broadcast_to(
-                            evaluate(sc, Env(env.index, env.sizes, env.tensors, s)), s.shape
-                        ).astype(np.float64)
-                    vis = np.broadcast_to(evaluate(v.mask, env), s.shape)
-                    # A score of -inf on a visible key counts as invisible, so a row whose visible
-                    # scores are all -inf is empty (O = 0, LSE = -inf) rather than 0/0 = NaN.
-                    s = np.where(vis, s, -np.inf)
-                    m = s.max(axis=-1, keepdims=True)
-                    if sink is not None:
-                        # exp(sink[h]) joins the denominator: the max runs over it too, and a row
-                        # with nothing visible has O = 0 and LSE = sink[h].
-                        m = np.maximum(m, sink[heads][:, None, None])
-                    empty = ~(m > -np.inf)
-                    m = np.where(empty, 0.0, m)
-                    p = np.exp(s - m)
-                    l = p.sum(axis=-1, keepdims=True)
-                    if sink is not None:
-                        l = l + np.exp(sink[heads][:, None, None] - m)
-                    o = np.matmul(p, vv) / np.where(empty, 1.0, l)
-                    o = np.where(empty, 0.0, o)
-                    row_lse = np.where(empty[..., 0], -np.inf, m[..., 0] + np.log(np.where(empty, 1.0, l))[..., 0])
-                    if on is not None:
-                        w, bias = _weights(tensors, NormTarget.O, on.affine, on.kind)
-                        o = _normalise(o, on.kind, on.eps, w, bias)
-                    if v.residual:
-                        o = o + round_to(q4[b, heads, q0:q1], v.dtype)
-                    o4[b, heads, q0:q1] = o.astype(out.dtype)
-                    lse[b, heads, q0:q1] = row_lse.astype(np.float32)
+            _attend_row(v, b, b, q4, k4, v4, o4, lse, tensors, env_sizes, pos.q_offset, pos.kv_offset, sink)
     return out, lse
+
+
+def cu_seqlens_values(v: Variant, tensors: Mapping[str, np.ndarray], total_q: int, total_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The cu_seqlens arrays of a varlen call (int64, for q and for k/v), checked as FlashAttention
+    defines them: 0 first, never decreasing, the total last (ValueError naming the first break)."""
+    out = []
+    for name, total in zip(v.cu_seqlens_names, (total_q, total_k)):
+        cu = np.asarray(tensors[name], dtype=np.int64).reshape(-1)
+        if cu[0] != 0:
+            raise ValueError(f"{name}: expected prefix sums starting at 0, got {name}[0] = {cu[0]}")
+        drops = np.nonzero(np.diff(cu) < 0)[0]
+        if drops.size:
+            i = int(drops[0]) + 1
+            raise ValueError(f"{name}: expected values that never decrease, but {name}[{i}] = {cu[i]} < {name}[{i - 1}] = {cu[i - 1]}")
+        if cu[-1] != total:
+            raise ValueError(f"{name}: expected the last value to be the total row count {total}, got {cu[-1]}")
+        out.append(cu)
+    return out[0], out[1]
+
+
+def attention_varlen(v: Variant, q: np.ndarray, k: np.ndarray, v_: np.ndarray, inputs: Mapping[str, np.ndarray] | None = None,
+                     *, positions: abi.Positions | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`layout varlen`: q [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv] split into B
+    sequences by the cu_seqlens inputs; each sequence is attention on its own (positions from 0,
+    its own Lq and Lk, batch index b its place in the batch). Returns O [total_q, H, Dv] in the spec
+    dtype and LSE float32 [H, total_q]."""
+    sizes = _bind(v, q, k, v_, inputs, positions)
+    tensors = prepare_tensors(v, inputs)
+    cu_q, cu_k = cu_seqlens_values(v, tensors, sizes.Lq, sizes.Lk)
+    q, k, v_ = np.asarray(q), np.asarray(k), np.asarray(v_)
+    out = np.zeros(abi.o_shape(v, sizes.B, sizes.Lq), dtype=dtype_of(v.dtype))
+    lse = np.full(abi.lse_shape(v, sizes.B, sizes.Lq), -np.inf, dtype=np.float32)
+    sink = np.asarray(tensors[v.sink], dtype=np.float64).reshape(-1) if v.sink is not None else None
+
+    def one(x: np.ndarray, a: int, e: int) -> np.ndarray:
+        return x[a:e].transpose(1, 0, 2)[None]  # [1, heads, L, D] view of rows a..e-1
+
+    with np.errstate(all="ignore"):
+        for b in range(sizes.B):
+            q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+            if q1 == q0:
+                continue
+            o4 = np.zeros((1, v.heads, q1 - q0, v.value_head_dim), dtype=out.dtype)
+            l3 = np.full((1, v.heads, q1 - q0), -np.inf, dtype=np.float32)
+            env_sizes = _size_map(v, abi.Sizes(sizes.B, q1 - q0, k1 - k0, sizes.symbols))
+            _attend_row(v, 0, b, one(q, q0, q1), one(k, k0, k1), one(v_, k0, k1), o4, l3, tensors, env_sizes, 0, 0, sink)
+            out[q0:q1] = o4[0].transpose(1, 0, 2)
+            lse[:, q0:q1] = l3[0]
+    return out, lse
+
+def _attend_row(v: Variant, b: int, b_index: int, q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, o4: np.ndarray,
+                lse: np.ndarray, tensors: Mapping[str, np.ndarray], env_sizes: Mapping[SizeSym, int], q_offset: int,
+                kv_offset: int, sink: np.ndarray | None) -> None:
+    """One batch row b of q4/k4/v4 ([B, heads, L, D] views) into o4 and lse ([B, H, Lq]); masks and
+    scores see the batch index `b_index` (a varlen sequence's index, run as a batch of one)."""
+    Lq, Lk = q4.shape[2], k4.shape[2]
+    H, Hkv, G = v.heads, v.kv_heads, v.group_size
+    D, Dv = v.head_dim, v.value_head_dim
+    kn, on = v.norm(NormTarget.K), v.norm(NormTarget.O)
+    # Query rows per step: bounded by the score block (G x cq x Lk) and the token-norm row block.
+    cq = max(1, min(Lq, CHUNK_BYTES // (8 * max(G * Lk, H * D, G * max(D, Dv)))))
+    scale = v.effective_scale
+    for hk in range(Hkv):
+        heads = np.arange(hk * G, (hk + 1) * G)
+        kk = round_to(k4[b, hk], v.dtype)  # [Lk, D]
+        if kn is not None:
+            w, bias = _weights(tensors, NormTarget.K, kn.affine, kn.kind)
+            kk = round_to(_normalise(kk, kn.kind, kn.eps, w, bias), v.dtype)
+        vv = round_to(v4[b, hk], v.dtype)  # [Lk, Dv]
+        for q0 in range(0, Lq, cq):
+            q1 = min(Lq, q0 + cq)
+            qq = _queries(v, q4, tensors, b, heads, q0, q1)  # [G, cq, D]
+            s = np.matmul(qq, kk.T) * scale  # [G, cq, Lk]
+            env = Env(
+                {
+                    IndexVar.B: b_index,
+                    IndexVar.H: heads[:, None, None],
+                    IndexVar.Q: np.arange(q0 + q_offset, q1 + q_offset)[None, :, None],
+                    IndexVar.KV: np.arange(kv_offset, kv_offset + Lk)[None, None, :],
+                },
+                env_sizes,
+                tensors,
+            )
+            for sc in v.scores:
+                s = np.broadcast_to(
+                    evaluate(sc, Env(env.index, env.sizes, env.tensors, s)), s.shape
+                ).astype(np.float64)
+            vis = np.broadcast_to(evaluate(v.mask, env), s.shape)
+            # A score of -inf on a visible key counts as invisible, so a row whose visible
+            # scores are all -inf is empty (O = 0, LSE = -inf) rather than 0/0 = NaN.
+            s = np.where(vis, s, -np.inf)
+            m = s.max(axis=-1, keepdims=True) if Lk else np.full(s.shape[:-1] + (1,), -np.inf)
+            if sink is not None:
+                # exp(sink[h]) joins the denominator: the max runs over it too, and a row
+                # with nothing visible has O = 0 and LSE = sink[h].
+                m = np.maximum(m, sink[heads][:, None, None])
+            empty = ~(m > -np.inf)
+            m = np.where(empty, 0.0, m)
+            p = np.exp(s - m)
+            l = p.sum(axis=-1, keepdims=True)
+            if sink is not None:
+                l = l + np.exp(sink[heads][:, None, None] - m)
+            o = np.matmul(p, vv) / np.where(empty, 1.0, l)
+            o = np.where(empty, 0.0, o)
+            row_lse = np.where(empty[..., 0], -np.inf, m[..., 0] + np.log(np.where(empty, 1.0, l))[..., 0])
+            if on is not None:
+                w, bias = _weights(tensors, NormTarget.O, on.affine, on.kind)
+                o = _normalise(o, on.kind, on.eps, w, bias)
+            if v.residual:
+                o = o + round_to(q4[b, heads, q0:q1], v.dtype)
+            o4[b, heads, q0:q1] = o.astype(o4.dtype)
+            lse[b, heads, q0:q1] = row_lse.astype(np.float32)
 
 
 def score_error(v: Variant, q: np.ndarray, k: np.ndarray, inputs: Mapping[str, np.ndarray] | None = None) -> float:

@@ -113,6 +113,9 @@ def attention_backward(
     `learnable_inputs`), the gradient of that runtime input (float64, its shape)."""
     if v.page_size is not None:
         raise ValueError(f"variant {v.name}: `kv_cache paged` is inference state; the backward pass takes contiguous K/V")
+    if v.layout == Layout.VARLEN:
+        raise ValueError(f"variant {v.name}: `layout varlen` is not differentiated yet (the forward reference and "
+                         "kernels run it; for gradients use `layout bshd`, padded)")
     _check_mask(v)
     sizes = _bind(v, q, k, v_, inputs)
     wanted = tuple(wrt)

@@ -9,7 +9,7 @@ all draw from here so that they agree on what a sensible call looks like.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from attngen.ir.abi import Sizes
 from attngen.ir.nodes import (
     BLOCK_TABLE,
     BLOCK_TABLE_PAGES,
+    CU_SEQLENS_DIM,
     PADDING_KV_LENS,
     PADDING_Q_LENS,
     BuiltinName,
@@ -25,6 +26,7 @@ from attngen.ir.nodes import (
     Const,
     DType,
     Expr,
+    Layout,
     Load,
     NormTarget,
     TensorDecl,
@@ -176,6 +178,8 @@ def make_inputs(
         Lk = pages * v.page_size
         syms[BLOCK_TABLE_PAGES] = pages
         num_pages = B * pages + 3
+    if v.layout == Layout.VARLEN:
+        syms[CU_SEQLENS_DIM] = B + 1
     sizes = Sizes(B, Lq, Lk, tuple(sorted(syms.items())))
     out = {
         "q": _qkv(rng, abi.q_shape(v, B, Lq), dist, v.dtype),
@@ -191,4 +195,22 @@ def make_inputs(
             continue
         shape = abi.input_shape(v, decl, sizes)
         out[decl.name] = _fill(v, decl, shape, roles.get(decl.name), rng, lengths)
+    if v.layout == Layout.VARLEN:
+        # B sequences: a random split of each total (empty sequences included), q's and k/v's
+        # drawn apart for kind cross.
+        cu_q, cu_k = v.cu_seqlens_names
+        out[cu_q] = varlen_split(rng, Lq, B)
+        out[cu_k] = out[cu_q] if cu_k == cu_q else varlen_split(rng, Lk, B)
     return out
+
+
+def varlen_split(rng: np.random.Generator, total: int, B: int) -> np.ndarray:
+    """cu_seqlens (i32[B+1]: 0, the running sums, total) of a random split of `total` rows into B
+    sequences, some possibly empty."""
+    cuts = np.sort(rng.integers(0, total + 1, B - 1))
+    return np.concatenate([[0], cuts, [total]]).astype(np.int32)
+
+
+def cu_seqlens_of(lengths: Sequence[int]) -> np.ndarray:
+    """cu_seqlens (i32[B+1]) of the given sequence lengths."""
+    return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))]).astype(np.int32)

@@ -7,6 +7,7 @@ always give the same bytes: no timestamps, no dict-order dependence, no absolute
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import re
@@ -170,6 +171,15 @@ class OpKernel:
     min_blocks: int = 1  # the __launch_bounds__ occupancy hint
     regs: tuple[int, int] | None = None  # wgmma setmaxnreg (producer, consumer) registers a thread
     prep: Prep | None = None  # prep kernels: what they write
+    # `layout varlen`: the query tiles are those of B packed sequences of total Lq rows. Sequence b
+    # owns the tile slots [cu_q[b] / block_m + b, ...) (its ceil(L_b / block_m) tiles, then at most
+    # one empty slot), so Lq / block_m + B slots cover every real tile; a CTA finds its sequence by
+    # a binary search over cu_seqlens, and an empty slot exits at once.
+    varlen: bool = False
+
+    def _tile_slots(self, B: int, Lq: int) -> int:
+        assert self.tile is not None
+        return Lq // self.tile.block_m + B if self.varlen else -(-Lq // self.tile.block_m)
 
     def launch_grid(self, heads: int, B: int, Lq: int, Lk: int, sm_count: int) -> tuple[int, int, int]:
         """The launch grid for one call's sizes."""
@@ -177,7 +187,9 @@ class OpKernel:
             assert self.prep is not None
             return (_rows_grid(self.prep.rows(B, Lq, Lk)), 1, 1)
         assert self.tile is not None
-        n_m = -(-Lq // self.tile.block_m)
+        n_m = self._tile_slots(B, Lq)
+        if self.varlen:  # the tile slots of all sequences run along x
+            return (max(1, min(n_m * heads, sm_count)), 1, 1) if self.grid_rule == GridRule.PERSISTENT else (n_m, heads, 1)
         if self.grid_rule == GridRule.PERSISTENT:
             # The kernel counts work tiles in an int.
             if n_m * heads * B > MAX_WORK_TILES:
@@ -193,6 +205,12 @@ class OpKernel:
         """The launcher's C++ for the grid over Params `p`: the dim3 arguments of a TILES grid, or
         the work-tile count a PERSISTENT grid caps at the SM count."""
         n_m = f"(p.Lq + {ns}::BLOCK_M - 1) / {ns}::BLOCK_M"
+        if self.varlen:
+            n_m = f"p.Lq / {ns}::BLOCK_M + p.B"
+            if self.grid_rule == GridRule.PERSISTENT:
+                return f"(long long)({n_m}) * {ns}::H"
+            if self.grid_rule == GridRule.TILES:
+                return f"{n_m}, {ns}::H, 1"
         if self.grid_rule == GridRule.PERSISTENT:
             return f"(long long)({n_m}) * {ns}::H * p.B"
         if self.grid_rule == GridRule.TILES:
@@ -204,6 +222,12 @@ class OpKernel:
         if self.grid_rule == GridRule.ROWS:
             return f"min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS})"
         assert self.tile is not None
+        if self.varlen:
+            slots = f"total_q / {self.tile.block_m} + B"
+            if self.grid_rule == GridRule.PERSISTENT:
+                return (f"min(({slots}) * H={heads}, number of SMs) x 1 x 1 (persistent CTAs loop over the work tiles, "
+                        f"each a sequence's query tile slot and a head; any grid is correct)")
+            return f"({slots}, H={heads}, 1) (query tile slots of the packed sequences x heads)"
         if self.grid_rule == GridRule.PERSISTENT:
             return (f"min(ceil(Lq / {self.tile.block_m}) * H={heads} * B, number of SMs) x 1 x 1 (persistent CTAs "
                     f"loop over the work tiles; any grid is correct)")
@@ -310,7 +334,8 @@ def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple
         Field(e, "k", "keys"),
         Field(e, "v", "values"),
         Field("elem_t* __restrict__", "o", "output"),
-        Field("float* __restrict__", "lse", "log-sum-exp [B, H, Lq], contiguous (nullptr unless `output lse`)"),
+        Field("float* __restrict__", "lse", ("log-sum-exp [H, total_q] (head stride lse_sh)" if v.layout == Layout.VARLEN else
+                                             "log-sum-exp [B, H, Lq], contiguous") + " (nullptr unless `output lse`)"),
         Field("int*", "nan_flag", "set to 1 when the output holds NaN/Inf (nullptr unless `nan_check`)"),
         *([Field("int*", "work_counter",
                  "one int, 0 before the first launch (every launch leaves it 0): the persistent CTAs' work-tile "
@@ -329,6 +354,9 @@ def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple
     for t in ("q", "k", "v", "o"):
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
             f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
+    if v.layout == Layout.VARLEN:
+        f.append(Field("long long", "lse_sh", "lse head stride, elements: total_q (the LSE is [H, total_q], contiguous; "
+                                              "the C++ launcher reads 0 as Lq)"))
     f.extend(pr.field for pr in preps)
     f.extend(input_fields(v))
     return tuple(f)
@@ -398,8 +426,10 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX) -> OpPlan:
         tile=tile,
         smem=variant_smem_layout(v, tile, arch),
         min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
-        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores)) if eng == Engine.WGMMA else None,
+        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores), v.layout == Layout.VARLEN) if eng == Engine.WGMMA else None,
     )
+    if v.layout == Layout.VARLEN:
+        attention = dataclasses.replace(attention, varlen=True)
     prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
                          for pr in preps)
     return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=_fields(v, preps, pers), workspaces=preps)
@@ -419,6 +449,17 @@ def _header(v: Variant, kp: OpPlan) -> str:
     ks = "[B, Hkv, Lk, D]" if layout == "bhsd" else "[B, Lk, Hkv, D]"
     vs = "[B, Hkv, Lk, Dv]" if layout == "bhsd" else "[B, Lk, Hkv, Dv]"
     os_ = "[B, H, Lq, Dv]" if layout == "bhsd" else "[B, Lq, H, Dv]"
+    varlen_lines: list[str] = []
+    if v.layout == Layout.VARLEN:
+        qs, ks, vs, os_ = "[total_q, H, D]", "[total_k, Hkv, D]", "[total_k, Hkv, Dv]", "[total_q, H, Dv]"
+        cu_q, cu_k = v.cu_seqlens_names
+        varlen_lines = [
+            f"Varlen (packed) batch: B sequences; sequence b owns q/o rows {cu_q}[b] .. {cu_q}[b+1] - 1 and k/v rows",
+            f"{cu_k}[b] .. {cu_k}[b+1] - 1 ({'one array for both: kind self' if cu_q == cu_k else 'i32[B+1] each'}: prefix sums, 0 first,",
+            "the total last, never decreasing; values are clamped to [0, total] in the kernel). Positions restart at 0",
+            "in every sequence: masks and scores see q, kv < that sequence's Lq, Lk. Params: B = sequences, Lq = total_q,",
+            "Lk = total_k, offsets 0; the batch strides are ignored; lse is [H, total_q] (head stride lse_sh).",
+        ]
     t = kp.tile
     lines = [
         f"Generated by attngen {__version__} from the spec below. Do not edit: regenerate.",
@@ -429,6 +470,7 @@ def _header(v: Variant, kp: OpPlan) -> str:
         f"layout {layout}, {v.kind.value} attention, scale {v.effective_scale!r}",
         f"Shapes: q {qs}, k {ks}, v {vs}, o {os_}; last dimension contiguous, every stride and",
         "pointer a multiple of 16 bytes. Accumulation in fp32.",
+        *varlen_lines,
         "",
         f"Kernel {kp.kernel_name}: grid {grid_text(kp, v.heads)}, block {kp.threads} threads,",
         f"dynamic shared memory {kp.smem_bytes} bytes (opt in with cudaFuncSetAttribute above 48 KiB).",
@@ -484,6 +526,14 @@ def _norm_ctx(v: Variant) -> dict:
         ctx[f"{key}_norm_affine"] = n is not None and n.affine
         ctx[f"{key}_norm_eps"] = float_literal(n.eps) if n is not None else "0.0f"
     return ctx
+
+
+def _varlen_ctx(v: Variant) -> dict:
+    """`layout varlen`: the Params fields of the cu_seqlens arrays (q's, k's: one array for kind self)."""
+    cu = v.cu_seqlens_names or ("", "")
+    return dict(varlen=v.layout == Layout.VARLEN,
+                cu_q=names.input_field(cu[0]), cu_q_s0=names.input_stride_field(cu[0], 0),
+                cu_k=names.input_field(cu[1]), cu_k_s0=names.input_stride_field(cu[1], 0))
 
 
 def _wgmma_shapes(kp: OpPlan, v: Variant) -> list[dict]:
@@ -598,6 +648,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         prep_rows_per_block=PREP_ROWS_PER_BLOCK,
         prep_max_blocks=PREP_MAX_BLOCKS,
         **_norm_ctx(v),
+        **_varlen_ctx(v),
     )
     src = _environment().get_template("fwd/attention.cu.j2").render(**ctx)
     return src, kp

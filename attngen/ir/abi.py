@@ -97,7 +97,10 @@ def size_value(v: Variant, sym: SizeSym, sizes: Sizes) -> int:
 
 
 def q_shape(v: Variant, B: int, Lq: int) -> Shape:
-    """Shape of q (and of x for the residual) in the variant's layout."""
+    """Shape of q (and of x for the residual) in the variant's layout (varlen: [total_q, H, D],
+    with Lq the total)."""
+    if v.layout == Layout.VARLEN:
+        return (Lq, v.heads, v.head_dim)
     return (B, v.heads, Lq, v.head_dim) if v.layout == Layout.BHSD else (B, Lq, v.heads, v.head_dim)
 
 
@@ -108,17 +111,24 @@ def kv_shape(v: Variant, B: int, Lk: int, value: bool, num_pages: int | None = N
     if v.page_size is not None:
         n = num_pages if num_pages is not None else B * -(-Lk // v.page_size)
         return (n, v.page_size, v.kv_heads, d)
+    if v.layout == Layout.VARLEN:
+        return (Lk, v.kv_heads, d)
     return (B, v.kv_heads, Lk, d) if v.layout == Layout.BHSD else (B, Lk, v.kv_heads, d)
 
 
 def o_shape(v: Variant, B: int, Lq: int) -> Shape:
     """Shape of the output O: H heads, Dv wide, in the variant's layout."""
     d = v.value_head_dim
+    if v.layout == Layout.VARLEN:
+        return (Lq, v.heads, d)
     return (B, v.heads, Lq, d) if v.layout == Layout.BHSD else (B, Lq, v.heads, d)
 
 
 def lse_shape(v: Variant, B: int, Lq: int) -> Shape:
-    """Shape of the LSE output (fp32), always [B, H, Lq]."""
+    """Shape of the LSE output (fp32): [B, H, Lq]; varlen [H, total_q] (FlashAttention's unpadded
+    LSE: the batch is one packed sequence of Lq = total_q rows)."""
+    if v.layout == Layout.VARLEN:
+        return (v.heads, Lq)
     return (B, v.heads, Lq)
 
 
@@ -184,6 +194,8 @@ def bind_sizes(
     element types of runtime inputs are not compared (the reference rounds whatever it is given).
     With `positions` (a shard of a longer sequence), runtime inputs sized Lq or Lk are sized by the
     global lengths, and `kind self` asks for equal global lengths instead of equal local ones."""
+    if v.layout == Layout.VARLEN:
+        return _bind_varlen(v, q_shape, k_shape, v_shape, inputs, check_dtypes=check_dtypes, positions=positions)
     lay = v.layout.value
     bhsd = v.layout == Layout.BHSD
     H, Hkv, D, Dv = v.heads, v.kv_heads, v.head_dim, v.value_head_dim
@@ -235,6 +247,52 @@ def bind_sizes(
             raise ValueError(f"positions: `kind self` expects Lq_total == Lk_total, got {pos.Lq_total} and {pos.Lk_total}")
         seen = Sizes(B, int(pos.Lq_total), int(pos.Lk_total))  # type: ignore[arg-type]
 
+    return bind_sizes_inputs(v, seen, given, check_dtypes, Sizes(B, Lq, Lk))
+
+
+def _bind_varlen(
+    v: Variant,
+    q_shape: Sequence[int],
+    k_shape: Sequence[int],
+    v_shape: Sequence[int],
+    inputs: Mapping[str, tuple[Sequence[int], str]] | None,
+    *,
+    check_dtypes: bool,
+    positions: Positions | None,
+) -> Sizes:
+    """`bind_sizes` for `layout varlen`: q [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv],
+    the cu_seqlens inputs i32[B+1]; B is the number of sequences, Lq and Lk the totals."""
+    H, Hkv, D, Dv = v.heads, v.kv_heads, v.head_dim, v.value_head_dim
+    if positions is not None and not positions.is_plain:
+        raise ValueError("positions: `layout varlen` takes no q_offset, kv_offset, Lq_total or Lk_total (each sequence starts at 0)")
+    Lq, _, _ = _check("q", "varlen", [("total_q", None), ("H", H), ("D", D)], q_shape)
+    if Lq < 1:
+        raise ValueError(f"q: expected at least one query row (total_q >= 1), got total_q={Lq}")
+    lk_fixed = Lq if v.kind == AttnKind.SELF else None
+    Lk, _, _ = _check("k", "varlen", [("total_k", lk_fixed), ("Hkv", Hkv), ("D", D)], k_shape)
+    if Lk < 1:
+        raise ValueError(f"k: expected at least one key row (total_k >= 1), got total_k={Lk}")
+    _check("v", "varlen", [("total_k", Lk), ("Hkv", Hkv), ("Dv", Dv)], v_shape)
+    given = dict(inputs or {})
+    cu_q, cu_k = v.cu_seqlens_names
+    B = None
+    for name in dict.fromkeys((cu_q, cu_k)):
+        if name not in given:
+            continue  # reported with the other inputs below
+        shape = tuple(int(x) for x in given[name][0])
+        if len(shape) != 1 or shape[0] < 2:
+            raise ValueError(f"{name}: expected shape (B+1,) with B >= 1 sequences (prefix sums of the lengths, 0 first), got {_fmt_shape(shape)}")
+        if B is not None and shape[0] != B + 1:
+            raise ValueError(f"{name}: expected shape ({B + 1},) like {cu_q} (B+1 = {B + 1}), got {_fmt_shape(shape)}")
+        B = shape[0] - 1
+    sizes = bind_sizes_inputs(v, Sizes(B or 1, Lq, Lk), given, check_dtypes)
+    return Sizes(B or 1, Lq, Lk, sizes.symbols)
+
+
+def bind_sizes_inputs(v: Variant, seen: Sizes, given: Mapping[str, tuple[Sequence[int], str]], check_dtypes: bool,
+                      result: Sizes | None = None) -> Sizes:
+    """Check every runtime input against `seen` (the sizes inputs are measured in) and bind the
+    free dims; returns `result` (default `seen`) with them."""
     decls = v.runtime_inputs()
     expected_names = [d.name for d in decls]
     missing = [n for n in expected_names if n not in given]
@@ -268,5 +326,5 @@ def bind_sizes(
                 if g < 1:
                     raise ValueError(f"{decl.name}: expected free dim {d} >= 1, got {g}")
                 symbols.setdefault(d, g)
-    return Sizes(B, Lq, Lk, tuple(sorted(symbols.items())))
-
+    out = result if result is not None else seen
+    return Sizes(out.B, out.Lq, out.Lk, tuple(sorted(symbols.items())))

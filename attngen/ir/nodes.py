@@ -102,6 +102,10 @@ class Layout(enum.Enum):
 
     BHSD = "bhsd"
     BSHD = "bshd"
+    # Packed variable-length batch (FlashAttention varlen): q [total_q, H, D], k/v [total_k, Hkv, D],
+    # o [total_q, H, Dv]; sequence b owns rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1 (the
+    # implied i32[B+1] inputs, `cu_seqlens` for `kind self`), and positions restart at 0 in each.
+    VARLEN = "varlen"
 
 
 class AttnKind(enum.Enum):
@@ -229,6 +233,12 @@ PADDING_Q_LENS = "q_lens"
 PADDING_KV_LENS = "kv_lens"
 BLOCK_TABLE = "block_table"  # implied by `kv_cache paged(N)`: i32[B, BLOCK_TABLE_PAGES]
 BLOCK_TABLE_PAGES = "max_pages"
+# Implied by `layout varlen`: prefix sums of the sequence lengths, i32[B+1] (sorted; 0 first, the
+# total last). `kind self` has one (q and k/v share the lengths), `kind cross` one each.
+CU_SEQLENS = "cu_seqlens"
+CU_SEQLENS_Q = "cu_seqlens_q"
+CU_SEQLENS_K = "cu_seqlens_k"
+CU_SEQLENS_DIM = "B_plus_1"  # their free dim (bind_sizes checks it is B + 1)
 PAGE_SIZES = (8, 256)  # smallest and largest page, tokens (multiples of 8)
 ALIBI_SLOPES = "alibi_slopes"  # only when `alibi(slopes)` is not given a tensor: standard slopes are
 # computed at compile time and are not an input.
@@ -442,6 +452,18 @@ class Variant:
                 return n
         return None
 
+    @property
+    def varlen(self) -> bool:
+        return self.layout == Layout.VARLEN
+
+    @property
+    def cu_seqlens_names(self) -> tuple[str, ...]:
+        """The implied cu_seqlens inputs, (for q, for k/v): one shared array for `kind self`,
+        two for `kind cross`; () unless `layout varlen`."""
+        if self.layout != Layout.VARLEN:
+            return ()
+        return (CU_SEQLENS, CU_SEQLENS) if self.kind == AttnKind.SELF else (CU_SEQLENS_Q, CU_SEQLENS_K)
+
     def runtime_inputs(self) -> tuple[TensorDecl, ...]:
         """Every runtime input beyond q, k, v, in ABI order: declared inputs first, then those
         implied by builtins and norms (sorted by name so the order is stable)."""
@@ -460,6 +482,8 @@ class Variant:
             implied[norm_weight_name(n.target)] = TensorDecl(norm_weight_name(n.target), DType.FP32, (width,))
             if n.kind == NormKind.LAYERNORM:
                 implied[norm_bias_name(n.target)] = TensorDecl(norm_bias_name(n.target), DType.FP32, (width,))
+        for name in self.cu_seqlens_names:
+            implied[name] = TensorDecl(name, DType.I32, (CU_SEQLENS_DIM,), True)
         if self.page_size is not None:
             implied[BLOCK_TABLE] = TensorDecl(BLOCK_TABLE, DType.I32, (SizeSym.B, BLOCK_TABLE_PAGES))
         declared = {d.name for d in self.inputs}

@@ -21,6 +21,9 @@ from attngen.ir.nodes import (
     ALIBI_SLOPES,
     BLOCK_TABLE,
     BLOCK_TABLE_PAGES,
+    CU_SEQLENS,
+    CU_SEQLENS_K,
+    CU_SEQLENS_Q,
     PAGE_SIZES,
     PADDING_KV_LENS,
     PADDING_Q_LENS,
@@ -793,6 +796,8 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
 
     sink = _sink(lw, seen.get(A.StmtKind.SINK), tensors)
     page_size = _kv_cache(lw, seen.get(A.StmtKind.KV_CACHE), tensors, kind)
+    if layout == Layout.VARLEN:
+        _varlen(lw, seen, inputs, tensors, norms, kind)
 
     tile = None
     ts = seen.get(A.StmtKind.TILE)
@@ -868,7 +873,39 @@ def _kv_cache(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl]
         lw.error(f"`{BLOCK_TABLE}` is implied by `kv_cache paged`", tensors[BLOCK_TABLE].span or st.span,
                  f"remove its `input` line: it is i32[B, {BLOCK_TABLE_PAGES}]")
         return None
+    srt = [d for d in tensors.values() if d.sorted]
+    if srt:
+        # Paged caches run on the decode family only, which has no device check of `sorted` yet
+        # (plan.decode.decode_unsupported): such a spec would check clean and compile nowhere.
+        lw.error(f"`sorted` input `{srt[0].name}` with `kv_cache paged`: the decode family, which runs paged caches, "
+                 "does not check `sorted` promises yet", srt[0].span or st.span, "drop `sorted` (the mask is then classified per element)")
+        return None
     return n
+
+
+def _varlen(lw: _Lowerer, seen: Mapping[A.StmtKind, A.Stmt], inputs: list[TensorDecl], tensors: Mapping[str, TensorDecl],
+            norms: Mapping[NormTarget, Norm], kind: object) -> None:
+    """`layout varlen`: what a packed batch cannot take (each error at its statement). Positions
+    restart in every sequence, so an input sized Lq or Lk has no one meaning; the implied
+    cu_seqlens inputs may not be declared; norms (prep kernels over [B, L] rows) and paged caches
+    are not implemented for it."""
+    implied = (CU_SEQLENS,) if kind == AttnKind.SELF else (CU_SEQLENS_Q, CU_SEQLENS_K)
+    for name in (CU_SEQLENS, CU_SEQLENS_Q, CU_SEQLENS_K):
+        d = tensors.get(name)
+        if d is not None and name in implied:
+            lw.error(f"`{name}` is implied by `layout varlen`", d.span, f"remove its `input` line: it is i32[B+1], the prefix sums of the sequence lengths")
+    for d in inputs:
+        if d.name in implied:
+            continue
+        sized = [x.value for x in d.shape if x in (SizeSym.LQ, SizeSym.LK)]
+        if sized:
+            lw.error(f"input `{d.name}` is sized by {sized[0]}, which varies from sequence to sequence under `layout varlen`", d.span,
+                     "size it by B (one value a sequence) or by a fixed or named dim; positions restart at 0 in every sequence")
+    for n in norms.values():
+        lw.error(f"`norm {n.target.value}` is not implemented with `layout varlen`", n.span, "use `layout bshd` (padded batches) for fused norms")
+    kc = seen.get(A.StmtKind.KV_CACHE)
+    if kc is not None:
+        lw.error("`kv_cache paged` does not combine with `layout varlen`", kc.span, "a paged cache has per-row lengths of its own: use `layout bshd` with it")
 
 
 def _sink(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl]) -> str | None:

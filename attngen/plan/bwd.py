@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass
 
 from attngen.lang.diagnostics import Diagnostic
-from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name
+from attngen.ir.nodes import DType, Layout, NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name
 from attngen.cuda.render import Field, kernel_name
 from attngen.cuda.emit import tensor_ctype
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
@@ -121,6 +121,9 @@ def unsupported(v: Variant) -> list[Diagnostic]:
     if v.page_size is not None:
         out.append(Diagnostic("--pass backward: `kv_cache paged` is inference state; the backward takes contiguous K/V",
                               v.span, "compile the same variant without `kv_cache paged` for training"))
+    if v.layout == Layout.VARLEN:
+        out.append(Diagnostic("--pass backward: `layout varlen` is not supported by the backward kernels yet",
+                              v.span, "the forward (with `output lse`) runs packed batches; for the backward use `layout bshd` (padded) for now"))
     return out
 
 

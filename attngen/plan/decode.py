@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from attngen.ir.nodes import DType, Index, IndexVar, Variant, strip_sugar, walk
+from attngen.ir.nodes import DType, Index, Layout, IndexVar, Variant, strip_sugar, walk
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
 # Query rows (per KV head: group x Lq) up to which `Family.AUTO` picks the decode family.
@@ -46,6 +46,8 @@ class Family(enum.Enum):
 
 def decode_unsupported(v: Variant) -> str | None:
     """Why the decode family cannot run `v` (None when it can)."""
+    if v.layout == Layout.VARLEN:
+        return "the decode family takes padded batches, not `layout varlen` (packed batches run on the forward family)"
     if v.dtype not in (DType.FP16, DType.BF16):
         return f"the decode family runs fp16/bf16 on tensor cores, not {v.dtype.value}"
     if v.head_dim != v.value_head_dim or v.head_dim not in DECODE_HEAD_DIMS:

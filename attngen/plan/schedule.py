@@ -135,7 +135,7 @@ WGMMA_HEAD_DIMS = (64, 128)
 WGMMA_PRODUCER_WARPS = 4
 
 
-def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = False) -> tuple[int, int]:
+def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = False, varlen: bool = False) -> tuple[int, int]:
     """setmaxnreg split of the registers of one CTA an SM (launched with 168 a thread: 64512)
     between producer and consumer threads. The producer classifies every key tile (interval
     arithmetic of the mask, and the tensor reads of a data mask) besides copying; the consumers'
@@ -143,9 +143,15 @@ def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = 
     256 x 232 for index-only masks; masks that read tensors need 64 producer registers (packed
     documents spill 92 bytes at 40, the prefix-LM mask 8 at 56), so 128 x 64 + 256 x 216, or
     128 x 56 + 256 x 224 with score mods (the T5 bias spills 16 bytes at 216). Three consumer
-    warpgroups: 128 x 32 + 384 x 160."""
+    warpgroups: 128 x 32 + 384 x 160. `layout varlen`: the producer reads each work tile's sequence
+    through a per-sequence copy of the Params (render: ag_varlen_view), whose fields ptxas keeps in
+    registers instead of reading kernel parameters at each use: it spills 12 bytes at 40 to 72
+    producer registers (causal, D 128; even with the copy's fields unchanged), none at 128 x 80 +
+    256 x 208."""
     if tile.warps != 8:
         return (32, 160)
+    if varlen:
+        return (80, 208)
     if mask_lookups:
         return (56, 224) if score_mods else (64, 216)
     return (40, 232)

@@ -16,6 +16,7 @@ except under CUDA-graph capture, where `raise_pending()` reports them later.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import threading
@@ -401,9 +402,10 @@ class Kernel:
             if x != NO_ERROR:
                 shape = self._check_shapes[i] if i < len(self._check_shapes) else None
                 where = f"{decl.name}[{', '.join(map(str, flat_to_index(int(x), shape)))}]" if shape else f"flat index {x} of {decl.name}"
+                why = ("prefix sums of the sequence lengths of `layout varlen`" if decl.name in self.variant.cu_seqlens_names
+                       else "the spec declares it `sorted`")
                 raise InputCheckError(
-                    f"{decl.name}: expected values that never decrease along the last dimension (the spec declares it "
-                    f"`sorted`), but {where} is smaller than the element before it (variant {self.variant.name}; "
+                    f"{decl.name}: expected values that never decrease along the last dimension ({why}), but {where} is smaller than the element before it (variant {self.variant.name}; "
                     f"this call's output is not valid; check_inputs=False skips this check)")
         raise NaNCheckError(f"variant {self.variant.name}: the output holds NaN or Inf (nan_check)")
 
@@ -460,7 +462,9 @@ class Kernel:
         def strides4(a: _Arr, name: str) -> tuple[int, int, int]:
             if a.strides[-1] != 1:
                 raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got strides {a.strides}")
-            if len(a.shape) == 3:  # flat [B, L, H*D] hidden state
+            if var.layout == Layout.VARLEN:  # packed [total, H, D]: no batch stride (the kernel moves to each sequence's rows)
+                sb, ss, sh = 0, a.strides[0], a.strides[1]
+            elif len(a.shape) == 3:  # flat [B, L, H*D] hidden state
                 sb, ss = a.strides[0], a.strides[1]
                 sh = var.head_dim
             elif var.layout == Layout.BHSD:
@@ -513,8 +517,10 @@ class Kernel:
             if not var.lse:
                 raise ValueError("lse: this variant does not compute the LSE (add `output lse` to the spec)")
             al = _view(lse, "lse")
-            if al.dtype != "float32" or al.shape != (B, var.heads, Lq) or al.strides != (var.heads * Lq, Lq, 1):
-                raise ValueError(f"lse: expected a contiguous float32 array of shape {(B, var.heads, Lq)}, got {al.dtype} {al.shape} strides {al.strides}")
+            want = abi.lse_shape(var, B, Lq)
+            contiguous = tuple(int(math.prod(want[i + 1:])) for i in range(len(want)))
+            if al.dtype != "float32" or al.shape != want or al.strides != contiguous:
+                raise ValueError(f"lse: expected a contiguous float32 array of shape {want}, got {al.dtype} {al.shape} strides {al.strides}")
             if al.is_torch != xp_torch or al.device != dev:
                 raise ValueError(f"lse: expected a {'torch tensor' if xp_torch else 'CuPy array'} on cuda:{dev} like q")
         for d in var.runtime_inputs():
@@ -527,6 +533,8 @@ class Kernel:
                                  "nan_flag": self._status.data.ptr if (var.nan_check and self._status is not None) else 0}
         for t, st in (("q", qs), ("k", ks), ("v", vs), ("o", os_)):
             fixed.update({f"{t}_sb": st[0], f"{t}_sh": st[1], f"{t}_ss": st[2]})
+        if var.layout == Layout.VARLEN:
+            fixed["lse_sh"] = Lq  # the LSE is [H, total_q]
         if persistent(kp.engine):
             fixed["work_counter"] = self._work_counter(sp)
         per_call = {"q": 0, "k": 1, "v": 2}

@@ -167,7 +167,9 @@ class AttnOp:
 
     def _fake_outputs(self, q: torch.Tensor, with_lse: bool) -> Any:
         var = self.variant
-        if q.dim() == 3:  # a flat [B, L, H*D] hidden state (token-scope q norm)
+        if var.layout == Layout.VARLEN:  # packed [total_q, H, D]: the shapes need only the total
+            B, Lq = 1, q.shape[0]
+        elif q.dim() == 3:  # a flat [B, L, H*D] hidden state (token-scope q norm)
             B, Lq = q.shape[0], q.shape[1]
         elif var.layout == Layout.BHSD:
             B, Lq = q.shape[0], q.shape[2]

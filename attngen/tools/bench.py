@@ -732,6 +732,9 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         return err(str(e.args[0]) if e.args else str(e))
     shapes_by_variant: dict[str, list[tuple[int, int, int]]] = {}
     for v in variants:
+        if v.layout == Layout.VARLEN:
+            return err(f"{v.name}: `attngen bench` times padded batches of one shape; for `layout varlen` (lengths that "
+                       "vary by sequence) run benchmarks/varlen_bench.py")
         try:
             shapes_by_variant[v.name] = [parse_shape(s, v) for s in args.shape] if args.shape else default_shapes(v)
         except ValueError as e:

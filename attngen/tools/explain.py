@@ -209,6 +209,10 @@ def _input_role(v: Variant, d: TensorDecl) -> str:
         return "norm weight (gamma)"
     if d.name.endswith("_norm_bias"):
         return "norm bias (beta)"
+    if d.name in v.cu_seqlens_names and d.name not in (x.name for x in v.inputs):
+        which = "q and k/v" if len(set(v.cu_seqlens_names)) == 1 else ("q" if d.name == v.cu_seqlens_names[0] else "k/v")
+        return (f"implied by layout varlen: row offsets of the B packed sequences in {which} (prefix sums of the "
+                "lengths, 0 first, the total last; B+1 values, checked never to decrease)")
     role = "read by the " + " and ".join(users) if users else "declared, unused"
     if d.sorted:
         role += "; sorted (never decreases along the last dim)"
@@ -402,7 +406,8 @@ def explain(
     out.append(f"attention {v.name}: {kind}")
     out.append(
         f"  {v.dtype.value} Q/K/V/O, fp32 accumulation; layout {v.layout.value}"
-        + (" (a [B, L, H*D] hidden state)" if v.layout == Layout.BSHD else " ([B, H, L, D])")
+        + {Layout.BSHD: " (a [B, L, H*D] hidden state)", Layout.VARLEN: " (B packed sequences: [total, H, D] rows, split by "
+           "cu_seqlens; positions restart at 0 in each sequence, so q, kv, Lq and Lk below are those of one sequence)"}.get(v.layout, " ([B, H, L, D])")
     )
     heads = f"  {v.heads} query heads"
     if v.kv_heads == v.heads:
@@ -521,7 +526,13 @@ def explain(
         n_m = math.ceil(Lq / tile.block_m)
         g = (n_m * v.heads * B, 1, 1) if persistent(eng) else (n_m, v.heads, B)
     grid_m = math.ceil(Lq / tile.block_m)
-    if persistent(eng):
+    if v.layout == Layout.VARLEN:
+        slots = Lq // tile.block_m + B
+        unit = "work tiles" if persistent(eng) else "CTAs"
+        out.append(f"  {g[0] * g[1] * g[2] if not persistent(eng) else g[0]} {unit} ({slots} query tile slots (total_q / {tile.block_m} + B: each "
+                   f"sequence's tiles and at most one empty slot, which exits at once) x {v.heads} heads)"
+                   f"{', over persistent CTAs, at most one an SM' if persistent(eng) else ''}; {key_tiles}")
+    elif persistent(eng):
         out.append(f"  {g[0]} work tiles ({grid_m} query tiles x {v.heads} heads x {B} batch) over persistent CTAs, "
                    f"at most one an SM; {key_tiles}")
     else:

@@ -270,13 +270,15 @@ def variants(draw, name: str | None = None) -> Variant:
     layout = draw(st.sampled_from(list(Layout)))
     scale = draw(st.one_of(st.none(), pos_floats))
     inputs = draw(tensor_decls())
+    if layout == Layout.VARLEN and any(x in (SizeSym.LQ, SizeSym.LK) or t.name.startswith("cu_seqlens") for t in inputs for x in t.shape):
+        layout = Layout.BSHD  # varlen refuses inputs sized by Lq or Lk (lengths vary by sequence)
     tensors = {t.name: t for t in inputs}
     depth = draw(st.integers(0, 4))
     mask = draw(st.one_of(st.just(TRUE), bool_expr(Ctx(tensors, heads, kind, False), depth)))
     scores = tuple(draw(st.lists(expr(None, Ctx(tensors, heads, kind, True), depth), max_size=3)))
     norms = []
     for target in NormTarget:
-        if draw(st.booleans()):
+        if layout != Layout.VARLEN and draw(st.booleans()):  # varlen has no fused norms
             scope = NormScope.TOKEN if target == NormTarget.Q and layout == Layout.BSHD and draw(st.booleans()) else NormScope.HEAD
             norms.append(Norm(target, draw(st.sampled_from(list(NormKind))), scope, draw(pos_floats), draw(st.booleans())))
     norms = draw(st.permutations(norms))
