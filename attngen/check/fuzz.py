@@ -939,11 +939,11 @@ def mutate(text: str, rng: np.random.Generator) -> str:
 def check_front_end(text: str) -> tuple[Any | None, str | None]:
     """Load text: (Program, None) on success, (None, None) on a SpecError with a located or plain
     rendered message, (None, problem) for anything else (a traceback would reach the user)."""
-    from attngen.lang import frontend
     from attngen.lang.diagnostics import SpecError
+    from attngen.plan import validate
 
     try:
-        prog = frontend.loads(text, "<fuzz>")
+        prog = validate.loads(text, "<fuzz>")
     except SpecError as e:
         try:
             msg = e.render()
@@ -998,11 +998,11 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
         if problem:
             raise AssertionError(f"front end failure on a generated spec:\n{problem}\n--- spec ---\n{text}")
         if prog is None:
-            from attngen.lang import frontend
             from attngen.lang.diagnostics import SpecError
+            from attngen.plan import validate
 
             try:
-                frontend.loads(text, "<generated>")
+                validate.loads(text, "<generated>")
             except SpecError as e:
                 raise AssertionError(f"a generated (valid) spec was rejected:\n{e.render()}\n--- spec ---\n{text}") from None
         rt = check_round_trip(prog)
@@ -1168,7 +1168,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         if not args.file:
             print("attngen fuzz: error: expected FILE (or --specs)", file=sys.stderr)
             return EXIT_USAGE
-        from attngen.lang import frontend
+        from attngen.plan import validate
         from attngen.lang.diagnostics import SpecError
 
         try:
@@ -1177,7 +1177,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             print(f"attngen fuzz: error: {args.file}: {e.strerror or e}", file=sys.stderr)
             return EXIT_USAGE
         try:
-            prog = frontend.loads(text, args.file)
+            prog = validate.loads(text, args.file)
         except SpecError as e:
             print(e.render(), file=sys.stderr)
             return EXIT_FAIL

@@ -54,6 +54,7 @@ _FORWARDED = frozenset((
     "TensorDecl",
     "TensorRef",
     "TileConfig",
+    "TileHint",
     "UnOp",
     "Unary",
     "Variant",

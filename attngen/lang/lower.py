@@ -1,9 +1,11 @@
 """Lowering: AST → validated IR, with every semantic error collected and reported in source order.
 
 This is the only place that knows what the names of the language mean: index variables, sizes,
-functions, builtins (desugared here into `ir.Builtin` nodes whose `body` is the plain expression),
-and the checks that keep a spec inside what the backend can build. Nothing is constant-folded, so
-that `printer` can print the IR back as it was written.
+functions, builtins (desugared here into `ir.Builtin` nodes whose `body` is the plain expression).
+It imports no backend: the few backend facts it checks as it goes (head dims, heads, bf16) come in
+as a `Target` value the plan stage builds, and the `tile` statement stays a hint that the plan
+stage validates (attngen.plan.validate). Nothing is constant-folded, so that `printer` can print
+the IR back as it was written.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from attngen.ir.nodes import (
     Span,
     TensorDecl,
     TensorRef,
-    TileConfig,
+    TileHint,
     Unary,
     UnOp,
     Variant,
@@ -63,9 +65,7 @@ from attngen.ir.nodes import (
     FP32_MIN_NORMAL,
     fp32_literal,
 )
-from attngen.plan import limits
 from attngen.ir import names
-from attngen.plan.schedule import DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, Arch, auto_tile, validate_tile
 
 INT32_MAX = 2**31 - 1
 # Tensor lookups inside the indices of lookups (`t[u[kv]]` is 2 deep). ptxas time grows steeply
@@ -244,10 +244,26 @@ class _Scope:
     in_score: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The backend facts lowering checks as it goes, as plain data (the plan stage builds one for an
+    arch: attngen.plan.validate.target), so that a construct no backend could run is refused at its
+    span among the spec's other errors while the front end imports no backend. The default checks
+    none of them: only what the language means."""
+
+    name: str = "any target"  # e.g. "sm_90a", for messages
+    head_dims: tuple[int, ...] | None = None  # None: any positive head dim
+    max_heads: int | None = None  # None: no limit
+    bf16: bool = True  # whether bf16 is available
+
+
+SEMANTIC = Target()
+
+
 @dataclass
 class _Lowerer:
     path: str
-    arch: Arch
+    target: Target
     diags: list[Diagnostic] = field(default_factory=list)
     lookup_depth: int = 0  # lookups enclosing the expression being lowered
 
@@ -696,8 +712,8 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     dtype = word_stmt(A.StmtKind.DTYPE, _ATTN_DTYPES, "attention dtype")
     if A.StmtKind.DTYPE not in seen:
         lw.error(f"variant `{v.name.text}` has no `dtype`", v.name.span, "add e.g. `dtype bf16` (fp32, fp16 or bf16)")
-    elif dtype == DType.BF16 and not lw.arch.bf16:
-        lw.error(f"bf16 needs sm_80 or newer; {lw.arch.value} has no bf16 tensor cores", seen[A.StmtKind.DTYPE].span,
+    elif dtype == DType.BF16 and not lw.target.bf16:
+        lw.error(f"bf16 needs sm_80 or newer; {lw.target.name} has no bf16 tensor cores", seen[A.StmtKind.DTYPE].span,
                  "use fp16 or fp32 on this arch, or compile for sm_80 or newer")
     layout = word_stmt(A.StmtKind.LAYOUT, _LAYOUTS, "layout") or Layout.BHSD
     kind = word_stmt(A.StmtKind.KIND, _KINDS, "kind") or AttnKind.SELF
@@ -709,16 +725,19 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         head_dim = _head_dim(lw, hd.first, "head_dim")
         value_dim = _head_dim(lw, hd.second, "value head_dim") if hd.second is not None else head_dim
     else:
-        lw.error(f"variant `{v.name.text}` has no `head_dim`", v.name.span, f"add e.g. `head_dim 128` (one of {', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
+        dims = lw.target.head_dims
+        lw.error(f"variant `{v.name.text}` has no `head_dim`", v.name.span,
+                 "add e.g. `head_dim 128`" + (f" (one of {', '.join(map(str, dims))})" if dims else ""))
 
     heads = kv_heads = None
     hs = seen.get(A.StmtKind.HEADS)
     if isinstance(hs, A.PairStmt):
         heads = lw.int_of(hs.first, "heads")
         kv_heads = lw.int_of(hs.second, "kv heads") if hs.second is not None else heads
-        if heads is not None and heads > limits.MAX_HEADS:
+        max_heads = lw.target.max_heads
+        if heads is not None and max_heads is not None and heads > max_heads:
             lw.error(f"{heads} heads are more than a kernel launch can hold", hs.first.span,
-                     f"heads are a dimension of the launch grid: at most {limits.MAX_HEADS}")
+                     f"heads are a dimension of the launch grid: at most {max_heads}")
             heads = None
         elif heads is not None and kv_heads is not None and heads % kv_heads:
             lw.error(
@@ -797,8 +816,7 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     tile = None
     ts = seen.get(A.StmtKind.TILE)
     if isinstance(ts, A.TileStmt) and ts.fields:
-        token_norm = any(n.target == NormTarget.Q and n.scope == NormScope.TOKEN for n in norms.values())
-        tile = _tile(lw, ts, dtype, head_dim, value_dim, token_norm)  # type: ignore[arg-type]
+        tile = _tile(lw, ts)
 
     if len(lw.diags) > n_before:
         return None
@@ -826,10 +844,7 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         sink=sink,
         page_size=page_size,
     )
-    problems = limits.check(lowered, lw.arch)
-    for p in problems:
-        lw.error(p.message, p.span, p.help)
-    return None if problems else lowered
+    return lowered
 
 
 def _ast_size(e: A.AExpr) -> int:
@@ -890,8 +905,9 @@ def _sink(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl]) ->
 
 def _head_dim(lw: _Lowerer, n: A.Num, what: str) -> int | None:
     v = lw.int_of(n, what)
-    if v is not None and v not in SUPPORTED_HEAD_DIMS:
-        lw.error(f"{what} {v} is not supported", n.span, f"the CUDA backend implements {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+    dims = lw.target.head_dims
+    if v is not None and dims is not None and v not in dims:
+        lw.error(f"{what} {v} is not supported", n.span, f"the CUDA backend implements {', '.join(map(str, dims))}")
         return None
     return v
 
@@ -971,7 +987,9 @@ def _norm(lw: _Lowerer, st: A.NormStmt, layout: Layout) -> Norm | None:
     return Norm(target, nkind, scope, eps, affine, st.span)  # type: ignore[arg-type]
 
 
-def _tile(lw: _Lowerer, st: A.TileStmt, dtype: DType | None, d: int | None, dv: int | None, token_norm: bool) -> TileConfig | None:
+def _tile(lw: _Lowerer, st: A.TileStmt) -> TileHint | None:
+    """The `tile` statement as a hint: each field given once, a positive integer. Whether an arch
+    can run it is the plan stage's question (attngen.plan.validate)."""
     given: dict[str, int] = {}
     firsts: dict[str, A.TileField] = {}
     ok = True
@@ -987,25 +1005,15 @@ def _tile(lw: _Lowerer, st: A.TileStmt, dtype: DType | None, d: int | None, dv: 
             ok = False
         else:
             given[key] = v
-    if not ok or dtype is None or d is None or dv is None:
+    if not ok:
         return None
-    auto = auto_tile(dtype, d, dv, lw.arch)
-    tile = TileConfig(
-        block_m=given.get("block_m", auto.block_m),
-        block_n=given.get("block_n", auto.block_n),
-        warps=given.get("warps", auto.warps),
-        stages=given.get("stages", auto.stages),
-        span=st.span,
-    )
-    problems = validate_tile(dtype, d, dv, tile, lw.arch, token_norm=token_norm)
-    for p in problems:
-        lw.error(f"bad tile: {p}", st.span, None)
-    return None if problems else tile
+    return TileHint(**given, span=st.span)  # type: ignore[arg-type]
 
 
-def lower(file: A.File, source: str | None = None, arch: Arch = DEFAULT_ARCH) -> Program:
-    """Check a parsed file and build its IR; raises SpecError with every problem found."""
-    lw = _Lowerer(file.path, arch)
+def lower(file: A.File, source: str | None = None, target: Target = SEMANTIC) -> Program:
+    """Check a parsed file and build its IR; raises SpecError with every problem found (`target`:
+    the backend facts to check as well, see `Target`)."""
+    lw = _Lowerer(file.path, target)
     variants: list[Variant] = []
     names: dict[str, A.VariantDecl] = {}
     for v in file.variants:

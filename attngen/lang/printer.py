@@ -164,8 +164,7 @@ def variant_lines(v: Variant) -> list[str]:
     if v.lse:
         lines.append("output lse")
     if v.tile is not None:
-        t = v.tile
-        lines.append(f"tile block_m {t.block_m} block_n {t.block_n} warps {t.warps} stages {t.stages}")
+        lines.append("tile " + " ".join(f"{k} {n}" for k, n in v.tile.given()))
     return lines
 
 

@@ -709,7 +709,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Run `attngen bench`; 0 ok, 1 a spec error or a disagreeing output, 2 a usage error."""
     if args is None or not isinstance(args, argparse.Namespace):
         args = build_parser().parse_args(list(args) if args is not None else None)
-    from attngen.lang import frontend
+    from attngen.plan import validate
     from attngen.check import fuzz
     from attngen.lang.diagnostics import SpecError
 
@@ -722,7 +722,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     except OSError as e:
         return err(f"{args.file}: {e.strerror or e}")
     try:
-        prog = frontend.loads(text, args.file)
+        prog = validate.loads(text, args.file)
     except SpecError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_FAIL

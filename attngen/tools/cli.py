@@ -78,15 +78,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Validate each file; one summary line per variant; exit 1 if any file has errors."""
     from attngen.tools import explain
     from attngen.lang.diagnostics import SpecError
+    from attngen.plan import validate
 
-    fe = _frontend()
     arch = _parse_arch(args.arch)
     status = EXIT_OK
     for path in args.files:
         text = _read(path)
         try:
-            # Lowering for the target arch checks tiles against that arch's shared memory.
-            program = fe.loads(text, path, arch=arch)
+            # The plan stage checks tiles and limits against the target arch (after lowering).
+            program = validate.loads(text, path, arch)
         except SpecError as e:
             print(e.render(), file=sys.stderr)
             status = EXIT_SPEC
@@ -157,13 +157,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """Describe a variant in plain words (every variant of the file without --variant)."""
     from attngen.tools import explain
     from attngen.lang.diagnostics import SpecError
+    from attngen.plan import validate
 
-    fe = _frontend()
     arch = _parse_arch(args.arch)
     shape = _parse_shape(args.shape) if args.shape is not None else None
     text = _read(args.file)
     try:
-        program = fe.loads(text, args.file, arch=arch)
+        program = validate.loads(text, args.file, arch)
     except SpecError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_SPEC

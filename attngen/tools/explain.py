@@ -331,9 +331,7 @@ def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, se
 
 def resolved_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[TileConfig, bool]:
     """The tile the kernel uses and whether it came from `tile auto`."""
-    if v.tile is not None:
-        return v.tile, False
-    return variant_tile(v, arch), True
+    return variant_tile(v, arch), v.tile is None
 
 
 def _op_plan(v: Variant, arch: Arch) -> Any:
