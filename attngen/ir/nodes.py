@@ -34,6 +34,7 @@ from typing import Union
 
 
 FP32_MAX = 3.4028234663852886e38
+INT32_MAX = 2**31 - 1  # integer literals, sizes and element offsets are int32 (or checked against it)
 FP32_MIN_NORMAL = 1.1754943508222875e-38
 
 

@@ -62,12 +62,12 @@ from attngen.ir.nodes import (
     norm_bias_name,
     norm_weight_name,
     FP32_MAX,
+    INT32_MAX,
     FP32_MIN_NORMAL,
     fp32_literal,
 )
 from attngen.ir import names
 
-INT32_MAX = 2**31 - 1
 # Tensor lookups inside the indices of lookups (`t[u[kv]]` is 2 deep). ptxas time grows steeply
 # with the depth (199 levels ran for more than 300 s); real masks compose one or two.
 MAX_LOOKUP_NESTING = 4

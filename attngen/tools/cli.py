@@ -1,7 +1,7 @@
 """The `attngen` command line: check, fmt, explain, compile, fuzz, bench.
 
 Exit codes: 0 ok, 1 a spec error (rendered compiler-style on stderr), 2 a usage error (bad
-arguments, a missing file, an unknown variant, a stage that is not installed), 3 an internal error
+arguments, a missing file, an unknown variant, a package that is not installed), 3 an internal error
 (a bug: one line, no traceback unless ATTNGEN_TRACEBACK=1). A user error never
 shows a Python traceback: every path that reads user input catches what it can raise.
 """
@@ -17,10 +17,7 @@ from typing import Callable, Sequence
 
 from attngen import __version__
 
-EXIT_OK = 0
-EXIT_SPEC = 1
-EXIT_USAGE = 2
-EXIT_INTERNAL = 3  # a bug in attngen, not in the user's input
+from attngen.tools.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_SPEC, EXIT_USAGE
 
 
 class UsageError(Exception):
@@ -44,17 +41,6 @@ def _read(path: str) -> str:
         raise UsageError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise UsageError(f"{path}: cannot read ({e.strerror or e})") from None
-
-
-def _frontend():
-    # Imported lazily so that `attngen --help` and the delegating subcommands work even while the
-    # front end is being built (or broken).
-    try:
-        return importlib.import_module("attngen.lang.frontend")
-    except ModuleNotFoundError as e:
-        if e.name == "attngen.lang.frontend":
-            raise UsageError("the front end (attngen.lang.frontend) is not installed in this build") from None
-        raise UsageError(f"the front end needs a missing package: {e.name} (pip install -e .)") from None
 
 
 def _parse_arch(value: str | None):
@@ -102,9 +88,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_fmt(args: argparse.Namespace) -> int:
     """Print the canonical form; `--check` reports files that are not canonical; `--write` fixes."""
+    from attngen.lang import frontend as fe
     from attngen.lang.diagnostics import SpecError
 
-    fe = _frontend()
     status = EXIT_OK
     unformatted: list[str] = []
     for path in args.files:
@@ -189,10 +175,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def _delegate(module: str, what: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            mod = importlib.import_module(module)
+            mod = importlib.import_module(module)  # lazily: `attngen check` never loads CuPy or hypothesis
         except ModuleNotFoundError as e:
-            if e.name == module:
-                raise UsageError(f"`attngen {what}` is not available in this build ({module} is missing)") from None
             raise UsageError(f"`attngen {what}` needs a package that is not installed: {e.name}") from None
         rc = mod.main(args)
         return EXIT_OK if rc is None else int(rc)

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from attngen.tools.cli import EXIT_INTERNAL, EXIT_OK, EXIT_SPEC, EXIT_USAGE  # the one home of the exit codes
+from attngen.tools.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_SPEC, EXIT_USAGE
 
 
 class _Usage(Exception):
