@@ -16,6 +16,7 @@ from attngen.check.fuzz_driver import drive
 from attngen.check.fuzz_report import Outcome, Progress, fmt_exc
 from attngen.check.fuzz_run import compare, reference_invariants, run_kernel
 from attngen.ir.nodes import DType
+from attngen.lang.builtins import FuzzContext, fuzz_forms
 
 
 def spec_strategy(name: str = "fuzzed"):
@@ -54,45 +55,16 @@ def spec_strategy(name: str = "fuzzed"):
             used_names.add(f"{base}{i}")
             return f"{base}{i}"
 
-        lq_dim = "Lq"
+        ctx = FuzzContext(draw, st, fresh, inputs, kind)
+        # Each builtin's forms come from its declaration (attngen.lang.builtins), in declaration
+        # order, then custom expressions; the order keeps the draws (and CI's examples) as before.
+        builtin_masks = fuzz_forms(score=False)
+        builtin_scores = fuzz_forms(score=True)
 
         def mask_atom() -> str:
-            choice = draw(st.sampled_from(["causal", "window", "padding", "document", "prefix", "prefix_t",
-                                           "block_sparse", "dilated", "keep", "block_causal", "band"]))
-            if choice == "causal":
-                return "causal"
-            if choice == "window":
-                return f"window({draw(st.integers(0, 300))}, {draw(st.integers(0, 300))})"
-            if choice == "padding":
-                return "padding"
-            if choice == "document":
-                if kind == "self":
-                    n = fresh("doc")
-                    srt = " sorted" if draw(st.booleans()) else ""
-                    inputs.append(f"input {n}: i32[B, Lk]{srt}")
-                    return f"document({n})"
-                a, b = fresh("qdoc"), fresh("kdoc")
-                inputs.append(f"input {a}: i32[B, {lq_dim}] sorted")
-                inputs.append(f"input {b}: i32[B, Lk] sorted")
-                return f"document({a}, {b})"
-            if choice == "prefix":
-                return f"prefix({draw(st.integers(0, 200))})"
-            if choice == "prefix_t":
-                n = fresh("plen")
-                inputs.append(f"input {n}: i32[B]")
-                return f"prefix({n}[b])"
-            if choice == "block_sparse":
-                n = fresh("blk")
-                rank = draw(st.sampled_from([2, 3, 4]))
-                dims = {2: "QB, KB", 3: "H, QB, KB", 4: "B, H, QB, KB"}[rank]
-                qb, kb = fresh("QB"), fresh("KB")
-                dims = dims.replace("QB", qb).replace("KB", kb)
-                dt = draw(st.sampled_from(["u8", "i32"]))
-                inputs.append(f"input {n}: {dt}[{dims}]")
-                if draw(st.booleans()):
-                    bq, bk = draw(st.sampled_from([64, 128, 256])), draw(st.sampled_from([64, 128, 256]))
-                    return f"block_sparse({n}, {bq}, {bk})"
-                return f"block_sparse({n})"
+            choice = draw(st.sampled_from([*builtin_masks, "dilated", "keep", "block_causal", "band"]))
+            if choice in builtin_masks:
+                return builtin_masks[choice](ctx)
             if choice == "dilated":
                 return f"(q - kv) % {draw(st.integers(2, 5))} == 0"
             if choice == "keep":
@@ -119,27 +91,9 @@ def spec_strategy(name: str = "fuzzed"):
             lines.append(f"mask {mask}")
 
         def score_line() -> str:
-            choice = draw(st.sampled_from(["softcap", "alibi", "alibi_t", "bias", "rel_bias", "scale_s", "min_s",
-                                           "where_s", "tanh_s"]))
-            if choice == "softcap":
-                return f"softcap({draw(st.sampled_from(['5.0', '20.0', '30.0', '50.0']))})"
-            if choice == "alibi":
-                return "alibi"
-            if choice == "alibi_t":
-                n = fresh("slopes")
-                inputs.append(f"input {n}: fp32[H]")
-                return f"alibi({n})"
-            if choice == "bias":
-                n = fresh("bias")
-                dims = draw(st.sampled_from(["Lq, Lk", "H, Lq, Lk", "B, H, Lq, Lk"]))
-                dt = draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"]))
-                inputs.append(f"input {n}: {dt}[{dims}]")
-                return f"bias({n})"
-            if choice == "rel_bias":
-                n = fresh("rel")
-                m = draw(st.sampled_from([4, 16, 128]))
-                inputs.append(f"input {n}: fp32[H, {2 * m + 1}]")
-                return f"rel_bias({n}, {m})"
+            choice = draw(st.sampled_from([*builtin_scores, "scale_s", "min_s", "where_s", "tanh_s"]))
+            if choice in builtin_scores:
+                return builtin_scores[choice](ctx)
             if choice == "scale_s":
                 return f"s * {draw(st.sampled_from(['0.5', '2.0', '1.5']))}"
             if choice == "min_s":

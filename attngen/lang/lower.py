@@ -1,7 +1,8 @@
 """Lowering: AST → validated IR, with every semantic error collected and reported in source order.
 
 This is the only place that knows what the names of the language mean: index variables, sizes,
-functions, builtins (desugared here into `ir.Builtin` nodes whose `body` is the plain expression).
+functions, builtins (checked against their signatures in the one registry, attngen.lang.builtins,
+and desugared into `ir.Builtin` nodes whose `body` is the plain expression).
 It imports no backend: the few backend facts it checks as it goes (head dims, heads, bf16) come in
 as a `Target` value the plan stage builds, and the `tile` statement stays a hint that the plan
 stage validates (attngen.plan.validate). Nothing is constant-folded, so that `printer` can print
@@ -14,7 +15,7 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from attngen.lang import ast as A
 from attngen.lang.diagnostics import Diagnostic, SpecError
@@ -31,7 +32,6 @@ from attngen.ir.nodes import (
     AttnKind,
     BinOp,
     Binary,
-    Builtin,
     BuiltinName,
     Call,
     Const,
@@ -67,6 +67,8 @@ from attngen.ir.nodes import (
     fp32_literal,
 )
 from attngen.ir import names
+from attngen.lang.builtins import BUILTINS, IntExpr, IntLiteral, Param, PositiveLiteral, TensorParam, make_builtin
+from attngen.lang.builtins import alibi_standard_slope  # noqa: F401 (public here too, as before the registry)
 
 # Tensor lookups inside the indices of lookups (`t[u[kv]]` is 2 deep). ptxas time grows steeply
 # with the depth (199 levels ran for more than 300 s); real masks compose one or two.
@@ -121,113 +123,6 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str | None:
 
 def _one_of(choices: Iterable[str]) -> str:
     return ", ".join(f"`{c}`" for c in choices)
-
-
-# --------------------------------------------------------------------------------------------
-# Desugaring (public: the tests' IR generators build builtins through these too)
-
-
-def _int(v: int) -> Const:
-    return Const(v, ScalarType.INT)
-
-
-def _bin(op: BinOp, a: Expr, b: Expr) -> Binary:
-    if op in (BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE, BinOp.EQ, BinOp.NE, BinOp.AND, BinOp.OR):
-        t = ScalarType.BOOL
-    else:
-        t = ScalarType.FLOAT if ScalarType.FLOAT in (a.type, b.type) else ScalarType.INT
-    return Binary(op, a, b, t)
-
-
-def q_aligned() -> Expr:
-    """`q' = q + (Lk - Lq)`: bottom-right alignment, so the last query sees the last key."""
-    return _bin(BinOp.ADD, Index(IndexVar.Q), _bin(BinOp.SUB, Size(SizeSym.LK), Size(SizeSym.LQ)))
-
-
-def alibi_standard_slope(heads: int) -> Expr:
-    """BLOOM's ALiBi slope of head `h` for `heads` heads, as an expression of `h`.
-
-    For n a power of two, slope(h) = 2^(-8 (h+1) / n). Otherwise, with c the largest power of two
-    below n, heads h < c take the c-head slopes and the rest take every other slope of the 2c-head
-    sequence: 2^(-8 (2 (h - c) + 1) / (2c))."""
-    c = 1 << (heads.bit_length() - 1)
-    h = Index(IndexVar.H)
-
-    def pow2(k: float, e: Expr) -> Expr:  # 2^(-k * e) as exp(-(k ln 2) * e)
-        return Call(Func.EXP, (Unary(UnOp.NEG, _bin(BinOp.MUL, Const(k * math.log(2.0), ScalarType.FLOAT), e), ScalarType.FLOAT),), ScalarType.FLOAT)
-
-    first = pow2(8.0 / c, _bin(BinOp.ADD, h, _int(1)))
-    if c == heads:
-        return first
-    rest = pow2(8.0 / (2 * c), _bin(BinOp.ADD, _bin(BinOp.MUL, _int(2), _bin(BinOp.SUB, h, _int(c))), _int(1)))
-    return Call(Func.WHERE, (_bin(BinOp.LT, h, _int(c)), first, rest), ScalarType.FLOAT)
-
-
-def _load(decl: TensorDecl, indices: tuple[Expr, ...]) -> Load:
-    return Load(decl.name, indices, ScalarType.FLOAT if decl.dtype.is_float else ScalarType.INT)
-
-
-def _leading(rank: int) -> tuple[Expr, ...]:
-    """Leading indices of a tensor broadcast over [b, h, ...] by its rank: [b, h], [h] or []."""
-    return (Index(IndexVar.B), Index(IndexVar.H))[max(0, 4 - rank) :]
-
-
-def desugar(name: BuiltinName, args: tuple[Expr, ...], tensors: Mapping[str, TensorDecl], heads: int) -> Expr:
-    """The plain expression a builtin means (docs/LANGUAGE.md); `args` are already checked."""
-    b, q, kv, s = Index(IndexVar.B), Index(IndexVar.Q), Index(IndexVar.KV), Score()
-    if name == BuiltinName.CAUSAL:
-        return _bin(BinOp.LE, kv, q_aligned())
-    if name == BuiltinName.WINDOW:
-        left, right = args
-        return _bin(
-            BinOp.AND,
-            _bin(BinOp.GE, kv, _bin(BinOp.SUB, q_aligned(), left)),
-            _bin(BinOp.LE, kv, _bin(BinOp.ADD, q_aligned(), right)),
-        )
-    if name == BuiltinName.PADDING:
-        ql = Load(PADDING_Q_LENS, (b,), ScalarType.INT)
-        kl = Load(PADDING_KV_LENS, (b,), ScalarType.INT)
-        return _bin(BinOp.AND, _bin(BinOp.LT, q, ql), _bin(BinOp.LT, kv, kl))
-    if name == BuiltinName.DOCUMENT:
-        qt = tensors[args[0].name]  # type: ignore[union-attr]
-        kt = tensors[args[-1].name]  # type: ignore[union-attr]
-        return _bin(BinOp.EQ, _load(qt, (b, q)), _load(kt, (b, kv)))
-    if name == BuiltinName.PREFIX:
-        return _bin(BinOp.LT, kv, args[0])
-    if name == BuiltinName.BLOCK_SPARSE:
-        t = tensors[args[0].name]  # type: ignore[union-attr]
-        bq, bk = (args[1], args[2]) if len(args) == 3 else (_int(128), _int(128))
-        idx = (*_leading(len(t.shape)), _bin(BinOp.DIV, q, bq), _bin(BinOp.DIV, kv, bk))
-        return _bin(BinOp.NE, _load(t, idx), _int(0))
-    if name == BuiltinName.SOFTCAP:
-        (c,) = args
-        return _bin(BinOp.MUL, c, Call(Func.TANH, (_bin(BinOp.DIV, s, c),), ScalarType.FLOAT))
-    if name == BuiltinName.ALIBI:
-        if args:
-            slope: Expr = _load(tensors[args[0].name], (Index(IndexVar.H),))  # type: ignore[union-attr]
-        else:
-            slope = alibi_standard_slope(heads)
-        dist = Call(Func.ABS, (_bin(BinOp.SUB, q_aligned(), kv),), ScalarType.INT)
-        return _bin(BinOp.SUB, s, _bin(BinOp.MUL, slope, dist))
-    if name == BuiltinName.BIAS:
-        t = tensors[args[0].name]  # type: ignore[union-attr]
-        return _bin(BinOp.ADD, s, _load(t, (*_leading(len(t.shape)), q, kv)))
-    if name == BuiltinName.REL_BIAS:
-        t = tensors[args[0].name]  # type: ignore[union-attr]
-        m = args[1]
-        clipped = Call(
-            Func.MIN,
-            (Call(Func.MAX, (_bin(BinOp.SUB, kv, q_aligned()), Unary(UnOp.NEG, m, ScalarType.INT)), ScalarType.INT), m),
-            ScalarType.INT,
-        )
-        return _bin(BinOp.ADD, s, _load(t, (Index(IndexVar.H), _bin(BinOp.ADD, clipped, m))))
-    raise AssertionError(f"no desugaring for {name}")
-
-
-def make_builtin(
-    name: BuiltinName, args: tuple[Expr, ...], tensors: Mapping[str, TensorDecl], heads: int, span: Span | None = None
-) -> Builtin:
-    return Builtin(name, args, desugar(name, args, tensors, heads), span)
 
 
 # --------------------------------------------------------------------------------------------
@@ -525,18 +420,18 @@ class _Lowerer:
         bare: bool,
         name_span: Span | None = None,
     ) -> Expr | None:
-        sig = _BUILTIN_SIGS[name]
+        sig = BUILTINS[name]
         nspan = name_span or span
-        if name in _SCORE_ONLY and not sc.in_score:
+        if sig.score_only and not sc.in_score:
             self.error(f"`{name.value}` modifies the score and cannot be used in a mask", nspan, f"use it in a `score` statement: `score {sig.usage}`")
             return None
         if len(raw) not in sig.arities:
             if bare:
                 self.error(f"`{name.value}` needs arguments", span, f"`{sig.usage}`")
             else:
-                self.error(f"`{name.value}` takes {sig.arity_words}, got {len(raw)}", span, f"`{sig.usage}`")
+                self.error(f"`{name.value}` takes {_arity_words(sig.arities)}, got {len(raw)}", span, f"`{sig.usage}`")
             return None
-        args: list[Expr | None] = [check(self, a, sc, name) for check, a in zip(sig.params, raw)]
+        args: list[Expr | None] = [self.param(p, a, sc, name) for p, a in zip(sig.params, raw)]
         if any(a is None for a in args):
             return None
         targs: tuple[Expr, ...] = tuple(args)  # type: ignore[arg-type]
@@ -563,6 +458,17 @@ class _Lowerer:
                 self.error(f"`rel_bias` with m = {m} needs `{t.name}` of width {2 * m + 1}, but it is declared with {width}", raw[0].span)
                 return False
         return True
+
+    def param(self, p: Param, a: A.AExpr, sc: _Scope, owner: BuiltinName) -> Expr | None:
+        """One argument of a builtin, checked against its declared parameter kind."""
+        if isinstance(p, TensorParam):
+            return self.tensor_arg(a, sc, owner, p.ranks, p.types)
+        if isinstance(p, IntLiteral):
+            return self.int_literal(a, sc, owner, p.minimum)
+        if isinstance(p, PositiveLiteral):
+            return self.positive_literal(a, sc, owner)
+        assert isinstance(p, IntExpr), p
+        return self.int_expr(a, sc, owner)
 
     def tensor_arg(self, a: A.AExpr, sc: _Scope, owner: BuiltinName, ranks: tuple[int, ...], types: str) -> Expr | None:
         if not isinstance(a, A.NameE):
@@ -623,40 +529,9 @@ class _Lowerer:
         return x
 
 
-@dataclass(frozen=True)
-class _Sig:
-    arities: tuple[int, ...]
-    params: tuple[Callable[..., Expr | None], ...]
-    usage: str
-
-    @property
-    def arity_words(self) -> str:
-        ws = [str(n) for n in self.arities]
-        n = " or ".join(ws)
-        return f"{n} argument{'s' if self.arities != (1,) else ''}"
-
-
-def _tensor(ranks: tuple[int, ...], types: str = "any") -> Callable[..., Expr | None]:
-    return lambda lw, a, sc, owner: lw.tensor_arg(a, sc, owner, ranks, types)
-
-
-def _lit(minimum: int) -> Callable[..., Expr | None]:
-    return lambda lw, a, sc, owner: lw.int_literal(a, sc, owner, minimum)
-
-
-_BUILTIN_SIGS: dict[BuiltinName, _Sig] = {
-    BuiltinName.CAUSAL: _Sig((0,), (), "causal"),
-    BuiltinName.PADDING: _Sig((0,), (), "padding"),
-    BuiltinName.WINDOW: _Sig((2,), (_lit(0), _lit(0)), "window(left, right)"),
-    BuiltinName.DOCUMENT: _Sig((1, 2), (_tensor((2,), "int"), _tensor((2,), "int")), "document(ids)` or `document(q_ids, kv_ids)"),
-    BuiltinName.PREFIX: _Sig((1,), (_Lowerer.int_expr,), "prefix(n)"),
-    BuiltinName.BLOCK_SPARSE: _Sig((1, 3), (_tensor((2, 3, 4)), _lit(1), _lit(1)), "block_sparse(t)` or `block_sparse(t, bq, bk)"),
-    BuiltinName.SOFTCAP: _Sig((1,), (_Lowerer.positive_literal,), "softcap(c)"),
-    BuiltinName.ALIBI: _Sig((0, 1), (_tensor((1,), "float"),), "alibi` or `alibi(slopes)"),
-    BuiltinName.BIAS: _Sig((1,), (_tensor((2, 3, 4)),), "bias(t)"),
-    BuiltinName.REL_BIAS: _Sig((2,), (_tensor((2,), "float"), _lit(0)), "rel_bias(t, m)"),
-}
-_SCORE_ONLY = frozenset({BuiltinName.SOFTCAP, BuiltinName.ALIBI, BuiltinName.BIAS, BuiltinName.REL_BIAS})
+def _arity_words(arities: tuple[int, ...]) -> str:
+    n = " or ".join(str(a) for a in arities)
+    return f"{n} argument{'s' if arities != (1,) else ''}"
 _FUNC_PARAMS: dict[Func, tuple[str, ...]] = {
     Func.TANH: ("x",),
     Func.EXP: ("x",),

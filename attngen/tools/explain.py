@@ -14,7 +14,6 @@ from attngen.ir.nodes import (
     Binary,
     BinOp,
     Builtin,
-    BuiltinName,
     Const,
     Expr,
     Layout,
@@ -32,6 +31,7 @@ from attngen.ir.nodes import (
 from attngen.ir import abi
 from attngen.analysis import intervals
 from attngen.check import workload
+from attngen.lang.builtins import BUILTINS
 from attngen.lang.printer import print_expr
 from attngen.plan.schedule import (
     DEFAULT_ARCH,
@@ -72,44 +72,9 @@ def expr_text(e: Expr) -> str:
 
 
 def _builtin_words(b: Builtin, v: Variant) -> str:
-    a = [expr_text(x) for x in b.args]
+    """The builtin's plain words, from its declaration (attngen.lang.builtins)."""
     aligned = "q" if v.kind == AttnKind.SELF else "q + (Lk - Lq)"
-    n = b.name
-    if n == BuiltinName.CAUSAL:
-        if v.kind == AttnKind.SELF:
-            return "causal: a query sees keys at or before its own position (kv <= q)"
-        return "causal: kv <= q + (Lk - Lq), aligned bottom-right (the last query sees the last key)"
-    if n == BuiltinName.WINDOW:
-        left, right = (a + ["?", "?"])[:2]
-        return f"sliding window: keys from {left} before to {right} after the query ({aligned} - {left} <= kv <= {aligned} + {right})"
-    if n == BuiltinName.PADDING:
-        return (
-            "padding: only the first q_lens[b] queries and kv_lens[b] keys of each batch row take part; "
-            "query rows past q_lens[b] see nothing and give O = 0"
-        )
-    if n == BuiltinName.DOCUMENT:
-        if len(a) == 1:
-            return f"document: a query sees only keys of its own document ({a[0]}[b, q] == {a[0]}[b, kv])"
-        return f"document: a query sees only keys of its own document ({a[0]}[b, q] == {a[1]}[b, kv])"
-    if n == BuiltinName.PREFIX:
-        return f"prefix: every query sees the first {a[0] if a else 'n'} keys (kv < {a[0] if a else 'n'})"
-    if n == BuiltinName.BLOCK_SPARSE:
-        bq, bk = (a[1], a[2]) if len(a) >= 3 else ("128", "128")
-        t = a[0] if a else "t"
-        return f"block-sparse: the map {t} (one entry per {bq} x {bk} block of queries x keys) marks visible blocks (!= 0)"
-    if n == BuiltinName.SOFTCAP:
-        c = a[0] if a else "c"
-        return f"softcap: s -> {c} * tanh(s / {c}), which bounds scores to (-{c}, {c})"
-    if n == BuiltinName.ALIBI:
-        if a:
-            return f"ALiBi: s - {a[0]}[h] * |{aligned} - kv| (slopes given as an input)"
-        return f"ALiBi: s - slope[h] * |{aligned} - kv| with the standard geometric slopes for {v.heads} heads (compile-time constants)"
-    if n == BuiltinName.BIAS:
-        return f"bias: s + {a[0] if a else 't'}[...] (indexed by its rank: [q, kv], [h, q, kv] or [b, h, q, kv])"
-    if n == BuiltinName.REL_BIAS:
-        t, m = (a + ["t", "m"])[:2]
-        return f"relative-position bias: s + {t}[h, clamp(kv - ({aligned}), -{m}, {m}) + {m}]"
-    return f"{n.value}: {expr_text(b)}"
+    return BUILTINS[b.name].words([expr_text(x) for x in b.args], v, aligned)
 
 
 def _flatten(e: Expr, op: BinOp) -> list[Expr]:
