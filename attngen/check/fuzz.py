@@ -134,19 +134,12 @@ def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, se
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `attngen fuzz` arguments (also used when this module runs on its own)."""
+    """The `attngen fuzz` arguments on their own (when this module runs by itself); defined once,
+    in the command line (attngen.tools.cli.fuzz_arguments)."""
+    from attngen.tools.cli import fuzz_arguments
+
     p = argparse.ArgumentParser(prog="attngen fuzz", description=__doc__.split("\n\n")[0])
-    p.add_argument("file", nargs="?", metavar="FILE")
-    p.add_argument("--variant")
-    p.add_argument("--specs", action="store_true", help="fuzz the compiler with generated and mutated specs")
-    p.add_argument("--max-examples", type=int, default=None)
-    p.add_argument("--seconds", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--out", default=None, help="where failing cases are written (default fuzz-failures/)")
-    p.add_argument("--nvcc", dest="nvcc", action="store_true", default=None,
-                   help="--specs: compile every accepted spec with nvcc (sm_90a and sm_80); the default when nvcc is on the PATH")
-    p.add_argument("--no-nvcc", dest="nvcc", action="store_false", help="--specs: skip the nvcc step")
-    p.add_argument("--jobs", type=int, default=None, help="parallel nvcc compiles (default: the CPU count)")
+    fuzz_arguments(p)
     return p
 
 

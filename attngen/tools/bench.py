@@ -87,14 +87,12 @@ def default_shapes(v: Variant) -> list[tuple[int, int, int]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `attngen bench` arguments on their own (when this module runs by itself); defined once,
+    in the command line (attngen.tools.cli.bench_arguments)."""
+    from attngen.tools.cli import bench_arguments
+
     p = argparse.ArgumentParser(prog="attngen bench", description="Time a kernel, side by side with torch peers.")
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("--variant")
-    p.add_argument("--shape", action="append", default=None, help="B,H,L,D or B,H,Lq,Lk,D (repeatable)")
-    p.add_argument("--json", default=None, help="write results as JSON here")
-    p.add_argument("--plot", default=None, help="write a TFLOP/s plot here (needs matplotlib)")
-    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="time torch peers too")
-    p.add_argument("--repeats", type=int, default=30, help=f"timed launches per implementation (>= {MIN_REPEATS})")
+    bench_arguments(p)
     return p
 
 

@@ -254,29 +254,41 @@ def build_parser() -> argparse.ArgumentParser:
     k.set_defaults(func=cmd_compile)
 
     z = sub.add_parser("fuzz", help="fuzz a kernel against the NumPy reference (or the compiler, --specs)")
-    z.add_argument("file", nargs="?", metavar="FILE")
-    z.add_argument("--variant")
-    z.add_argument("--specs", action="store_true", help="fuzz the compiler with generated specs")
-    z.add_argument("--max-examples", type=int, default=None)
-    z.add_argument("--seconds", type=float, default=None)
-    z.add_argument("--seed", type=int, default=None)
-    z.add_argument("--out", default=None, help="where failing cases are written")
-    z.add_argument("--nvcc", dest="nvcc", action="store_true", default=None,
-                   help="--specs: compile every accepted spec with nvcc (default when nvcc is on the PATH)")
-    z.add_argument("--no-nvcc", dest="nvcc", action="store_false", help="--specs: skip the nvcc step")
-    z.add_argument("--jobs", type=int, default=None, help="parallel nvcc compiles (default: the CPU count)")
+    fuzz_arguments(z)
     z.set_defaults(func=cmd_fuzz)
 
     b = sub.add_parser("bench", help="time a kernel, side by side with torch peers when available")
+    bench_arguments(b)
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def fuzz_arguments(z: argparse.ArgumentParser) -> None:
+    """`attngen fuzz`'s arguments (their one definition: also attngen.check.fuzz's own parser)."""
+    z.add_argument("file", nargs="?", metavar="FILE")
+    z.add_argument("--variant")
+    z.add_argument("--specs", action="store_true", help="fuzz the compiler with generated and mutated specs")
+    z.add_argument("--max-examples", type=int, default=None)
+    z.add_argument("--seconds", type=float, default=None)
+    z.add_argument("--seed", type=int, default=None)
+    z.add_argument("--out", default=None, help="where failing cases are written (default fuzz-failures/)")
+    z.add_argument("--nvcc", dest="nvcc", action="store_true", default=None,
+                   help="--specs: compile every accepted spec with nvcc (sm_90a and sm_80); the default when nvcc is on the PATH")
+    z.add_argument("--no-nvcc", dest="nvcc", action="store_false", help="--specs: skip the nvcc step")
+    z.add_argument("--jobs", type=int, default=None, help="parallel nvcc compiles (default: the CPU count)")
+
+
+def bench_arguments(b: argparse.ArgumentParser) -> None:
+    """`attngen bench`'s arguments (their one definition: also attngen.tools.bench's own parser)."""
+    from attngen.tools.bench_timing import MIN_REPEATS  # light: no NumPy, no CuPy
+
     b.add_argument("file", metavar="FILE")
     b.add_argument("--variant")
     b.add_argument("--shape", action="append", default=None, help="B,H,L,D or B,H,Lq,Lk,D (repeatable)")
     b.add_argument("--json", default=None, help="write results as JSON here")
     b.add_argument("--plot", default=None, help="write a TFLOP/s plot here (needs matplotlib)")
     b.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="time torch peers too")
-    b.add_argument("--repeats", type=int, default=30, help="timed launches per implementation")
-    b.set_defaults(func=cmd_bench)
-    return p
+    b.add_argument("--repeats", type=int, default=30, help=f"timed launches per implementation (>= {MIN_REPEATS})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
