@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attngen.ir.nodes import (
+    COMPARE_OPS,
+    LOGIC_OPS,
     PADDING_KV_LENS,
     PADDING_Q_LENS,
     SCORE_BUILTINS,
@@ -53,7 +55,7 @@ def _int(v: int) -> Const:
 
 
 def _bin(op: BinOp, a: Expr, b: Expr) -> Binary:
-    if op in (BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE, BinOp.EQ, BinOp.NE, BinOp.AND, BinOp.OR):
+    if op in COMPARE_OPS or op in LOGIC_OPS:
         t = ScalarType.BOOL
     else:
         t = ScalarType.FLOAT if ScalarType.FLOAT in (a.type, b.type) else ScalarType.INT

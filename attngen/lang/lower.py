@@ -20,6 +20,7 @@ from typing import Iterable, Mapping
 from attngen.lang import ast as A
 from attngen.lang.diagnostics import Diagnostic, SpecError
 from attngen.ir.nodes import (
+    LOGIC_OPS,
     ARITH_OPS,
     ALIBI_SLOPES,
     BLOCK_TABLE,
@@ -310,7 +311,7 @@ class _Lowerer:
         for x, s in ((a, e.lhs.span), (b, e.rhs.span)):
             if x is None:
                 continue
-            if op in (BinOp.AND, BinOp.OR) and x.type != ScalarType.BOOL:
+            if op in LOGIC_OPS and x.type != ScalarType.BOOL:
                 self.error(f"`{e.op}` needs bools, got {x.type.value}", s, "compare first, e.g. `x != 0`")
                 ok = False
             elif op in ARITH_OPS | ORDER_OPS and x.type not in _NUMERIC:

@@ -10,6 +10,7 @@ import math
 from typing import Any, Iterable
 
 from attngen.ir.nodes import (
+    LOGIC_OPS,
     AttnKind,
     Binary,
     BinOp,
@@ -86,7 +87,7 @@ def _flatten(e: Expr, op: BinOp) -> list[Expr]:
 def _mask_lines(e: Expr, v: Variant, indent: str) -> list[str]:
     if isinstance(e, Const) and e.value is True:
         return [indent + "none: every query sees every key"]
-    if isinstance(e, Binary) and e.op in (BinOp.AND, BinOp.OR):
+    if isinstance(e, Binary) and e.op in LOGIC_OPS:
         parts = _flatten(e, e.op)
         head = "visible where ALL of these hold:" if e.op == BinOp.AND else "visible where ANY of these holds:"
         out = [indent + head]
