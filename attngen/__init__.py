@@ -20,8 +20,8 @@ __version__ = "0.1.0"
 
 # name -> (module, attribute or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "load": ("attngen.lang.frontend", "load"),
-    "loads": ("attngen.lang.frontend", "loads"),
+    "load": ("attngen.plan.validate", "load"),
+    "loads": ("attngen.plan.validate", "loads"),
     "compile": ("attngen.runtime.kernel", "compile"),
     "raise_pending": ("attngen.runtime.kernel", "raise_pending"),
     "reference": ("attngen.check.reference", None),

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import suite  # noqa: E402
 
 from attngen.tools import bench  # noqa: E402
-from attngen.lang import frontend  # noqa: E402
+from attngen.plan import validate  # noqa: E402
 from attngen.runtime import kernel as runtime  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
                 text += f"; tile block_m {bm} block_n {bn} warps {wp} stages {st} }}"
             else:
                 text += "}"
-            v = frontend.loads(text, f"<sweep:{name}>").get()
+            v = validate.loads(text, f"<sweep:{name}>").get()  # a tile the arch cannot run: a located error
             k = runtime.compile(v)
             host = w.inputs(v, w.B, w.Lq, w.Lk) if w.inputs else None
             row = bench.bench_shape(v, k, w.B, w.Lq, w.Lk, workload=name, gemm_tflops=gemm, peers=False,

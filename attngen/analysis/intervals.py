@@ -19,6 +19,7 @@ import numpy as np
 from attngen.ir import abi
 from attngen.ir.abi import Sizes
 from attngen.ir.nodes import (
+    COMPARE_OPS,
     Binary,
     BinOp,
     Builtin,
@@ -387,7 +388,7 @@ def eval_interval(e: Expr, ctx: TileContext) -> Interval | Tri:
             if Tri.MAYBE in (a, b):
                 return Tri.MAYBE
             return Tri.of((a == b) == (e.op == BinOp.EQ))
-        if e.op in (BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE, BinOp.EQ, BinOp.NE):
+        if e.op in COMPARE_OPS:
             return _compare(e.op, _as_interval(a), _as_interval(b))
         return _arith(e.op, _as_interval(a), _as_interval(b), e.type)
     if isinstance(e, Call):

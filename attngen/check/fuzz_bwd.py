@@ -260,7 +260,7 @@ def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples
                     raise AssertionError("rendering is not deterministic: two renders of the backward differ")
             outcome.notes.append("rendered the backward source (both dQ modes)")
     except Exception as e:
-        outcome.failure = f"backward {'compile' if gpu else 'render'} failed: {fuzz._fmt_exc(e)}"
+        outcome.failure = f"backward {'compile' if gpu else 'render'} failed: {fuzz.fmt_exc(e)}"
         outcome.reproducer = _write_repro(out_dir, spec_text, v, None, None, None, outcome.failure)
         return outcome
     # The float64 reference backward is the cost: smaller shapes than the forward's fuzzing.
@@ -284,13 +284,13 @@ def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples
 
     progress = fuzz.Progress(max_examples, outcome.label, quiet)
     try:
-        n, exc, example = fuzz._drive(body, strategy, max_examples=max_examples, seconds=seconds, seed=seed,
+        n, exc, example = fuzz.drive(body, strategy, max_examples=max_examples, seconds=seconds, seed=seed,
                                       progress=progress, first_failure_dir=out_dir)
     finally:
         progress.close()
     outcome.examples = n
     if exc is not None:
-        outcome.failure = fuzz._fmt_exc(exc)
+        outcome.failure = fuzz.fmt_exc(exc)
         case = example[0] if isinstance(example, tuple) else None
         arrays, dO = backward_inputs(v, case) if case is not None else tuple(last)
         outcome.reproducer = _write_repro(out_dir, spec_text, v, arrays, dO, case, outcome.failure)
@@ -349,13 +349,13 @@ def fuzz_specs_backward(*, gpu: bool, max_examples: int, seconds: float | None, 
 
     progress = fuzz.Progress(max_examples, out.label, quiet)
     try:
-        n, exc, _example = fuzz._drive(body, st.tuples(fuzz.spec_strategy(), st.data()), max_examples=max_examples,
+        n, exc, _example = fuzz.drive(body, st.tuples(fuzz.spec_strategy(), st.data()), max_examples=max_examples,
                                        seconds=seconds, seed=seed, progress=progress, first_failure_dir=out_dir)
     finally:
         progress.close()
     out.examples = n
     if exc is not None:
-        out.failure = fuzz._fmt_exc(exc)
+        out.failure = fuzz.fmt_exc(exc)
     if refused:
         out.notes.append("refused by the backward kernels: " + ", ".join(f"{k} x{c}" for k, c in sorted(refused.items())))
     if not gpu:

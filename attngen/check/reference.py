@@ -19,6 +19,7 @@ from attngen.ir import abi
 from attngen.check import tolerance
 from attngen.ir.abi import Sizes
 from attngen.ir.nodes import (
+    COMPARE_OPS,
     BLOCK_TABLE,
     Binary,
     BinOp,
@@ -184,7 +185,7 @@ def _binary(e: Binary, env: Env) -> np.ndarray:
         return _as(a, ScalarType.BOOL) & _as(b, ScalarType.BOOL)
     if op == BinOp.OR:
         return _as(a, ScalarType.BOOL) | _as(b, ScalarType.BOOL)
-    if op in (BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE, BinOp.EQ, BinOp.NE):
+    if op in COMPARE_OPS:
         # Mixed int/float comparisons compare values; bool == bool compares truth.
         if a.dtype != b.dtype and not (a.dtype == bool and b.dtype == bool):
             if a.dtype.kind == "f" or b.dtype.kind == "f":

@@ -23,50 +23,32 @@ from attngen.ir.nodes import (
     PADDING_Q_LENS,
     BuiltinName,
     Builtin,
-    Const,
     DType,
     Expr,
     Layout,
-    Load,
     NormTarget,
     TensorDecl,
-    TensorRef,
     Variant,
     norm_bias_name,
     norm_weight_name,
     walk,
 )
 from attngen.check.reference import dtype_of
+from attngen.lang.builtins import BUILTINS, block_sizes, sorted_ids
 
 DISTS = ("normal", "large", "uniform")
-DEFAULT_BLOCK = 128  # block_sparse's default bq = bk
 DEFAULT_FREE_DIM = 16
 
 
-def _role_of_tensors(v: Variant) -> dict[str, tuple[str, tuple[Expr, ...]]]:
+def _role_of_tensors(v: Variant) -> dict[str, tuple[BuiltinName, tuple[Expr, ...]]]:
     """Which builtin (if any) each runtime tensor feeds, with that builtin's arguments."""
-    roles: dict[str, tuple[str, tuple[Expr, ...]]] = {}
+    roles: dict[str, tuple[BuiltinName, tuple[Expr, ...]]] = {}
     for e in (v.mask, *v.scores):
         for node in walk(e):
-            if not isinstance(node, Builtin):
-                continue
-            if node.name == BuiltinName.PREFIX:
-                # prefix(n): any tensor read in n holds lengths of the key sequence.
-                for sub in walk(node.args[0]) if node.args else ():
-                    if isinstance(sub, Load):
-                        roles.setdefault(sub.tensor, ("kv_length", node.args))
-                continue
-            refs = [a.name for a in node.args if isinstance(a, TensorRef)]
-            for r in refs:
-                roles.setdefault(r, (node.name.value, node.args))
+            if isinstance(node, Builtin):
+                for r in BUILTINS[node.name].tensors_read(node.args):
+                    roles.setdefault(r, (node.name, node.args))
     return roles
-
-
-def _block_sizes(args: tuple[Expr, ...]) -> tuple[int, int]:
-    consts = [a.value for a in args[1:] if isinstance(a, Const)]
-    if len(consts) == 2:
-        return int(consts[0]), int(consts[1])
-    return DEFAULT_BLOCK, DEFAULT_BLOCK
 
 
 def default_symbols(v: Variant, Lq: int, Lk: int) -> dict[str, int]:
@@ -79,8 +61,8 @@ def default_symbols(v: Variant, Lq: int, Lk: int) -> dict[str, int]:
         for i, dim in enumerate(d.shape):
             if not isinstance(dim, str) or dim in out:
                 continue
-            if role is not None and role[0] == BuiltinName.BLOCK_SPARSE.value and i >= len(d.shape) - 2:
-                bq, bk = _block_sizes(role[1])
+            if role is not None and role[0] == BuiltinName.BLOCK_SPARSE and i >= len(d.shape) - 2:
+                bq, bk = block_sizes(role[1])
                 out[dim] = math.ceil(Lq / bq) if i == len(d.shape) - 2 else math.ceil(Lk / bk)
             else:
                 out[dim] = DEFAULT_FREE_DIM
@@ -98,19 +80,13 @@ def _lengths(rng: np.random.Generator, B: int, L: int) -> np.ndarray:
     return x.astype(np.int32)
 
 
-def _sorted_ids(rng: np.random.Generator, shape: tuple[int, ...], ndocs: int) -> np.ndarray:
-    """Non-decreasing ids along the last axis, from a few documents (values 0 .. ndocs-1)."""
-    flat = rng.integers(0, ndocs, size=shape)
-    return np.sort(flat, axis=-1)
-
-
 def _cast(x: np.ndarray, d: DType) -> np.ndarray:
     return np.asarray(x).astype(dtype_of(d))
 
 
 def _fill(v: Variant, decl: TensorDecl, shape: tuple[int, ...], role, rng: np.random.Generator, L: dict) -> np.ndarray:
     name, d = decl.name, decl.dtype
-    kind = role[0] if role else None
+    builtin = BUILTINS[role[0]] if role else None
     if name in (PADDING_Q_LENS, PADDING_KV_LENS):
         return _cast(_lengths(rng, shape[0], L["q" if name == PADDING_Q_LENS else "kv"]), d)
     for t in NormTarget:
@@ -118,15 +94,12 @@ def _fill(v: Variant, decl: TensorDecl, shape: tuple[int, ...], role, rng: np.ra
             return _cast(1.0 + 0.1 * rng.standard_normal(shape), d)
         if name == norm_bias_name(t):
             return _cast(0.1 * rng.standard_normal(shape), d)
-    if kind == "kv_length":
-        return _cast(rng.integers(0, L["kv"] + 1, size=shape), d)
-    if kind == BuiltinName.DOCUMENT.value or (decl.sorted and not d.is_float):
-        ndocs = int(rng.integers(1, 5))
-        return _cast(_sorted_ids(rng, shape, ndocs), d)
-    if kind == BuiltinName.BLOCK_SPARSE.value:
-        return _cast(rng.random(shape) < 0.5, d)
-    if kind == BuiltinName.ALIBI.value:
-        return _cast(rng.uniform(0.01, 0.5, size=shape), d)
+    # The builtin's own filler (attngen.lang.builtins); a `sorted` integer input gets sorted ids
+    # unless the builtin's contents say otherwise.
+    if builtin is not None and builtin.fill is not None and (builtin.fill_over_sorted or not (decl.sorted and not d.is_float)):
+        return _cast(builtin.fill(rng, shape, L), d)
+    if decl.sorted and not d.is_float:
+        return _cast(sorted_ids(rng, shape, L), d)
     if d.is_float:
         x = rng.standard_normal(shape)
         if decl.sorted:

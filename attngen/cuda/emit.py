@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from attngen.ir.nodes import (
+    LOGIC_OPS,
     ARITH_OPS,
     BinOp,
     Binary,
@@ -137,7 +138,7 @@ class ElementEmitter:
         return code if e.type == ScalarType.FLOAT else f"(float)({code})"
 
     def _binary(self, e: Binary) -> str:
-        if e.op in (BinOp.AND, BinOp.OR):
+        if e.op in LOGIC_OPS:
             return f"({self.emit(e.lhs)} {e.op.value} {self.emit(e.rhs)})"
         floaty = e.lhs.type == ScalarType.FLOAT or e.rhs.type == ScalarType.FLOAT
         if floaty:
@@ -210,7 +211,7 @@ class IntervalEmitter:
             x = self.tri(e.operand)
             self.lines.append(f"const int {t} = 2 - {x};")
             return t
-        if isinstance(e, Binary) and e.op in (BinOp.AND, BinOp.OR):
+        if isinstance(e, Binary) and e.op in LOGIC_OPS:
             a, b = self.tri(e.lhs), self.tri(e.rhs)
             fn = "min" if e.op == BinOp.AND else "max"
             self.lines.append(f"const int {t} = {fn}({a}, {b});")

@@ -58,6 +58,7 @@ _FORWARDED = frozenset((
     "TensorDecl",
     "TensorRef",
     "TileConfig",
+    "TileHint",
     "UnOp",
     "Unary",
     "Variant",

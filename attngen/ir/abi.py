@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from attngen.ir.nodes import BLOCK_TABLE, AttnKind, DType, Layout, NormScope, NormTarget, SizeSym, TensorDecl, Variant
+from attngen.ir.nodes import BLOCK_TABLE, INT32_MAX, AttnKind, DType, Layout, NormScope, NormTarget, SizeSym, TensorDecl, Variant
 
 Shape = tuple[int, ...]
 
@@ -39,9 +39,6 @@ class Sizes:
                 return val
         bound = ", ".join(k for k, _ in self.symbols) or "none"
         raise ValueError(f"free dim {name!r} is not bound (bound: {bound})")
-
-
-INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)

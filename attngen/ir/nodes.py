@@ -34,6 +34,7 @@ from typing import Union
 
 
 FP32_MAX = 3.4028234663852886e38
+INT32_MAX = 2**31 - 1  # integer literals, sizes and element offsets are int32 (or checked against it)
 FP32_MIN_NORMAL = 1.1754943508222875e-38
 
 
@@ -411,6 +412,26 @@ class TileConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TileHint:
+    """A spec's `tile` statement as written: the fields it gives (None: the plan picks). The plan
+    stage (attngen.plan.validate) fills the rest for an arch and refuses a tile that arch cannot
+    run, at this span; the IR itself knows no backend limit."""
+
+    block_m: int | None = None
+    block_n: int | None = None
+    warps: int | None = None
+    stages: int | None = None
+    span: Span | None = _span()
+
+    def given(self) -> tuple[tuple[str, int], ...]:
+        """The fields the spec gives, in canonical order."""
+        return tuple((k, getattr(self, k)) for k in TILE_FIELDS if getattr(self, k) is not None)
+
+
+TILE_FIELDS = ("block_m", "block_n", "warps", "stages")
+
+
+@dataclass(frozen=True, slots=True)
 class Variant:
     name: str
     dtype: DType
@@ -428,7 +449,7 @@ class Variant:
     nan_check: bool
     lse: bool
     inputs: tuple[TensorDecl, ...]  # declared by the user, in source order
-    tile: TileConfig | None  # None: `tile auto`
+    tile: TileHint | None  # None: `tile auto` (the plan picks every field)
     span: Span | None = _span()
     # `sink NAME`: a declared fp32[H] input of per-head logits that join every row's softmax
     # denominator (gpt-oss attention sinks); None without one.

@@ -2,6 +2,10 @@
 
     loads(text)            parse + lower; raises SpecError (never a lark error or a traceback)
     load(path)             the same for a file
+
+These stop after `lower`: what a spec means. What an arch can run (the tile, the kernel's limits)
+is the plan stage's check, attngen.plan.validate.loads / load, which `attngen.load(s)` and the
+command line use.
     format_source(text)    canonical layout of a spec, keeping its comments
     print_program(p)       IR → canonical .attn text; loads(print_program(p)) == p
     print_expr(e)          one expression
@@ -17,15 +21,15 @@ from attngen.lang import fmt as _fmt
 from attngen.lang import printer as _printer
 from attngen.lang.diagnostics import Diagnostic, SpecError
 from attngen.ir.nodes import Expr, Program, Span
-from attngen.lang.lower import lower
+from attngen.lang.lower import SEMANTIC, Target, lower
 from attngen.lang.parse import MAX_NESTING, parse
-from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
-__all__ = ["loads", "load", "format_source", "print_program", "print_expr", "SpecError"]
+__all__ = ["loads", "load", "format_source", "print_program", "print_expr", "SpecError", "Target"]
 
 
-def loads(text: str, path: str = "<string>", arch: Arch = DEFAULT_ARCH) -> Program:
-    """Parse and check .attn source; raises SpecError listing every problem in source order."""
+def loads(text: str, path: str = "<string>", target: Target = SEMANTIC) -> Program:
+    """Parse and check .attn source; raises SpecError listing every problem in source order
+    (`target`: backend facts to check as well, from attngen.plan.validate.target)."""
     if not isinstance(text, str):
         raise SpecError([Diagnostic(f"a spec must be text (str), got {type(text).__name__}")], path=path)
     file = parse(text, path)
@@ -35,7 +39,7 @@ def loads(text: str, path: str = "<string>", arch: Arch = DEFAULT_ARCH) -> Progr
     old_limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old_limit, _LOWER_FRAMES))
     try:
-        return lower(file, source=text, arch=arch)
+        return lower(file, source=text, target=target)
     except RecursionError:
         # A backstop for pathological input, never a traceback: point at the deepest expression.
         raise SpecError(
@@ -72,18 +76,22 @@ def _deepest_span(file: A.File) -> Span | None:
     return best[1]
 
 
-def load(path: str | os.PathLike, arch: Arch = DEFAULT_ARCH) -> Program:
+def load(path: str | os.PathLike, target: Target = SEMANTIC) -> Program:
     """Read and check a .attn file; an unreadable file is a SpecError too."""
+    return loads(read_spec(path), path=os.fspath(path), target=target)
+
+
+def read_spec(path: str | os.PathLike) -> str:
+    """The text of a .attn file; an unreadable file is a SpecError."""
     p = os.fspath(path)
     try:
         with open(p, encoding="utf-8") as f:
-            text = f.read()
+            return f.read()
     except UnicodeDecodeError as e:
         raise SpecError([Diagnostic(f"{p} is not UTF-8 text (byte {e.start}: {e.reason})")], path=str(p)) from None
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise SpecError([Diagnostic(f"cannot read {p}: {reason}")], path=str(p)) from None
-    return loads(text, path=str(p), arch=arch)
 
 
 def format_source(text: str, path: str = "<string>") -> str:

@@ -1,9 +1,12 @@
 """Lowering: AST → validated IR, with every semantic error collected and reported in source order.
 
 This is the only place that knows what the names of the language mean: index variables, sizes,
-functions, builtins (desugared here into `ir.Builtin` nodes whose `body` is the plain expression),
-and the checks that keep a spec inside what the backend can build. Nothing is constant-folded, so
-that `printer` can print the IR back as it was written.
+functions, builtins (checked against their signatures in the one registry, attngen.lang.builtins,
+and desugared into `ir.Builtin` nodes whose `body` is the plain expression).
+It imports no backend: the few backend facts it checks as it goes (head dims, heads, bf16) come in
+as a `Target` value the plan stage builds, and the `tile` statement stays a hint that the plan
+stage validates (attngen.plan.validate). Nothing is constant-folded, so that `printer` can print
+the IR back as it was written.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from attngen.lang import ast as A
 from attngen.lang.diagnostics import Diagnostic, SpecError
 from attngen.ir.nodes import (
+    LOGIC_OPS,
     ARITH_OPS,
     ALIBI_SLOPES,
     BLOCK_TABLE,
@@ -32,7 +36,6 @@ from attngen.ir.nodes import (
     AttnKind,
     BinOp,
     Binary,
-    Builtin,
     BuiltinName,
     Call,
     Const,
@@ -56,21 +59,21 @@ from attngen.ir.nodes import (
     Span,
     TensorDecl,
     TensorRef,
-    TileConfig,
+    TileHint,
     Unary,
     UnOp,
     Variant,
     norm_bias_name,
     norm_weight_name,
     FP32_MAX,
+    INT32_MAX,
     FP32_MIN_NORMAL,
     fp32_literal,
 )
-from attngen.plan import limits
 from attngen.ir import names
-from attngen.plan.schedule import DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, Arch, auto_tile, validate_tile
+from attngen.lang.builtins import BUILTINS, IntExpr, IntLiteral, Param, PositiveLiteral, TensorParam, make_builtin
+from attngen.lang.builtins import alibi_standard_slope  # noqa: F401 (public here too, as before the registry)
 
-INT32_MAX = 2**31 - 1
 # Tensor lookups inside the indices of lookups (`t[u[kv]]` is 2 deep). ptxas time grows steeply
 # with the depth (199 levels ran for more than 300 s); real masks compose one or two.
 MAX_LOOKUP_NESTING = 4
@@ -127,113 +130,6 @@ def _one_of(choices: Iterable[str]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Desugaring (public: the tests' IR generators build builtins through these too)
-
-
-def _int(v: int) -> Const:
-    return Const(v, ScalarType.INT)
-
-
-def _bin(op: BinOp, a: Expr, b: Expr) -> Binary:
-    if op in (BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE, BinOp.EQ, BinOp.NE, BinOp.AND, BinOp.OR):
-        t = ScalarType.BOOL
-    else:
-        t = ScalarType.FLOAT if ScalarType.FLOAT in (a.type, b.type) else ScalarType.INT
-    return Binary(op, a, b, t)
-
-
-def q_aligned() -> Expr:
-    """`q' = q + (Lk - Lq)`: bottom-right alignment, so the last query sees the last key."""
-    return _bin(BinOp.ADD, Index(IndexVar.Q), _bin(BinOp.SUB, Size(SizeSym.LK), Size(SizeSym.LQ)))
-
-
-def alibi_standard_slope(heads: int) -> Expr:
-    """BLOOM's ALiBi slope of head `h` for `heads` heads, as an expression of `h`.
-
-    For n a power of two, slope(h) = 2^(-8 (h+1) / n). Otherwise, with c the largest power of two
-    below n, heads h < c take the c-head slopes and the rest take every other slope of the 2c-head
-    sequence: 2^(-8 (2 (h - c) + 1) / (2c))."""
-    c = 1 << (heads.bit_length() - 1)
-    h = Index(IndexVar.H)
-
-    def pow2(k: float, e: Expr) -> Expr:  # 2^(-k * e) as exp(-(k ln 2) * e)
-        return Call(Func.EXP, (Unary(UnOp.NEG, _bin(BinOp.MUL, Const(k * math.log(2.0), ScalarType.FLOAT), e), ScalarType.FLOAT),), ScalarType.FLOAT)
-
-    first = pow2(8.0 / c, _bin(BinOp.ADD, h, _int(1)))
-    if c == heads:
-        return first
-    rest = pow2(8.0 / (2 * c), _bin(BinOp.ADD, _bin(BinOp.MUL, _int(2), _bin(BinOp.SUB, h, _int(c))), _int(1)))
-    return Call(Func.WHERE, (_bin(BinOp.LT, h, _int(c)), first, rest), ScalarType.FLOAT)
-
-
-def _load(decl: TensorDecl, indices: tuple[Expr, ...]) -> Load:
-    return Load(decl.name, indices, ScalarType.FLOAT if decl.dtype.is_float else ScalarType.INT)
-
-
-def _leading(rank: int) -> tuple[Expr, ...]:
-    """Leading indices of a tensor broadcast over [b, h, ...] by its rank: [b, h], [h] or []."""
-    return (Index(IndexVar.B), Index(IndexVar.H))[max(0, 4 - rank) :]
-
-
-def desugar(name: BuiltinName, args: tuple[Expr, ...], tensors: Mapping[str, TensorDecl], heads: int) -> Expr:
-    """The plain expression a builtin means (docs/LANGUAGE.md); `args` are already checked."""
-    b, q, kv, s = Index(IndexVar.B), Index(IndexVar.Q), Index(IndexVar.KV), Score()
-    if name == BuiltinName.CAUSAL:
-        return _bin(BinOp.LE, kv, q_aligned())
-    if name == BuiltinName.WINDOW:
-        left, right = args
-        return _bin(
-            BinOp.AND,
-            _bin(BinOp.GE, kv, _bin(BinOp.SUB, q_aligned(), left)),
-            _bin(BinOp.LE, kv, _bin(BinOp.ADD, q_aligned(), right)),
-        )
-    if name == BuiltinName.PADDING:
-        ql = Load(PADDING_Q_LENS, (b,), ScalarType.INT)
-        kl = Load(PADDING_KV_LENS, (b,), ScalarType.INT)
-        return _bin(BinOp.AND, _bin(BinOp.LT, q, ql), _bin(BinOp.LT, kv, kl))
-    if name == BuiltinName.DOCUMENT:
-        qt = tensors[args[0].name]  # type: ignore[union-attr]
-        kt = tensors[args[-1].name]  # type: ignore[union-attr]
-        return _bin(BinOp.EQ, _load(qt, (b, q)), _load(kt, (b, kv)))
-    if name == BuiltinName.PREFIX:
-        return _bin(BinOp.LT, kv, args[0])
-    if name == BuiltinName.BLOCK_SPARSE:
-        t = tensors[args[0].name]  # type: ignore[union-attr]
-        bq, bk = (args[1], args[2]) if len(args) == 3 else (_int(128), _int(128))
-        idx = (*_leading(len(t.shape)), _bin(BinOp.DIV, q, bq), _bin(BinOp.DIV, kv, bk))
-        return _bin(BinOp.NE, _load(t, idx), _int(0))
-    if name == BuiltinName.SOFTCAP:
-        (c,) = args
-        return _bin(BinOp.MUL, c, Call(Func.TANH, (_bin(BinOp.DIV, s, c),), ScalarType.FLOAT))
-    if name == BuiltinName.ALIBI:
-        if args:
-            slope: Expr = _load(tensors[args[0].name], (Index(IndexVar.H),))  # type: ignore[union-attr]
-        else:
-            slope = alibi_standard_slope(heads)
-        dist = Call(Func.ABS, (_bin(BinOp.SUB, q_aligned(), kv),), ScalarType.INT)
-        return _bin(BinOp.SUB, s, _bin(BinOp.MUL, slope, dist))
-    if name == BuiltinName.BIAS:
-        t = tensors[args[0].name]  # type: ignore[union-attr]
-        return _bin(BinOp.ADD, s, _load(t, (*_leading(len(t.shape)), q, kv)))
-    if name == BuiltinName.REL_BIAS:
-        t = tensors[args[0].name]  # type: ignore[union-attr]
-        m = args[1]
-        clipped = Call(
-            Func.MIN,
-            (Call(Func.MAX, (_bin(BinOp.SUB, kv, q_aligned()), Unary(UnOp.NEG, m, ScalarType.INT)), ScalarType.INT), m),
-            ScalarType.INT,
-        )
-        return _bin(BinOp.ADD, s, _load(t, (Index(IndexVar.H), _bin(BinOp.ADD, clipped, m))))
-    raise AssertionError(f"no desugaring for {name}")
-
-
-def make_builtin(
-    name: BuiltinName, args: tuple[Expr, ...], tensors: Mapping[str, TensorDecl], heads: int, span: Span | None = None
-) -> Builtin:
-    return Builtin(name, args, desugar(name, args, tensors, heads), span)
-
-
-# --------------------------------------------------------------------------------------------
 # Checking
 
 
@@ -247,10 +143,26 @@ class _Scope:
     in_score: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The backend facts lowering checks as it goes, as plain data (the plan stage builds one for an
+    arch: attngen.plan.validate.target), so that a construct no backend could run is refused at its
+    span among the spec's other errors while the front end imports no backend. The default checks
+    none of them: only what the language means."""
+
+    name: str = "any target"  # e.g. "sm_90a", for messages
+    head_dims: tuple[int, ...] | None = None  # None: any positive head dim
+    max_heads: int | None = None  # None: no limit
+    bf16: bool = True  # whether bf16 is available
+
+
+SEMANTIC = Target()
+
+
 @dataclass
 class _Lowerer:
     path: str
-    arch: Arch
+    target: Target
     diags: list[Diagnostic] = field(default_factory=list)
     lookup_depth: int = 0  # lookups enclosing the expression being lowered
 
@@ -402,7 +314,7 @@ class _Lowerer:
         for x, s in ((a, e.lhs.span), (b, e.rhs.span)):
             if x is None:
                 continue
-            if op in (BinOp.AND, BinOp.OR) and x.type != ScalarType.BOOL:
+            if op in LOGIC_OPS and x.type != ScalarType.BOOL:
                 self.error(f"`{e.op}` needs bools, got {x.type.value}", s, "compare first, e.g. `x != 0`")
                 ok = False
             elif op in ARITH_OPS | ORDER_OPS and x.type not in _NUMERIC:
@@ -512,18 +424,18 @@ class _Lowerer:
         bare: bool,
         name_span: Span | None = None,
     ) -> Expr | None:
-        sig = _BUILTIN_SIGS[name]
+        sig = BUILTINS[name]
         nspan = name_span or span
-        if name in _SCORE_ONLY and not sc.in_score:
+        if sig.score_only and not sc.in_score:
             self.error(f"`{name.value}` modifies the score and cannot be used in a mask", nspan, f"use it in a `score` statement: `score {sig.usage}`")
             return None
         if len(raw) not in sig.arities:
             if bare:
                 self.error(f"`{name.value}` needs arguments", span, f"`{sig.usage}`")
             else:
-                self.error(f"`{name.value}` takes {sig.arity_words}, got {len(raw)}", span, f"`{sig.usage}`")
+                self.error(f"`{name.value}` takes {_arity_words(sig.arities)}, got {len(raw)}", span, f"`{sig.usage}`")
             return None
-        args: list[Expr | None] = [check(self, a, sc, name) for check, a in zip(sig.params, raw)]
+        args: list[Expr | None] = [self.param(p, a, sc, name) for p, a in zip(sig.params, raw)]
         if any(a is None for a in args):
             return None
         targs: tuple[Expr, ...] = tuple(args)  # type: ignore[arg-type]
@@ -550,6 +462,17 @@ class _Lowerer:
                 self.error(f"`rel_bias` with m = {m} needs `{t.name}` of width {2 * m + 1}, but it is declared with {width}", raw[0].span)
                 return False
         return True
+
+    def param(self, p: Param, a: A.AExpr, sc: _Scope, owner: BuiltinName) -> Expr | None:
+        """One argument of a builtin, checked against its declared parameter kind."""
+        if isinstance(p, TensorParam):
+            return self.tensor_arg(a, sc, owner, p.ranks, p.types)
+        if isinstance(p, IntLiteral):
+            return self.int_literal(a, sc, owner, p.minimum)
+        if isinstance(p, PositiveLiteral):
+            return self.positive_literal(a, sc, owner)
+        assert isinstance(p, IntExpr), p
+        return self.int_expr(a, sc, owner)
 
     def tensor_arg(self, a: A.AExpr, sc: _Scope, owner: BuiltinName, ranks: tuple[int, ...], types: str) -> Expr | None:
         if not isinstance(a, A.NameE):
@@ -610,40 +533,9 @@ class _Lowerer:
         return x
 
 
-@dataclass(frozen=True)
-class _Sig:
-    arities: tuple[int, ...]
-    params: tuple[Callable[..., Expr | None], ...]
-    usage: str
-
-    @property
-    def arity_words(self) -> str:
-        ws = [str(n) for n in self.arities]
-        n = " or ".join(ws)
-        return f"{n} argument{'s' if self.arities != (1,) else ''}"
-
-
-def _tensor(ranks: tuple[int, ...], types: str = "any") -> Callable[..., Expr | None]:
-    return lambda lw, a, sc, owner: lw.tensor_arg(a, sc, owner, ranks, types)
-
-
-def _lit(minimum: int) -> Callable[..., Expr | None]:
-    return lambda lw, a, sc, owner: lw.int_literal(a, sc, owner, minimum)
-
-
-_BUILTIN_SIGS: dict[BuiltinName, _Sig] = {
-    BuiltinName.CAUSAL: _Sig((0,), (), "causal"),
-    BuiltinName.PADDING: _Sig((0,), (), "padding"),
-    BuiltinName.WINDOW: _Sig((2,), (_lit(0), _lit(0)), "window(left, right)"),
-    BuiltinName.DOCUMENT: _Sig((1, 2), (_tensor((2,), "int"), _tensor((2,), "int")), "document(ids)` or `document(q_ids, kv_ids)"),
-    BuiltinName.PREFIX: _Sig((1,), (_Lowerer.int_expr,), "prefix(n)"),
-    BuiltinName.BLOCK_SPARSE: _Sig((1, 3), (_tensor((2, 3, 4)), _lit(1), _lit(1)), "block_sparse(t)` or `block_sparse(t, bq, bk)"),
-    BuiltinName.SOFTCAP: _Sig((1,), (_Lowerer.positive_literal,), "softcap(c)"),
-    BuiltinName.ALIBI: _Sig((0, 1), (_tensor((1,), "float"),), "alibi` or `alibi(slopes)"),
-    BuiltinName.BIAS: _Sig((1,), (_tensor((2, 3, 4)),), "bias(t)"),
-    BuiltinName.REL_BIAS: _Sig((2,), (_tensor((2,), "float"), _lit(0)), "rel_bias(t, m)"),
-}
-_SCORE_ONLY = frozenset({BuiltinName.SOFTCAP, BuiltinName.ALIBI, BuiltinName.BIAS, BuiltinName.REL_BIAS})
+def _arity_words(arities: tuple[int, ...]) -> str:
+    n = " or ".join(str(a) for a in arities)
+    return f"{n} argument{'s' if arities != (1,) else ''}"
 _FUNC_PARAMS: dict[Func, tuple[str, ...]] = {
     Func.TANH: ("x",),
     Func.EXP: ("x",),
@@ -699,8 +591,8 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     dtype = word_stmt(A.StmtKind.DTYPE, _ATTN_DTYPES, "attention dtype")
     if A.StmtKind.DTYPE not in seen:
         lw.error(f"variant `{v.name.text}` has no `dtype`", v.name.span, "add e.g. `dtype bf16` (fp32, fp16 or bf16)")
-    elif dtype == DType.BF16 and not lw.arch.bf16:
-        lw.error(f"bf16 needs sm_80 or newer; {lw.arch.value} has no bf16 tensor cores", seen[A.StmtKind.DTYPE].span,
+    elif dtype == DType.BF16 and not lw.target.bf16:
+        lw.error(f"bf16 needs sm_80 or newer; {lw.target.name} has no bf16 tensor cores", seen[A.StmtKind.DTYPE].span,
                  "use fp16 or fp32 on this arch, or compile for sm_80 or newer")
     layout = word_stmt(A.StmtKind.LAYOUT, _LAYOUTS, "layout") or Layout.BHSD
     kind = word_stmt(A.StmtKind.KIND, _KINDS, "kind") or AttnKind.SELF
@@ -712,16 +604,19 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         head_dim = _head_dim(lw, hd.first, "head_dim")
         value_dim = _head_dim(lw, hd.second, "value head_dim") if hd.second is not None else head_dim
     else:
-        lw.error(f"variant `{v.name.text}` has no `head_dim`", v.name.span, f"add e.g. `head_dim 128` (one of {', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
+        dims = lw.target.head_dims
+        lw.error(f"variant `{v.name.text}` has no `head_dim`", v.name.span,
+                 "add e.g. `head_dim 128`" + (f" (one of {', '.join(map(str, dims))})" if dims else ""))
 
     heads = kv_heads = None
     hs = seen.get(A.StmtKind.HEADS)
     if isinstance(hs, A.PairStmt):
         heads = lw.int_of(hs.first, "heads")
         kv_heads = lw.int_of(hs.second, "kv heads") if hs.second is not None else heads
-        if heads is not None and heads > limits.MAX_HEADS:
+        max_heads = lw.target.max_heads
+        if heads is not None and max_heads is not None and heads > max_heads:
             lw.error(f"{heads} heads are more than a kernel launch can hold", hs.first.span,
-                     f"heads are a dimension of the launch grid: at most {limits.MAX_HEADS}")
+                     f"heads are a dimension of the launch grid: at most {max_heads}")
             heads = None
         elif heads is not None and kv_heads is not None and heads % kv_heads:
             lw.error(
@@ -802,8 +697,7 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     tile = None
     ts = seen.get(A.StmtKind.TILE)
     if isinstance(ts, A.TileStmt) and ts.fields:
-        token_norm = any(n.target == NormTarget.Q and n.scope == NormScope.TOKEN for n in norms.values())
-        tile = _tile(lw, ts, dtype, head_dim, value_dim, token_norm)  # type: ignore[arg-type]
+        tile = _tile(lw, ts)
 
     if len(lw.diags) > n_before:
         return None
@@ -831,10 +725,7 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         sink=sink,
         page_size=page_size,
     )
-    problems = limits.check(lowered, lw.arch)
-    for p in problems:
-        lw.error(p.message, p.span, p.help)
-    return None if problems else lowered
+    return lowered
 
 
 def _ast_size(e: A.AExpr) -> int:
@@ -927,8 +818,9 @@ def _sink(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl]) ->
 
 def _head_dim(lw: _Lowerer, n: A.Num, what: str) -> int | None:
     v = lw.int_of(n, what)
-    if v is not None and v not in SUPPORTED_HEAD_DIMS:
-        lw.error(f"{what} {v} is not supported", n.span, f"the CUDA backend implements {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+    dims = lw.target.head_dims
+    if v is not None and dims is not None and v not in dims:
+        lw.error(f"{what} {v} is not supported", n.span, f"the CUDA backend implements {', '.join(map(str, dims))}")
         return None
     return v
 
@@ -1008,7 +900,9 @@ def _norm(lw: _Lowerer, st: A.NormStmt, layout: Layout) -> Norm | None:
     return Norm(target, nkind, scope, eps, affine, st.span)  # type: ignore[arg-type]
 
 
-def _tile(lw: _Lowerer, st: A.TileStmt, dtype: DType | None, d: int | None, dv: int | None, token_norm: bool) -> TileConfig | None:
+def _tile(lw: _Lowerer, st: A.TileStmt) -> TileHint | None:
+    """The `tile` statement as a hint: each field given once, a positive integer. Whether an arch
+    can run it is the plan stage's question (attngen.plan.validate)."""
     given: dict[str, int] = {}
     firsts: dict[str, A.TileField] = {}
     ok = True
@@ -1024,25 +918,15 @@ def _tile(lw: _Lowerer, st: A.TileStmt, dtype: DType | None, d: int | None, dv: 
             ok = False
         else:
             given[key] = v
-    if not ok or dtype is None or d is None or dv is None:
+    if not ok:
         return None
-    auto = auto_tile(dtype, d, dv, lw.arch)
-    tile = TileConfig(
-        block_m=given.get("block_m", auto.block_m),
-        block_n=given.get("block_n", auto.block_n),
-        warps=given.get("warps", auto.warps),
-        stages=given.get("stages", auto.stages),
-        span=st.span,
-    )
-    problems = validate_tile(dtype, d, dv, tile, lw.arch, token_norm=token_norm)
-    for p in problems:
-        lw.error(f"bad tile: {p}", st.span, None)
-    return None if problems else tile
+    return TileHint(**given, span=st.span)  # type: ignore[arg-type]
 
 
-def lower(file: A.File, source: str | None = None, arch: Arch = DEFAULT_ARCH) -> Program:
-    """Check a parsed file and build its IR; raises SpecError with every problem found."""
-    lw = _Lowerer(file.path, arch)
+def lower(file: A.File, source: str | None = None, target: Target = SEMANTIC) -> Program:
+    """Check a parsed file and build its IR; raises SpecError with every problem found (`target`:
+    the backend facts to check as well, see `Target`)."""
+    lw = _Lowerer(file.path, target)
     variants: list[Variant] = []
     names: dict[str, A.VariantDecl] = {}
     for v in file.variants:

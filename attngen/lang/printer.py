@@ -6,12 +6,12 @@ read back bit for bit; parentheses appear only where precedence or associativity
 
 from __future__ import annotations
 
+from attngen.lang.builtins import BUILTINS
 from attngen.ir.nodes import (
     TRUE,
     AttnKind,
     Binary,
     Builtin,
-    BuiltinName,
     Call,
     Const,
     Dim,
@@ -51,8 +51,6 @@ PRECEDENCE: dict[str, int] = {
 UNARY_PREC = 7
 ATOM_PREC = 8
 
-# Builtins written without parentheses when they have no arguments.
-_BARE = frozenset({BuiltinName.CAUSAL, BuiltinName.PADDING, BuiltinName.ALIBI})
 
 
 def format_number(value: bool | int | float) -> str:
@@ -97,7 +95,7 @@ def print_expr(e: Expr) -> str:
     if isinstance(e, Call):
         return f"{e.func.value}({', '.join(print_expr(a) for a in e.args)})"
     if isinstance(e, Builtin):
-        if not e.args and e.name in _BARE:
+        if not e.args and 0 in BUILTINS[e.name].arities:  # written bare: `causal`, `alibi`
             return e.name.value
         return f"{e.name.value}({', '.join(print_expr(a) for a in e.args)})"
     if isinstance(e, Unary):
@@ -164,8 +162,7 @@ def variant_lines(v: Variant) -> list[str]:
     if v.lse:
         lines.append("output lse")
     if v.tile is not None:
-        t = v.tile
-        lines.append(f"tile block_m {t.block_m} block_n {t.block_n} warps {t.warps} stages {t.stages}")
+        lines.append("tile " + " ".join(f"{k} {n}" for k, n in v.tile.given()))
     return lines
 
 

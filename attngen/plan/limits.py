@@ -1,5 +1,6 @@
-"""Backend limits, checked on the kernel plan when a spec is lowered (so `check` refuses what could
-never build or launch, with a located error, instead of nvcc or the driver failing later).
+"""Backend limits, checked on the kernel plan by the plan stage after a spec is lowered
+(attngen.plan.validate), so `check` refuses what could never build or launch, with a located error,
+instead of nvcc or the driver failing later.
 
 Checked here: the kernel's parameter space (every Params field is a kernel argument), the launch
 grid's heads dimension, the block size and the dynamic shared memory of the chosen tile. Each

@@ -409,9 +409,18 @@ def auto_tile(
 
 
 def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
-    """The variant's own tile, or the auto choice for it on `arch`."""
+    """The variant's own tile (its hint, the fields it leaves out from `auto_tile`), or the auto
+    choice for it on `arch`. Not validated: attngen.plan.validate and render do that."""
     if v.tile is not None:
-        return v.tile
+        auto = auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch)
+        h = v.tile
+        return TileConfig(
+            block_m=h.block_m if h.block_m is not None else auto.block_m,
+            block_n=h.block_n if h.block_n is not None else auto.block_n,
+            warps=h.warps if h.warps is not None else auto.warps,
+            stages=h.stages if h.stages is not None else auto.stages,
+            span=h.span,
+        )
     plain = v.mask == TRUE and not v.scores and not v.norms
     if q_token_norm(v) and uses_tensor_cores(v.dtype) and max(v.head_dim, v.value_head_dim) <= 64:
         # Pre-LN blocks (token-scope q norm, usually with a residual). On sm_90a the persistent

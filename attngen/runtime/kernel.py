@@ -715,7 +715,7 @@ def _resolve(spec: Any, variant: str | None) -> Variant:
         return spec
     if isinstance(spec, Program):
         return spec.get(variant)
-    from attngen.lang.frontend import load, loads
+    from attngen.plan.validate import load, loads
 
     if isinstance(spec, os.PathLike) or (isinstance(spec, str) and "{" not in spec):
         return load(spec).get(variant)

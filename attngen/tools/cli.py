@@ -1,7 +1,7 @@
 """The `attngen` command line: check, fmt, explain, compile, fuzz, bench.
 
 Exit codes: 0 ok, 1 a spec error (rendered compiler-style on stderr), 2 a usage error (bad
-arguments, a missing file, an unknown variant, a stage that is not installed), 3 an internal error
+arguments, a missing file, an unknown variant, a package that is not installed), 3 an internal error
 (a bug: one line, no traceback unless ATTNGEN_TRACEBACK=1). A user error never
 shows a Python traceback: every path that reads user input catches what it can raise.
 """
@@ -17,10 +17,7 @@ from typing import Callable, Sequence
 
 from attngen import __version__
 
-EXIT_OK = 0
-EXIT_SPEC = 1
-EXIT_USAGE = 2
-EXIT_INTERNAL = 3  # a bug in attngen, not in the user's input
+from attngen.tools.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_SPEC, EXIT_USAGE
 
 
 class UsageError(Exception):
@@ -46,17 +43,6 @@ def _read(path: str) -> str:
         raise UsageError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
-def _frontend():
-    # Imported lazily so that `attngen --help` and the delegating subcommands work even while the
-    # front end is being built (or broken).
-    try:
-        return importlib.import_module("attngen.lang.frontend")
-    except ModuleNotFoundError as e:
-        if e.name == "attngen.lang.frontend":
-            raise UsageError("the front end (attngen.lang.frontend) is not installed in this build") from None
-        raise UsageError(f"the front end needs a missing package: {e.name} (pip install -e .)") from None
-
-
 def _parse_arch(value: str | None):
     """The schedule.Arch for a `--arch` value (None: the default)."""
     from attngen.plan.schedule import DEFAULT_ARCH, Arch
@@ -78,15 +64,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Validate each file; one summary line per variant; exit 1 if any file has errors."""
     from attngen.tools import explain
     from attngen.lang.diagnostics import SpecError
+    from attngen.plan import validate
 
-    fe = _frontend()
     arch = _parse_arch(args.arch)
     status = EXIT_OK
     for path in args.files:
         text = _read(path)
         try:
-            # Lowering for the target arch checks tiles against that arch's shared memory.
-            program = fe.loads(text, path, arch=arch)
+            # The plan stage checks tiles and limits against the target arch (after lowering).
+            program = validate.loads(text, path, arch)
         except SpecError as e:
             print(e.render(), file=sys.stderr)
             status = EXIT_SPEC
@@ -102,9 +88,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_fmt(args: argparse.Namespace) -> int:
     """Print the canonical form; `--check` reports files that are not canonical; `--write` fixes."""
+    from attngen.lang import frontend as fe
     from attngen.lang.diagnostics import SpecError
 
-    fe = _frontend()
     status = EXIT_OK
     unformatted: list[str] = []
     for path in args.files:
@@ -157,13 +143,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """Describe a variant in plain words (every variant of the file without --variant)."""
     from attngen.tools import explain
     from attngen.lang.diagnostics import SpecError
+    from attngen.plan import validate
 
-    fe = _frontend()
     arch = _parse_arch(args.arch)
     shape = _parse_shape(args.shape) if args.shape is not None else None
     text = _read(args.file)
     try:
-        program = fe.loads(text, args.file, arch=arch)
+        program = validate.loads(text, args.file, arch)
     except SpecError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_SPEC
@@ -189,10 +175,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def _delegate(module: str, what: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            mod = importlib.import_module(module)
+            mod = importlib.import_module(module)  # lazily: `attngen check` never loads CuPy or hypothesis
         except ModuleNotFoundError as e:
-            if e.name == module:
-                raise UsageError(f"`attngen {what}` is not available in this build ({module} is missing)") from None
             raise UsageError(f"`attngen {what}` needs a package that is not installed: {e.name}") from None
         rc = mod.main(args)
         return EXIT_OK if rc is None else int(rc)
@@ -273,31 +257,43 @@ def build_parser() -> argparse.ArgumentParser:
     k.set_defaults(func=cmd_compile)
 
     z = sub.add_parser("fuzz", help="fuzz a kernel against the NumPy reference (or the compiler, --specs)")
+    fuzz_arguments(z)
+    z.set_defaults(func=cmd_fuzz)
+
+    b = sub.add_parser("bench", help="time a kernel, side by side with torch peers when available")
+    bench_arguments(b)
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def fuzz_arguments(z: argparse.ArgumentParser) -> None:
+    """`attngen fuzz`'s arguments (their one definition: also attngen.check.fuzz's own parser)."""
     z.add_argument("file", nargs="?", metavar="FILE")
     z.add_argument("--variant")
-    z.add_argument("--specs", action="store_true", help="fuzz the compiler with generated specs")
+    z.add_argument("--specs", action="store_true", help="fuzz the compiler with generated and mutated specs")
     z.add_argument("--max-examples", type=int, default=None)
     z.add_argument("--seconds", type=float, default=None)
     z.add_argument("--seed", type=int, default=None)
-    z.add_argument("--out", default=None, help="where failing cases are written")
+    z.add_argument("--out", default=None, help="where failing cases are written (default fuzz-failures/)")
     z.add_argument("--nvcc", dest="nvcc", action="store_true", default=None,
-                   help="--specs: compile every accepted spec with nvcc (default when nvcc is on the PATH)")
+                   help="--specs: compile every accepted spec with nvcc (sm_90a and sm_80); the default when nvcc is on the PATH")
     z.add_argument("--no-nvcc", dest="nvcc", action="store_false", help="--specs: skip the nvcc step")
     z.add_argument("--jobs", type=int, default=None, help="parallel nvcc compiles (default: the CPU count)")
     z.add_argument("--pass", dest="pass_", choices=["forward", "backward", "both"], default=None,
                    help="FILE: the forward kernel (default) or the backward kernels' gradients; --specs: both (default)")
-    z.set_defaults(func=cmd_fuzz)
 
-    b = sub.add_parser("bench", help="time a kernel, side by side with torch peers when available")
+
+def bench_arguments(b: argparse.ArgumentParser) -> None:
+    """`attngen bench`'s arguments (their one definition: also attngen.tools.bench's own parser)."""
+    from attngen.tools.bench_timing import MIN_REPEATS  # light: no NumPy, no CuPy
+
     b.add_argument("file", metavar="FILE")
     b.add_argument("--variant")
     b.add_argument("--shape", action="append", default=None, help="B,H,L,D or B,H,Lq,Lk,D (repeatable)")
     b.add_argument("--json", default=None, help="write results as JSON here")
     b.add_argument("--plot", default=None, help="write a TFLOP/s plot here (needs matplotlib)")
     b.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="time torch peers too")
-    b.add_argument("--repeats", type=int, default=30, help="timed launches per implementation")
-    b.set_defaults(func=cmd_bench)
-    return p
+    b.add_argument("--repeats", type=int, default=30, help=f"timed launches per implementation (>= {MIN_REPEATS})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from attngen.tools.cli import EXIT_INTERNAL, EXIT_OK, EXIT_SPEC, EXIT_USAGE  # the one home of the exit codes
+from attngen.tools.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_SPEC, EXIT_USAGE
 
 
 class _Usage(Exception):
@@ -309,6 +309,7 @@ def _need_nvcc(what: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     from attngen.tools import cli
     from attngen.lang.diagnostics import SpecError
+    from attngen.plan import validate
 
     t_start = time.perf_counter()
     timings: list[tuple[str, float]] = []
@@ -320,7 +321,6 @@ def _run(args: argparse.Namespace) -> int:
     verbose = bool(getattr(args, "verbose", False))
     try:
         arch = cli._parse_arch(getattr(args, "arch", None))
-        fe = cli._frontend()
         text = cli._read(args.file)
     except cli.UsageError as e:
         raise _Usage(str(e)) from None
@@ -337,7 +337,7 @@ def _run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
-        program = fe.loads(text, args.file, arch=arch)
+        program = validate.loads(text, args.file, arch)
     except SpecError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_SPEC

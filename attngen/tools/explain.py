@@ -10,11 +10,11 @@ import math
 from typing import Any, Iterable
 
 from attngen.ir.nodes import (
+    LOGIC_OPS,
     AttnKind,
     Binary,
     BinOp,
     Builtin,
-    BuiltinName,
     Const,
     Expr,
     Layout,
@@ -32,6 +32,7 @@ from attngen.ir.nodes import (
 from attngen.ir import abi
 from attngen.analysis import intervals
 from attngen.check import workload
+from attngen.lang.builtins import BUILTINS
 from attngen.lang.printer import print_expr
 from attngen.plan.schedule import (
     DEFAULT_ARCH,
@@ -72,44 +73,9 @@ def expr_text(e: Expr) -> str:
 
 
 def _builtin_words(b: Builtin, v: Variant) -> str:
-    a = [expr_text(x) for x in b.args]
+    """The builtin's plain words, from its declaration (attngen.lang.builtins)."""
     aligned = "q" if v.kind == AttnKind.SELF else "q + (Lk - Lq)"
-    n = b.name
-    if n == BuiltinName.CAUSAL:
-        if v.kind == AttnKind.SELF:
-            return "causal: a query sees keys at or before its own position (kv <= q)"
-        return "causal: kv <= q + (Lk - Lq), aligned bottom-right (the last query sees the last key)"
-    if n == BuiltinName.WINDOW:
-        left, right = (a + ["?", "?"])[:2]
-        return f"sliding window: keys from {left} before to {right} after the query ({aligned} - {left} <= kv <= {aligned} + {right})"
-    if n == BuiltinName.PADDING:
-        return (
-            "padding: only the first q_lens[b] queries and kv_lens[b] keys of each batch row take part; "
-            "query rows past q_lens[b] see nothing and give O = 0"
-        )
-    if n == BuiltinName.DOCUMENT:
-        if len(a) == 1:
-            return f"document: a query sees only keys of its own document ({a[0]}[b, q] == {a[0]}[b, kv])"
-        return f"document: a query sees only keys of its own document ({a[0]}[b, q] == {a[1]}[b, kv])"
-    if n == BuiltinName.PREFIX:
-        return f"prefix: every query sees the first {a[0] if a else 'n'} keys (kv < {a[0] if a else 'n'})"
-    if n == BuiltinName.BLOCK_SPARSE:
-        bq, bk = (a[1], a[2]) if len(a) >= 3 else ("128", "128")
-        t = a[0] if a else "t"
-        return f"block-sparse: the map {t} (one entry per {bq} x {bk} block of queries x keys) marks visible blocks (!= 0)"
-    if n == BuiltinName.SOFTCAP:
-        c = a[0] if a else "c"
-        return f"softcap: s -> {c} * tanh(s / {c}), which bounds scores to (-{c}, {c})"
-    if n == BuiltinName.ALIBI:
-        if a:
-            return f"ALiBi: s - {a[0]}[h] * |{aligned} - kv| (slopes given as an input)"
-        return f"ALiBi: s - slope[h] * |{aligned} - kv| with the standard geometric slopes for {v.heads} heads (compile-time constants)"
-    if n == BuiltinName.BIAS:
-        return f"bias: s + {a[0] if a else 't'}[...] (indexed by its rank: [q, kv], [h, q, kv] or [b, h, q, kv])"
-    if n == BuiltinName.REL_BIAS:
-        t, m = (a + ["t", "m"])[:2]
-        return f"relative-position bias: s + {t}[h, clamp(kv - ({aligned}), -{m}, {m}) + {m}]"
-    return f"{n.value}: {expr_text(b)}"
+    return BUILTINS[b.name].words([expr_text(x) for x in b.args], v, aligned)
 
 
 def _flatten(e: Expr, op: BinOp) -> list[Expr]:
@@ -121,7 +87,7 @@ def _flatten(e: Expr, op: BinOp) -> list[Expr]:
 def _mask_lines(e: Expr, v: Variant, indent: str) -> list[str]:
     if isinstance(e, Const) and e.value is True:
         return [indent + "none: every query sees every key"]
-    if isinstance(e, Binary) and e.op in (BinOp.AND, BinOp.OR):
+    if isinstance(e, Binary) and e.op in LOGIC_OPS:
         parts = _flatten(e, e.op)
         head = "visible where ALL of these hold:" if e.op == BinOp.AND else "visible where ANY of these holds:"
         out = [indent + head]
@@ -335,9 +301,7 @@ def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, se
 
 def resolved_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[TileConfig, bool]:
     """The tile the kernel uses and whether it came from `tile auto`."""
-    if v.tile is not None:
-        return v.tile, False
-    return variant_tile(v, arch), True
+    return variant_tile(v, arch), v.tile is None
 
 
 def _op_plan(v: Variant, arch: Arch) -> Any:

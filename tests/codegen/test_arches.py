@@ -14,7 +14,7 @@ from _codegen_util import ROOT
 from attngen.tools import cli
 from attngen.cuda import compile as compile_cuda, render as render_cuda
 from attngen.lang.diagnostics import SpecError
-from attngen.lang.frontend import load
+from attngen.plan.validate import load  # the front end, then the plan stage for the arch
 from attngen.ir.nodes import TileConfig
 from attngen.plan.schedule import Arch, arch_for_cc, spill_budget
 

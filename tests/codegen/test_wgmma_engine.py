@@ -12,6 +12,7 @@ import pytest
 from attngen.cuda import compile as compile_cuda, render as render_cuda
 from attngen.lang.diagnostics import SpecError
 from attngen.lang.frontend import loads
+from attngen.plan import validate
 from attngen.ir.nodes import DType, TileConfig
 from attngen.plan.schedule import (
     Arch,
@@ -128,7 +129,7 @@ def test_tile_errors_name_the_limits() -> None:
     errs = validate_tile(DType.BF16, 128, 128, TileConfig(128, big + 16, 8, 2), Arch.SM90A)
     assert any(f"block_n is at most {big}" in e for e in errs)
     with pytest.raises(SpecError) as ei:
-        loads("attention t { dtype bf16; head_dim 128; heads 4; tile block_m 128 block_n 128 warps 8 stages 4 }")
+        validate.loads("attention t { dtype bf16; head_dim 128; heads 4; tile block_m 128 block_n 128 warps 8 stages 4 }")
     assert "shared memory" in str(ei.value)
 
 

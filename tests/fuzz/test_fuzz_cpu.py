@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attngen.lang import frontend
-from attngen.check import fuzz
+from attngen.check import fuzz, fuzz_specs
 from attngen.lang.diagnostics import SpecError
 from attngen.ir.nodes import PADDING_KV_LENS, PADDING_Q_LENS
 
@@ -172,7 +172,7 @@ def test_fuzz_specs_nvcc_failure_is_reported(tmp_path, monkeypatch) -> None:
     checker = nvcc_check.NvccChecker(jobs=1)
     text = (EXAMPLES / "gpt2_causal_fp16.attn").read_text()
     checker.submit(text, frontend.loads(text).variants)
-    out = fuzz._nvcc_outcome(checker, str(tmp_path), quiet=True)
+    out = fuzz_specs.nvcc_outcome(checker, str(tmp_path), quiet=True)
     assert out.failure and "boom" in out.failure and len(checker.failures) == 2
     assert (out.reproducer / "spec.attn").read_text() == text
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from attngen.lang import frontend
+from attngen.plan import validate
 from attngen.check import fuzz
 from attngen.plan.schedule import Arch
 from gpu_helpers import examples
@@ -54,7 +54,7 @@ def test_device_arch_of_hopper_is_sm90a():
 def test_sm90_target_runs_on_hopper(name):
     from attngen.runtime import kernel as runtime
 
-    v = frontend.load(EX / f"{name}.attn", arch=Arch.SM90).get()
+    v = validate.load(EX / f"{name}.attn", arch=Arch.SM90).get()
     k = runtime.compile(v, arch="sm_90")
     assert k.plan.arch == Arch.SM90 and k.plan.engine.value in ("mma.sync", "ffma")
     _check(k, v, examples(1 / 10, minimum=4))
@@ -72,7 +72,7 @@ def test_turing_source_built_for_hopper_matches_reference(name, monkeypatch):
         return compile_cuda.compile_source(source, Arch.SM90 if arch == Arch.SM75 else arch, **kw)
 
     monkeypatch.setattr(runtime, "compile_source", compile_for_hopper)
-    v = frontend.load(EX / f"{name}.attn", arch=Arch.SM75).get()
+    v = validate.load(EX / f"{name}.attn", arch=Arch.SM75).get()
     try:
         k = runtime.compile(v, arch=Arch.SM75)
         assert built and built[0][0] == Arch.SM75, "runtime.compile no longer compiles through runtime.compile_source"

@@ -14,7 +14,7 @@ from attngen.lang import frontend
 from attngen.plan import limits
 from attngen.ir import names
 from attngen.lang.diagnostics import SpecError, split_lines
-from attngen.lang.frontend import loads
+from attngen.plan.validate import loads  # the front end, then the plan stage (`attngen check`)
 from attngen.cuda.render import plan
 
 HEAD = "attention a {\n  dtype bf16\n  head_dim 64\n  heads 4\n"

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from attngen.lang.diagnostics import SpecError
-from attngen.lang.frontend import loads
+from attngen.lang import frontend
+from attngen.plan.validate import loads  # the front end, then the plan stage's checks (`attngen check`)
 from attngen.ir.nodes import (
     TRUE,
     AttnKind,
@@ -33,12 +34,13 @@ from attngen.ir.nodes import (
     TensorDecl,
     TensorRef,
     TileConfig,
+    TileHint,
     Unary,
     UnOp,
     strip_sugar,
 )
 from attngen.lang.lower import alibi_standard_slope
-from attngen.plan.schedule import auto_tile
+from attngen.plan.schedule import auto_tile, variant_tile
 
 HEAD = "dtype bf16; head_dim 128; heads 16 kv 8\n"
 
@@ -95,11 +97,29 @@ def test_every_statement():
 
 
 def test_tile_partial_filled_from_auto():
+    # The IR keeps the hint as written; the plan stage fills the rest from auto_tile for its arch.
     auto = auto_tile(DType.BF16, 128, 128)
     v = variant("tile warps 8 block_m 128")
-    assert v.tile == TileConfig(128, auto.block_n, 8, auto.stages)
+    assert v.tile == TileHint(block_m=128, warps=8) and v.tile.span is not None
+    assert variant_tile(v) == TileConfig(128, auto.block_n, 8, auto.stages)
     assert variant("tile auto").tile is None
-    assert variant("tile block_m 64 block_n 32 warps 4 stages 1").tile == TileConfig(64, 32, 4, 1)
+    assert variant("tile block_m 64 block_n 32 warps 4 stages 1").tile == TileHint(64, 32, 4, 1)
+
+
+def test_front_end_alone_is_semantic():
+    # Without a target, lowering checks only what the spec means: a head dim or a tile no backend
+    # implements lowers; the plan stage refuses it at the spec with a caret.
+    text = "attention v {\n  dtype bf16\n  head_dim 128\n  heads 16\n  tile block_m 100\n}\n"
+    v = frontend.loads(text, "t.attn").get()
+    assert v.tile == TileHint(block_m=100)
+    assert frontend.loads(text.replace("128", "63")).get().head_dim == 63
+    with pytest.raises(SpecError) as info:
+        loads(text, "t.attn")
+    assert str(info.value).startswith(
+        "t.attn:5:3: error: bad tile: block_m must be a positive multiple of 16, got 100\n"
+        "   5 |   tile block_m 100\n     |   ^^^^^^^^^^^^^^^^")
+    with pytest.raises(SpecError, match="head_dim 63 is not supported"):
+        loads(text.replace("128", "63"))
 
 
 def test_inputs_in_source_order_with_dims():

@@ -74,7 +74,7 @@ def test_defaults_left_out_and_non_defaults_printed():
     )
     text = print_program(p)
     for line in ("head_dim 64 value 32", "heads 4 kv 2", "kind cross", "layout bshd", "scale 0.5",
-                 "norm q rmsnorm(1e-05) scope token affine false", "nan_check", "output lse", "tile block_m"):
+                 "norm q rmsnorm(1e-05) scope token affine false", "nan_check", "output lse", "tile warps 4"):
         assert line in text
     assert loads(text) == p
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from attngen.lang.diagnostics import SpecError
-from attngen.lang.frontend import loads
+from attngen.plan.validate import loads  # what `attngen check` runs: the front end, then the plan stage
 
 BAD = Path(__file__).parent / "bad"
 SPECS = sorted(BAD.glob("*.attn"))
@@ -116,14 +116,14 @@ def test_redundant_parentheses_cost_nothing():
 
 
 def test_load_missing_file(tmp_path):
-    from attngen.lang.frontend import load
+    from attngen.plan.validate import load
 
     with pytest.raises(SpecError, match="cannot read"):
         load(tmp_path / "nope.attn")
 
 
 def test_load_reads_file(tmp_path):
-    from attngen.lang.frontend import load
+    from attngen.plan.validate import load
 
     f = tmp_path / "ok.attn"
     f.write_text("attention a { dtype fp16; head_dim 64; heads 2 }\n")
@@ -132,7 +132,7 @@ def test_load_reads_file(tmp_path):
 
 
 def test_load_non_utf8(tmp_path):
-    from attngen.lang.frontend import load
+    from attngen.plan.validate import load
 
     f = tmp_path / "bin.attn"
     f.write_bytes(b"attention \xff\xfe {}")

@@ -1,0 +1,57 @@
+"""The plan stage's check of a lowered program: what an arch can run.
+
+The front end (attngen.lang) says what a spec means and imports no backend; this module holds the
+backend's side of `attngen check`. It hands lowering the few backend facts it checks in place
+(`target`: head dims, heads, bf16, so that they are reported among the spec's other errors), then
+resolves each variant's `tile` hint for the arch and checks it and the kernel's limits (parameter
+space, threads, shared memory). Every problem is a located diagnostic against the spec.
+
+    loads(text, path, arch)   parse, lower, validate; raises SpecError
+    load(path, arch)          the same for a file
+    validate(program, arch)   the plan-stage checks of a lowered program
+"""
+
+from __future__ import annotations
+
+import os
+
+from attngen.ir.nodes import Program, Variant
+from attngen.lang import frontend
+from attngen.lang.diagnostics import Diagnostic, SpecError
+from attngen.lang.lower import Target
+from attngen.plan import limits
+from attngen.plan.schedule import DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, Arch, q_token_norm, validate_tile, variant_tile
+
+
+def target(arch: Arch = DEFAULT_ARCH) -> Target:
+    """The backend facts lowering checks in place, for `arch`."""
+    return Target(name=arch.value, head_dims=SUPPORTED_HEAD_DIMS, max_heads=limits.MAX_HEADS, bf16=arch.bf16)
+
+
+def variant_problems(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[Diagnostic]:
+    """Every reason `v` cannot be built and launched on `arch`, located at the spec: its tile hint
+    (completed with the auto choice), then the kernel's limits once the tile is sound."""
+    if v.tile is not None:
+        tile = variant_tile(v, arch)
+        bad = validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v))
+        if bad:
+            return [Diagnostic(f"bad tile: {p}", v.tile.span, None) for p in bad]
+    return [Diagnostic(p.message, p.span, p.help) for p in limits.check(v, arch)]
+
+
+def validate(program: Program, arch: Arch = DEFAULT_ARCH, source: str | None = None) -> Program:
+    """`program` when every variant can run on `arch`; else a SpecError listing every problem."""
+    diags = [d for v in program.variants for d in variant_problems(v, arch)]
+    if diags:
+        raise SpecError(diags, source=source, path=program.path)
+    return program
+
+
+def loads(text: str, path: str = "<string>", arch: Arch = DEFAULT_ARCH) -> Program:
+    """Parse, lower and validate .attn source for `arch`; raises SpecError (never a traceback)."""
+    return validate(frontend.loads(text, path, target=target(arch)), arch, text)
+
+
+def load(path: str | os.PathLike, arch: Arch = DEFAULT_ARCH) -> Program:
+    """Read, lower and validate a .attn file for `arch`; an unreadable file is a SpecError too."""
+    return loads(frontend.read_spec(path), os.fspath(path), arch)
