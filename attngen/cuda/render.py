@@ -387,7 +387,7 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX) -> OpPlan:
         tile=tile,
         smem=variant_smem_layout(v, tile, arch),
         min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
-        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores)) if eng == Engine.WGMMA else None,
+        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores), v.value_head_dim) if eng == Engine.WGMMA else None,
     )
     prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
                          for pr in preps)
@@ -540,6 +540,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         wgmma_shapes=_wgmma_shapes(kp, v),
         wgmma_regs=dict(zip(("producer", "consumer"), kp.attention.regs or (0, 0))),  # read on the wgmma path only
         q_buffers=kp.smem.q_buffers,
+        wide_rows=max(v.head_dim, v.value_head_dim) > 128,
         smem_bytes=kp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],
         tensors=_tensor_ctx(v),

@@ -65,7 +65,8 @@ from attngen.ir.nodes import (
 )
 from attngen.plan import limits
 from attngen.ir import names
-from attngen.plan.schedule import DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, Arch, auto_tile, validate_tile
+from attngen.plan.schedule import (DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, WIDE_HEAD_DIMS, Arch, auto_tile, describe_head_dims,
+                                   head_dims_supported, uses_tensor_cores, validate_tile, wide_head_dims)
 
 INT32_MAX = 2**31 - 1
 # Tensor lookups inside the indices of lookups (`t[u[kv]]` is 2 deep). ptxas time grows steeply
@@ -708,6 +709,8 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     if isinstance(hd, A.PairStmt):
         head_dim = _head_dim(lw, hd.first, "head_dim")
         value_dim = _head_dim(lw, hd.second, "value head_dim") if hd.second is not None else head_dim
+        if head_dim is not None and value_dim is not None and not _head_dim_pair(lw, hd, dtype if isinstance(dtype, DType) else None, head_dim, value_dim):
+            head_dim = value_dim = None
     else:
         lw.error(f"variant `{v.name.text}` has no `head_dim`", v.name.span, f"add e.g. `head_dim 128` (one of {', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
 
@@ -783,6 +786,11 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
                 continue
             norms[nm.target] = nm
 
+    if head_dim is not None and value_dim is not None and wide_head_dims(head_dim, value_dim):
+        for nm in norms.values():
+            if nm.target == NormTarget.Q and nm.scope == NormScope.TOKEN:
+                lw.error(f"a token-scope q norm is implemented for head dims up to 128, not {head_dim}", nm.span,
+                         "normalise q outside the kernel, or use a head-scope norm")
     residual = A.StmtKind.RESIDUAL in seen
     if residual and head_dim is not None and value_dim is not None and head_dim != value_dim:
         lw.error(
@@ -890,10 +898,24 @@ def _sink(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl]) ->
 
 def _head_dim(lw: _Lowerer, n: A.Num, what: str) -> int | None:
     v = lw.int_of(n, what)
-    if v is not None and v not in SUPPORTED_HEAD_DIMS:
-        lw.error(f"{what} {v} is not supported", n.span, f"the CUDA backend implements {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+    if v is not None and v not in SUPPORTED_HEAD_DIMS and v not in {d for pair in WIDE_HEAD_DIMS for d in pair}:
+        lw.error(f"{what} {v} is not supported", n.span, f"the CUDA backend implements {describe_head_dims()}")
         return None
     return v
+
+
+def _head_dim_pair(lw: _Lowerer, st: A.PairStmt, dtype: DType | None, d: int, dv: int) -> bool:
+    """The (D, Dv) pair and the dtype together: wide pairs exist as listed, on tensor cores only."""
+    if not head_dims_supported(d, dv):
+        lw.error(f"head_dim {d} with value head_dim {dv} is not supported", st.span,
+                 f"the CUDA backend implements {describe_head_dims()}")
+        return False
+    if wide_head_dims(d, dv) and dtype is not None and not uses_tensor_cores(dtype):
+        lw.error(f"head_dim {d}{'' if d == dv else f' value {dv}'} runs on the tensor-core engines (fp16/bf16), not {dtype.value}",
+                 st.span, "the fp32 FFMA engine keeps a whole block_m x Dv partial output a warp, which does not fit "
+                 "its registers past Dv = 128: use bf16 or fp16")
+        return False
+    return True
 
 
 def _input(lw: _Lowerer, st: A.InputStmt, tensors: Mapping[str, TensorDecl]) -> tuple[TensorDecl | None, bool]:
