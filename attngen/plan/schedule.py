@@ -457,14 +457,15 @@ def _wide_auto_tile(dtype: DType, head_dim: int, value_head_dim: int, arch: Arch
     wgmma, D = Dv = 256: 128 x 48 x 3 stages (208 KiB; 64-key tiles fit only two stages, and the
     consumers hold two ring slots at once, so two stages leave the producer no slot to fill ahead).
     D = 192, Dv = 128: 128 x 80 x 3 stages (198 KiB). mma.sync: 128 x 64 x 8 warps x 2 stages where
-    shared memory admits it, else the first smaller tile that fits (sm_80: 128 x 32; sm_86/89:
-    128 x 32 single-stage; sm_75: 64 x 16 x 4 warps single-stage)."""
+    shared memory admits it, else the first smaller tile that fits, counting the fp32 staging of O
+    in the epilogue (D256 on sm_80: 128 x 32; sm_86/89: 64 x 32 x 4 warps single-stage; sm_75:
+    32 x 16 x 2 warps single-stage)."""
     if arch == Arch.SM90A:
         t = TileConfig(block_m=128, block_n=48 if value_head_dim == 256 else 80, warps=8, stages=3)
         if not validate_tile(dtype, head_dim, value_head_dim, t, arch):
             return t
     tiles = [TileConfig(128, 64, 8, 2), TileConfig(128, 32, 8, 2), TileConfig(128, 64, 8, 1), TileConfig(128, 32, 8, 1),
-             TileConfig(64, 32, 4, 1), TileConfig(64, 16, 4, 1)]
+             TileConfig(64, 32, 4, 1), TileConfig(32, 16, 2, 1)]
     return next((t for t in tiles if not validate_tile(dtype, head_dim, value_head_dim, t, arch)), tiles[-1])
 
 
@@ -489,14 +490,18 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
         if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch, token_norm=True):
             return t
     t = auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch, dense=plain)
-    if wide_head_dims(v.head_dim, v.value_head_dim) and engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA and (
+    if wide_head_dims(v.head_dim, v.value_head_dim) and (
             v.scores or v.lse or v.runtime_inputs() or not (v.mask == TRUE or (isinstance(v.mask, Builtin) and v.mask.name == BuiltinName.CAUSAL))):
-        # Wide head dims beyond dense and causal: the O registers (128 a consumer thread at Dv =
-        # 256) leave too few for the per-element mask, score and LSE work at the dense tiles' key
-        # counts (ptxas, sm_90a: D256 window mask at 48 keys spills 8 bytes, softcap 32; D192/128
-        # window + softcap + lse at 80 keys 4), so narrower key tiles: 32 keys at Dv = 256 (three
-        # stages and two Q buffers in 224 KiB), 64 at D192/128 (216 KiB).
-        t = TileConfig(block_m=128, block_n=32 if v.value_head_dim == 256 else 64, warps=8, stages=3)
+        # Wide head dims beyond dense and causal: the O registers (128 a thread at Dv = 256) leave
+        # too few for the per-element mask, score and LSE work at the dense tiles' key counts
+        # (ptxas: wgmma D256 window mask at 48 keys spills 8 bytes, softcap 32; D192/128 window +
+        # softcap + lse at 80 keys 4; mma.sync D256 window + softcap + lse at 64 keys 92), so
+        # narrower key tiles: on wgmma 32 keys at Dv = 256 (three stages and two Q buffers in 224
+        # KiB), 64 at D192/128 (216 KiB); on mma.sync at most 32 keys at Dv = 256.
+        if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA:
+            t = TileConfig(block_m=128, block_n=32 if v.value_head_dim == 256 else 64, warps=8, stages=3)
+        elif v.value_head_dim == 256 and t.block_n > 32:
+            t = TileConfig(t.block_m, 32, t.warps, t.stages)
     if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA and v.head_dim == 128 and any(
             isinstance(n, Builtin) and n.name == BuiltinName.DOCUMENT for n in walk(v.mask)):
         # Document masks: a query tile sees a few key tiles of its own document, many of them
