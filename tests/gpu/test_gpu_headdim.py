@@ -47,7 +47,7 @@ def test_wide_head_dim_examples_match_the_reference(example: str) -> None:
     v = frontend.load(str(ROOT / "examples" / f"{example}.attn")).get(None)
     kernel = runtime.compile(v, family="forward")
     assert kernel.plan.engine == Engine.WGMMA
-    for i, (B, L) in enumerate(((1, 1), (2, 333), (1, 1200))):
+    for i, (B, L) in enumerate(((1, 1), (2, 333), (1, 700))):
         case = fuzz.Case(B=B, Lq=L, Lk=L, seed=5 + i)
         arrays = fuzz.case_inputs(v, case)
         out, lse = fuzz.run_kernel(kernel, v, arrays)
