@@ -1,6 +1,6 @@
 """Head dims 256 and 192/128 (issue 15): attngen against torch SDPA's cuDNN and flash backends, same run.
 
-    python benchmarks/headdim_bench.py [--out PATH] [--repeats N]
+    python benchmarks/headdim_bench.py [--out PATH] [--repeats N] [--sweep]
 
 bf16, B4 H16 L8192, self attention: D256 dense and causal (bar: >= 0.85x cuDNN, which measured 664
 dense / 692 causal TFLOP/s at this shape), and D192 with value 128 causal against every SDPA backend
@@ -8,7 +8,8 @@ that accepts Dv != D (cuDNN, memory-efficient; FlashAttention-2 refuses it). Tim
 are attngen.tools.bench.bench_shape's: launches rotate through input sets over twice the L2, inputs
 random normal (never zeros), each peer's output compared with ours before it is timed (the shapes are
 too large for the NumPy reference, which tests/gpu/test_gpu_headdim.py covers). TFLOP/s count the
-visible (unmasked) work: 4 B H Lq Lk D (D + Dv) / 2 a GEMM pair. Results: JSON to PATH (default
+visible (unmasked) work: 2 B H Lq Lk (D + Dv) times the visible fraction. --sweep also times the
+causal specs at the other tiles of tests/gpu/headdim_specs.SWEEP_TILES (ours only). Results: JSON to PATH (default
 $OUT/headdim_bench.json, else benchmarks/results/h200_headdim.json) and a table on stdout.
 """
 
@@ -26,7 +27,7 @@ for p in (ROOT, ROOT / "tests" / "gpu"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from headdim_specs import compiled  # noqa: E402  (the GPU tests' spec texts: one build per device run)
+from headdim_specs import SWEEP_TILES, compiled  # noqa: E402  (the GPU tests' spec texts: one build per device run)
 
 B, L = 4, 8192
 CASES = ["hd256_dense", "hd256_causal", "hd192_causal"]
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--sweep", action="store_true", help="also time the causal specs at SWEEP_TILES' tiles")
     args = ap.parse_args(argv)
     from attngen.tools import bench
 
@@ -81,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
             got.append(prow)
         rows += got
         print(bench.format_table(got), flush=True)
+    if args.sweep:
+        for name, tiles in SWEEP_TILES.items():
+            for tile in tiles:
+                v, kernel = compiled(name, "sm_90a", tile)
+                got = bench.bench_shape(v, kernel, B, L, L, workload=f"{name} tile {tile}", peers=False,
+                                        repeats=args.repeats, check_reference=False)
+                rows += got
+                print(bench.format_table(got), flush=True)
     verdicts = []
     for name, (peer, bar) in BARS.items():
         ours = next((r for r in rows if r.workload == name and r.impl == "attngen"), None)

@@ -699,7 +699,7 @@ def spec_strategy(name: str = "fuzzed"):
     from hypothesis import strategies as st
 
     from attngen.ir.nodes import TileConfig
-    from attngen.plan.schedule import SUPPORTED_HEAD_DIMS, validate_tile
+    from attngen.plan.schedule import SUPPORTED_HEAD_DIMS, WIDE_HEAD_DIMS, validate_tile
 
     @st.composite
     def build(draw) -> str:
@@ -859,9 +859,18 @@ def spec_strategy(name: str = "fuzzed"):
             n = fresh("sinks")
             inputs.append(f"input {n}: fp32[H]")
             lines.append(f"sink {n}")
-        decodable = dtype != "fp32" and D == Dv and D in (64, 128) and not any(x.startswith(("norm", "residual")) for x in lines)
+        decodable = dtype != "fp32" and D == Dv and D in (64, 128) and not any(x.startswith(("norm", "residual")) for x in lines) \
+            and not any(x.endswith(" sorted") for x in inputs)  # (plan.decode.decode_unsupported)
         if kind == "cross" and decodable and draw(st.integers(0, 3)) == 0:
             lines.append(f"kv_cache paged({draw(st.sampled_from([8, 16, 64, 256]))})")
+        # The wide head dims (tensor-core dtypes only), drawn last for the same reason: they replace
+        # the drawn pair where nothing drawn refuses them (a token-scope q norm, a residual at Dv !=
+        # D, a paged cache), and any tile hint, which was validated for the narrow pair.
+        if dtype != "fp32" and not any(x.startswith(("kv_cache", "residual")) or "scope token" in x for x in lines) \
+                and draw(st.integers(0, 7)) == 0:
+            D, Dv = draw(st.sampled_from(WIDE_HEAD_DIMS))
+            lines[1] = f"head_dim {D}" + (f" value {Dv}" if Dv != D else "")
+            lines = [x for x in lines if not x.startswith("tile ")]
         body = "\n".join(f"  {x}" for x in lines[:5] + inputs + lines[5:])
         return f"attention {name} {{\n{body}\n}}\n"
 

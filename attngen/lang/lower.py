@@ -64,7 +64,6 @@ from attngen.ir.nodes import (
     fp32_literal,
 )
 from attngen.plan import limits
-from attngen.plan.decode import decode_unsupported
 from attngen.ir import names
 from attngen.plan.schedule import (DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, WIDE_HEAD_DIMS, Arch, auto_tile, describe_head_dims,
                                    head_dims_supported, uses_tensor_cores, validate_tile, wide_head_dims)
@@ -835,14 +834,6 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
         sink=sink,
         page_size=page_size,
     )
-    if page_size is not None:
-        # A paged cache runs on the decode family only: what it cannot run is refused here, at the
-        # `kv_cache` line, rather than by the planner after the spec was accepted.
-        why = decode_unsupported(lowered)
-        if why is not None:
-            lw.error(f"`kv_cache paged` runs on the decode family, and {why}", seen[A.StmtKind.KV_CACHE].span,
-                     "drop `kv_cache paged` to run this variant on the forward kernels with contiguous K/V")
-            return None
     problems = limits.check(lowered, lw.arch)
     for p in problems:
         lw.error(p.message, p.span, p.help)

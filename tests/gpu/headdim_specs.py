@@ -22,6 +22,22 @@ HEADDIM_SPECS: dict[str, str] = {
         "  mask causal\n  output lse\n}\n"),
 }
 
+# Other tiles of the benchmark's causal D256 and D192/128 specs, for `headdim_bench.py --sweep`
+# (the auto tiles' alternatives within the register and shared-memory limits).
+SWEEP_TILES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
+    "hd256_causal": ((128, 64, 8, 2), (128, 32, 8, 3), (128, 48, 8, 2)),
+    "hd192_causal": ((128, 64, 8, 3), (128, 96, 8, 2), (128, 112, 8, 2)),
+}
+
+
+def swept(name: str, tile: tuple[int, int, int, int]) -> str:
+    """The spec text of `name` with a tile hint, as a variant of its own name."""
+    bm, bn, w, st = tile
+    new = f"{name}_{bm}x{bn}w{w}s{st}"
+    return HEADDIM_SPECS[name].replace(f"attention {name} ", f"attention {new} ").replace(
+        "\n}\n", f"\n  tile block_m {bm} block_n {bn} warps {w} stages {st}\n}}\n")
+
+
 # (spec, arch, (B, Lq, Lk) cases). sm_90a: the wgmma engine; sm_90: mma.sync (runs on a 9.0 device).
 # Self-attention specs take Lq == Lk; lengths are odd so that query and key tiles end partial.
 GPU_CASES: list[tuple[str, str, tuple[tuple[int, int, int], ...]]] = [
@@ -38,10 +54,12 @@ GPU_CASES: list[tuple[str, str, tuple[tuple[int, int, int], ...]]] = [
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(name: str, arch: str):
-    """(variant, forward kernel) of a spec for an arch, built once a process."""
+def compiled(name: str, arch: str, tile: tuple[int, int, int, int] | None = None):
+    """(variant, forward kernel) of a spec (with a tile hint from SWEEP_TILES) for an arch, built
+    once a process."""
     from attngen.lang import frontend
     from attngen.runtime import kernel as runtime
 
-    v = frontend.loads(HEADDIM_SPECS[name], "<headdim>").get(None)
+    text = HEADDIM_SPECS[name] if tile is None else swept(name, tile)
+    v = frontend.loads(text, "<headdim>").get(None)
     return v, runtime.compile(v, arch=arch, family="forward")
