@@ -500,6 +500,11 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
         # KiB), 64 at D192/128 (216 KiB); on mma.sync at most 32 keys at Dv = 256.
         if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA:
             t = TileConfig(block_m=128, block_n=32 if v.value_head_dim == 256 else 64, warps=8, stages=3)
+            if v.value_head_dim == 256 and any(n.target == NormTarget.O for n in v.norms):
+                # An o post-norm's row statistics over 256 columns beside the 128 O registers: the
+                # wgmma consumers spill (ptxas: 378 bytes with nan_check), so 16 rows a warp on
+                # mma.sync (spill-free with post-norm, nan_check, sink and residual together).
+                t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
         elif v.value_head_dim == 256 and t.block_n > 32:
             t = TileConfig(t.block_m, 32, t.warps, t.stages)
     if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA and v.head_dim == 128 and any(

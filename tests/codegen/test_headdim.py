@@ -51,6 +51,9 @@ D192 = "dtype bf16; head_dim 192 value 128; heads 16"
         (D256 + "; mask causal && window(1024, 0)", Arch.SM90A, (Engine.WGMMA, 128, 32, 8, 3)),
         (D256 + "; mask causal; score softcap(50.0)", Arch.SM90A, (Engine.WGMMA, 128, 32, 8, 3)),
         (D192 + "; mask causal; output lse", Arch.SM90A, (Engine.WGMMA, 128, 64, 8, 3)),
+        # An o post-norm at Dv = 256: mma.sync on Hopper too (the wgmma consumers spill).
+        (D256 + "; norm o layernorm(1e-5); nan_check", Arch.SM90A, (Engine.MMA_SYNC, 64, 32, 4, 2)),
+        (D192 + "; norm o layernorm(1e-5); nan_check", Arch.SM90A, (Engine.WGMMA, 128, 64, 8, 3)),
         # mma.sync: 16 query rows a warp (O is Dv / 2 registers a thread), 8 warps, as much of
         # 128 x 64 x 2 stages as shared memory admits (sm_86: the fp32 staging of a 128 x 256 O
         # alone is 132 KiB, over its 99, so 64 query rows of 4 warps).
@@ -173,6 +176,10 @@ NVCC_CASES = [
     (D256 + "; mask causal", Arch.SM86),
     (D256 + "; mask causal", Arch.SM90),
     (D192 + "; mask causal", Arch.SM90),
+    ("dtype bf16; head_dim 256; heads 2; input sinks0: fp32[H]; sink sinks0; norm k layernorm(1e-5) scope head; "
+     "norm o layernorm(1e-5); nan_check; residual", Arch.SM90A),
+    ("dtype bf16; head_dim 192 value 128; heads 2; mask causal; score softcap(20.0); norm o layernorm(1e-5); "
+     "nan_check; output lse", Arch.SM90A),
 ]
 
 
