@@ -17,6 +17,10 @@ HEADDIM_SPECS: dict[str, str] = {
     "hd192_gqa_window_softcap": (
         "attention hd192_gqa_window_softcap {\n  dtype fp16\n  head_dim 192 value 128\n  heads 8 kv 1\n  kind cross\n"
         "  layout bshd\n  mask causal && window(300, 20)\n  score softcap(30.0)\n  output lse\n}\n"),
+    # Dv 256 with an o post-norm: mma.sync on sm_90a as well (schedule.variant_tile).
+    "hd256_onorm_nan_sink": (
+        "attention hd256_onorm_nan_sink {\n  dtype bf16\n  head_dim 256\n  heads 4 kv 2\n  input sinks0: fp32[H]\n"
+        "  mask causal\n  norm o layernorm(1e-5)\n  nan_check\n  sink sinks0\n}\n"),
     "hd256_gqa_causal_lse": (
         "attention hd256_gqa_causal_lse {\n  dtype bf16\n  head_dim 256\n  heads 8 kv 4\n  kind cross\n"
         "  mask causal\n  output lse\n}\n"),
@@ -50,7 +54,10 @@ GPU_CASES: list[tuple[str, str, tuple[tuple[int, int, int], ...]]] = [
     ("hd256_gqa_window_softcap", "sm_90", ((2, 1, 700), (1, 333, 517))),
     ("hd192_gqa_window_softcap", "sm_90", ((2, 65, 1000), (1, 777, 777))),
     ("hd256_causal", "sm_90", ((1, 129, 129), (1, 501, 501))),
+    ("hd256_onorm_nan_sink", "sm_90a", ((1, 1, 1), (2, 130, 130), (1, 401, 401))),
 ]
+# Specs that plan to mma.sync on sm_90a too; the rest run on wgmma there.
+MMA_ON_SM90A = frozenset({"hd256_onorm_nan_sink"})
 
 
 @functools.lru_cache(maxsize=None)
