@@ -490,10 +490,9 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
         if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch, token_norm=True):
             return t
     t = auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch, dense=plain)
-    if wide_head_dims(v.head_dim, v.value_head_dim) and (
-            v.scores or v.lse or v.runtime_inputs() or not (v.mask == TRUE or (isinstance(v.mask, Builtin) and v.mask.name == BuiltinName.CAUSAL))):
+    if wide_head_dims(v.head_dim, v.value_head_dim) and not _plain_wide(v):
         # Wide head dims beyond dense and causal: the O registers (128 a thread at Dv = 256) leave
-        # too few for the per-element mask, score and LSE work at the dense tiles' key counts
+        # too few for the per-element mask, score, LSE and epilogue work at the dense tiles' key counts
         # (ptxas: wgmma D256 window mask at 48 keys spills 8 bytes, softcap 32; D192/128 window +
         # softcap + lse at 80 keys 4; mma.sync D256 window + softcap + lse at 64 keys 92), so
         # narrower key tiles: on wgmma 32 keys at Dv = 256 (three stages and two Q buffers in 224
@@ -518,6 +517,16 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
         # mods spill there (ptxas, sm_90a: t5_relative_bias 1020 bytes), so two warpgroups.
         t = TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     return t
+
+
+def _plain_wide(v: Variant) -> bool:
+    """Whether a wide-head-dim variant keeps the dense tiles: no mask beyond causal (so no lookups),
+    and nothing in the consumers' loop or epilogue past plain attention (score mods, LSE, sink,
+    residual, nan_check, o post-norm); head-scope q/k pre-norms run in prep kernels and count as
+    plain."""
+    causal_or_none = v.mask == TRUE or (isinstance(v.mask, Builtin) and v.mask.name == BuiltinName.CAUSAL)
+    extras = v.scores or v.lse or v.sink is not None or v.residual or v.nan_check
+    return causal_or_none and not extras and not any(n.target == NormTarget.O for n in v.norms)
 
 
 def q_token_norm(v: Variant) -> bool:

@@ -51,6 +51,10 @@ D192 = "dtype bf16; head_dim 192 value 128; heads 16"
         (D256 + "; mask causal && window(1024, 0)", Arch.SM90A, (Engine.WGMMA, 128, 32, 8, 3)),
         (D256 + "; mask causal; score softcap(50.0)", Arch.SM90A, (Engine.WGMMA, 128, 32, 8, 3)),
         (D192 + "; mask causal; output lse", Arch.SM90A, (Engine.WGMMA, 128, 64, 8, 3)),
+        (D256 + "; mask causal; nan_check", Arch.SM90A, (Engine.WGMMA, 128, 32, 8, 3)),
+        # Head-scope q/k pre-norms run in prep kernels: the dense tiles stay.
+        (D256 + "; mask causal; norm q rmsnorm(1e-6) scope head; norm k rmsnorm(1e-6) scope head", Arch.SM90A,
+         (Engine.WGMMA, 128, 48, 8, 3)),
         # An o post-norm at Dv = 256: mma.sync on Hopper too (the wgmma consumers spill).
         (D256 + "; norm o layernorm(1e-5); nan_check", Arch.SM90A, (Engine.MMA_SYNC, 64, 32, 4, 2)),
         (D192 + "; norm o layernorm(1e-5); nan_check", Arch.SM90A, (Engine.WGMMA, 128, 64, 8, 3)),
@@ -180,6 +184,7 @@ NVCC_CASES = [
      "norm o layernorm(1e-5); nan_check; residual", Arch.SM90A),
     ("dtype bf16; head_dim 192 value 128; heads 2; mask causal; score softcap(20.0); norm o layernorm(1e-5); "
      "nan_check; output lse", Arch.SM90A),
+    (D256 + "; layout bshd; mask causal; norm q rmsnorm(1e-6) scope head; norm k rmsnorm(1e-6) scope head", Arch.SM90A),
 ]
 
 
