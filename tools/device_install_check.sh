@@ -150,11 +150,11 @@ nvrtc_new_arches() {
   cd "$ROOT" && python - "$VENV" <<'PY'
 import sys
 from attngen.cuda import compile as compile_cuda, render as render_cuda
-from attngen.lang import frontend
+from attngen.plan import validate
 from attngen.plan.schedule import Arch
 for name in ("gpt2_causal_fp16", "llama3_gqa_causal", "seed_padded_fp32"):
     for arch in (Arch.SM100, Arch.SM120):
-        v = frontend.load(f"examples/{name}.attn", arch=arch).get()
+        v = validate.load(f"examples/{name}.attn", arch=arch).get()
         b = compile_cuda.compile_source(render_cuda.render(v, arch), arch, prefer="nvrtc", use_cache=False)
         assert b.cubin[:4] == b"\x7fELF", name
         print(f"{name} {arch.value}: {b.compiler}, {len(b.cubin)} bytes of cubin in {b.seconds:.2f} s")

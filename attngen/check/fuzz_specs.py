@@ -27,7 +27,7 @@ def spec_strategy(name: str = "fuzzed"):
     from hypothesis import strategies as st
 
     from attngen.ir.nodes import TileConfig
-    from attngen.plan.schedule import SUPPORTED_HEAD_DIMS, validate_tile
+    from attngen.plan.schedule import SUPPORTED_HEAD_DIMS, WIDE_HEAD_DIMS, validate_tile
 
     @st.composite
     def build(draw) -> str:
@@ -144,9 +144,20 @@ def spec_strategy(name: str = "fuzzed"):
                      and not any(i.endswith(" sorted") for i in inputs))  # the decode family checks no `sorted` promise
         if kind == "cross" and decodable and draw(st.integers(0, 3)) == 0:
             lines.append(f"kv_cache paged({draw(st.sampled_from([8, 16, 64, 256]))})")
+        # The wide head dims (tensor-core dtypes only), drawn last for the same reason: they replace
+        # the drawn pair where nothing drawn refuses them (a token-scope q norm, a residual at Dv !=
+        # D, a paged cache), and any tile hint, which was validated for the narrow pair.
+        wide = False
+        if dtype != "fp32" and not any(x.startswith(("kv_cache", "residual")) or "scope token" in x for x in lines) \
+                and draw(st.integers(0, 7)) == 0:
+            D, Dv = draw(st.sampled_from(WIDE_HEAD_DIMS))
+            lines[1] = f"head_dim {D}" + (f" value {Dv}" if Dv != D else "")
+            lines = [x for x in lines if not x.startswith("tile ")]
+            wide = True
         # `layout varlen`, drawn last too, where nothing in the spec refuses it (norms, paged
-        # caches, inputs sized by Lq or Lk: positions restart in every packed sequence).
-        packable = not any(x.startswith(("norm", "kv_cache")) for x in lines) and not any(
+        # caches, inputs sized by Lq or Lk: positions restart in every packed sequence), and not
+        # with the wide head dims (their tiles were sized for the dense kernel's registers).
+        packable = not wide and not any(x.startswith(("norm", "kv_cache")) for x in lines) and not any(
             re.search(r"\bL[qk]\b", x) for x in inputs)
         if packable and draw(st.integers(0, 5)) == 0:
             lines[4] = "layout varlen"

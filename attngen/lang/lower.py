@@ -154,6 +154,12 @@ class Target:
     head_dims: tuple[int, ...] | None = None  # None: any positive head dim
     max_heads: int | None = None  # None: no limit
     bf16: bool = True  # whether bf16 is available
+    wide_head_dims: tuple[tuple[int, int], ...] = ()  # (D, Dv) pairs beyond head_dims, for wide_dtypes only
+    wide_dtypes: tuple[DType, ...] = ()
+    head_dims_text: str | None = None  # the implemented dims in words, for messages
+
+    def describe_head_dims(self) -> str:
+        return self.head_dims_text or ", ".join(map(str, self.head_dims or ()))
 
 
 SEMANTIC = Target()
@@ -603,6 +609,8 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     if isinstance(hd, A.PairStmt):
         head_dim = _head_dim(lw, hd.first, "head_dim")
         value_dim = _head_dim(lw, hd.second, "value head_dim") if hd.second is not None else head_dim
+        if head_dim is not None and value_dim is not None and not _head_dim_pair(lw, hd, dtype if isinstance(dtype, DType) else None, head_dim, value_dim):
+            head_dim = value_dim = None
     else:
         dims = lw.target.head_dims
         lw.error(f"variant `{v.name.text}` has no `head_dim`", v.name.span,
@@ -681,6 +689,11 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
                 continue
             norms[nm.target] = nm
 
+    if head_dim is not None and value_dim is not None and (head_dim, value_dim) in lw.target.wide_head_dims:
+        for nm in norms.values():
+            if nm.target == NormTarget.Q and nm.scope == NormScope.TOKEN:
+                lw.error(f"a token-scope q norm is implemented for head dims up to 128, not {head_dim}", nm.span,
+                         "normalise q outside the kernel, or use a head-scope norm")
     residual = A.StmtKind.RESIDUAL in seen
     if residual and head_dim is not None and value_dim is not None and head_dim != value_dim:
         lw.error(
@@ -818,11 +831,29 @@ def _sink(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl]) ->
 
 def _head_dim(lw: _Lowerer, n: A.Num, what: str) -> int | None:
     v = lw.int_of(n, what)
-    dims = lw.target.head_dims
-    if v is not None and dims is not None and v not in dims:
-        lw.error(f"{what} {v} is not supported", n.span, f"the CUDA backend implements {', '.join(map(str, dims))}")
+    t = lw.target
+    if v is not None and t.head_dims is not None and v not in t.head_dims and v not in {d for pair in t.wide_head_dims for d in pair}:
+        lw.error(f"{what} {v} is not supported", n.span, f"the CUDA backend implements {t.describe_head_dims()}")
         return None
     return v
+
+
+def _head_dim_pair(lw: _Lowerer, st: A.PairStmt, dtype: DType | None, d: int, dv: int) -> bool:
+    """The (D, Dv) pair and the dtype together: wide pairs exist as listed, on tensor cores only."""
+    t = lw.target
+    if t.head_dims is None:
+        return True
+    wide = (d, dv) in t.wide_head_dims
+    if not ((d in t.head_dims and dv in t.head_dims) or wide):
+        lw.error(f"head_dim {d} with value head_dim {dv} is not supported", st.span,
+                 f"the CUDA backend implements {t.describe_head_dims()}")
+        return False
+    if wide and dtype is not None and dtype not in t.wide_dtypes:
+        lw.error(f"head_dim {d}{'' if d == dv else f' value {dv}'} runs on the tensor-core engines (fp16/bf16), not {dtype.value}",
+                 st.span, "the fp32 FFMA engine keeps a whole block_m x Dv partial output a warp, which does not fit "
+                 "its registers past Dv = 128: use bf16 or fp16")
+        return False
+    return True
 
 
 def _input(lw: _Lowerer, st: A.InputStmt, tensors: Mapping[str, TensorDecl]) -> tuple[TensorDecl | None, bool]:

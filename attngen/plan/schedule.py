@@ -112,8 +112,33 @@ class Engine(enum.Enum):
                     f"{tile.warps // 4} consumer warpgroups")
         return {"ffma": "fp32 FFMA", "mma.sync": "mma.sync tensor cores"}[self.value]
 
-# Head dims the CUDA backend implements (multiples of 16 that keep the register budget).
+# Head dims the CUDA backend implements in any pairing of D and Dv (multiples of 16 that keep the
+# register budget of every engine).
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128)
+# Wide head dims, as (D, Dv) pairs, on the tensor-core engines only (fp16/bf16): 256 (Gemma 2/3) and
+# 192 with value 128 (DeepSeek MLA prefill). Their output accumulators (Dv / 2 fp32 a thread, both of
+# a 64-row wgmma warpgroup and of a 16-row mma.sync warp) take up to 128 registers a thread, so
+# each engine gets tiles of its own for them (`auto_tile`); the FFMA engine, whose warps each hold a
+# whole block_m x Dv partial O, has no such room (FFMA_MAX_O_REGS).
+WIDE_HEAD_DIMS = ((256, 256), (192, 128))
+
+
+def head_dims_supported(head_dim: int, value_head_dim: int) -> bool:
+    """Whether the backend implements this (D, Dv) pair on some engine."""
+    if head_dim in SUPPORTED_HEAD_DIMS and value_head_dim in SUPPORTED_HEAD_DIMS:
+        return True
+    return (head_dim, value_head_dim) in WIDE_HEAD_DIMS
+
+
+def wide_head_dims(head_dim: int, value_head_dim: int) -> bool:
+    """Whether (D, Dv) is one of the WIDE_HEAD_DIMS pairs (tensor-core engines only)."""
+    return (head_dim, value_head_dim) in WIDE_HEAD_DIMS
+
+
+def describe_head_dims() -> str:
+    """The implemented head dims in words, for diagnostics."""
+    wide = ", ".join(f"{d}" if d == dv else f"{d} with value {dv}" for d, dv in WIDE_HEAD_DIMS)
+    return f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (any pairing), and for fp16/bf16 also {wide}"
 SUPPORTED_WARPS = (1, 2, 4, 8)
 # FFMA register tiles: a thread's output accumulators and scores per tile, at most.
 FFMA_MAX_O_REGS = 64
@@ -133,6 +158,12 @@ def uses_tensor_cores(dtype: DType) -> bool:
 # 0.85 on mma.sync.)
 WGMMA_HEAD_DIMS = (64, 128)
 WGMMA_PRODUCER_WARPS = 4
+
+
+def wgmma_head_dims(head_dim: int, value_head_dim: int) -> bool:
+    """Whether the wgmma engine implements (D, Dv): 64/128 in any pairing, or a wide pair (whose
+    128 x N tiles of two consumer warpgroups it also runs; D = 192 is three swizzle rows)."""
+    return (head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS) or wide_head_dims(head_dim, value_head_dim)
 
 
 def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = False, varlen: bool = False) -> tuple[int, int]:
@@ -175,7 +206,7 @@ def engine(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, a
         return Engine.FFMA
     # The consumers hold two ring slots at once (K of tile i, V of tile i - 1): one stage would
     # deadlock, so single-stage tiles stay on mma.sync.
-    if arch == Arch.SM90A and head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS and tile.stages >= 2:
+    if arch == Arch.SM90A and wgmma_head_dims(head_dim, value_head_dim) and tile.stages >= 2:
         if (tile.warps, tile.block_m) == (8, 128):
             return Engine.WGMMA
         if (tile.warps, tile.block_m) == (12, 192) and head_dim == value_head_dim == 64:
@@ -288,6 +319,10 @@ def min_blocks_per_sm(dtype: DType, head_dim: int, value_head_dim: int, tile: Ti
     threads = 32 * tile.warps
     if uses_tensor_cores(dtype) and tile.block_m // tile.warps == 32:
         return 1
+    if uses_tensor_cores(dtype) and wide_head_dims(head_dim, value_head_dim):
+        # Dv / 2 fp32 O accumulators a thread (128 at Dv = 256) plus S and the fragments: let
+        # ptxas have up to 255 registers a thread (D = 192, Dv = 128 spills 8 bytes under 128).
+        return max(1, 65536 // (threads * 256))
     if not uses_tensor_cores(dtype):
         # FFMA: each warp holds a whole block_m x dv partial O, so large head dims need more than
         # 128 registers a thread. Estimate them (accumulators plus ~88 for addresses and operands,
@@ -345,6 +380,14 @@ def validate_tile(
                 f"on the tensor-core path each warp owns block_m / warps query rows, which must be 16 or 32; "
                 f"block_m {tile.block_m} with {tile.warps} warps gives {per_warp:g}"
             )
+        elif not wg and per_warp == 32 and value_head_dim > 128:
+            # Two 16-row MMA tiles of O at Dv = 256 would be 256 fp32 accumulators a thread.
+            errs.append(
+                f"on the mma.sync engine with value head dim {value_head_dim} each warp owns 16 query rows "
+                f"(block_m = 16 * warps), got block_m {tile.block_m} with {tile.warps} warps"
+            )
+        if wg and token_norm and head_dim > 128:
+            errs.append(f"on the wgmma engine a token-scope q norm is implemented for head dims up to 128, not {head_dim}")
     else:
         # The FFMA register tiles (backends/cuda/fwd/_simt.cu.j2): each warp owns block_n / warps keys
         # of a tile in 4 key groups, 8 row groups of S and 4 of O; O takes block_m * dv / 32
@@ -382,6 +425,8 @@ def auto_tile(
     (128 query rows) share every K/V fragment they load from shared memory; for D > 64 an unmasked
     variant runs best with 48-key tiles, a masked one with 64; for D <= 64, 128-key tiles
     unmasked, 64 masked. fp32 (FFMA): small tiles, many CTAs."""
+    if uses_tensor_cores(dtype) and wide_head_dims(head_dim, value_head_dim):
+        return _wide_auto_tile(dtype, head_dim, value_head_dim, arch)
     if arch == Arch.SM90A and uses_tensor_cores(dtype) and head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS:
         # Hopper: the wgmma engine with three stages: the consumers hold two slots at once (K of
         # tile i, V of tile i - 1), so two stages starve the producer (H200, bf16 D128 dense: 3
@@ -406,6 +451,27 @@ def auto_tile(
     while validate_tile(dtype, head_dim, value_head_dim, t, arch) and t.block_n > 16:
         t = TileConfig(t.block_m, max(16, t.block_n // 2 // 16 * 16), t.warps, t.stages)
     return t
+
+
+def _wide_auto_tile(dtype: DType, head_dim: int, value_head_dim: int, arch: Arch) -> TileConfig:
+    """`tile auto` for the WIDE_HEAD_DIMS pairs (FlashAttention-3's technique on Hopper: 128 query
+    rows over two consumer warpgroups, narrow key tiles so that O (Dv / 2 registers a thread), S and
+    the packed P fit the consumers' setmaxnreg share; FlashAttention-2's on mma.sync: 16 query
+    rows a warp, 8 warps).
+
+    wgmma, D = Dv = 256: 128 x 48 x 3 stages (208 KiB; 64-key tiles fit only two stages, and the
+    consumers hold two ring slots at once, so two stages leave the producer no slot to fill ahead).
+    D = 192, Dv = 128: 128 x 80 x 3 stages (198 KiB). mma.sync: 128 x 64 x 8 warps x 2 stages where
+    shared memory admits it, else the first smaller tile that fits, counting the fp32 staging of O
+    in the epilogue (D256 on sm_80: 128 x 32; sm_86/89: 64 x 32 x 4 warps single-stage; sm_75:
+    32 x 16 x 2 warps single-stage)."""
+    if arch == Arch.SM90A:
+        t = TileConfig(block_m=128, block_n=48 if value_head_dim == 256 else 80, warps=8, stages=3)
+        if not validate_tile(dtype, head_dim, value_head_dim, t, arch):
+            return t
+    tiles = [TileConfig(128, 64, 8, 2), TileConfig(128, 32, 8, 2), TileConfig(128, 64, 8, 1), TileConfig(128, 32, 8, 1),
+             TileConfig(64, 32, 4, 1), TileConfig(32, 16, 2, 1)]
+    return next((t for t in tiles if not validate_tile(dtype, head_dim, value_head_dim, t, arch)), tiles[-1])
 
 
 def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
@@ -438,6 +504,22 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
         if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch, token_norm=True):
             return t
     t = auto_tile(v.dtype, v.head_dim, v.value_head_dim, arch, dense=plain)
+    if wide_head_dims(v.head_dim, v.value_head_dim) and not _plain_wide(v):
+        # Wide head dims beyond dense and causal: the O registers (128 a thread at Dv = 256) leave
+        # too few for the per-element mask, score, LSE and epilogue work at the dense tiles' key counts
+        # (ptxas: wgmma D256 window mask at 48 keys spills 8 bytes, softcap 32; D192/128 window +
+        # softcap + lse at 80 keys 4; mma.sync D256 window + softcap + lse at 64 keys 92), so
+        # narrower key tiles: on wgmma 32 keys at Dv = 256 (three stages and two Q buffers in 224
+        # KiB), 64 at D192/128 (216 KiB); on mma.sync at most 32 keys at Dv = 256.
+        if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA:
+            t = TileConfig(block_m=128, block_n=32 if v.value_head_dim == 256 else 64, warps=8, stages=3)
+            if v.value_head_dim == 256 and any(n.target == NormTarget.O for n in v.norms):
+                # An o post-norm's row statistics over 256 columns beside the 128 O registers: the
+                # wgmma consumers spill (ptxas: 378 bytes with nan_check), so 16 rows a warp on
+                # mma.sync (spill-free with post-norm, nan_check, sink and residual together).
+                t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
+        elif v.value_head_dim == 256 and t.block_n > 32:
+            t = TileConfig(t.block_m, 32, t.warps, t.stages)
     if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA and v.head_dim == 128 and any(
             isinstance(n, Builtin) and n.name == BuiltinName.DOCUMENT for n in walk(v.mask)):
         # Document masks: a query tile sees a few key tiles of its own document, many of them
@@ -449,6 +531,16 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
         # mods spill there (ptxas, sm_90a: t5_relative_bias 1020 bytes), so two warpgroups.
         t = TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     return t
+
+
+def _plain_wide(v: Variant) -> bool:
+    """Whether a wide-head-dim variant keeps the dense tiles: no mask beyond causal (so no lookups),
+    and nothing in the consumers' loop or epilogue past plain attention (score mods, LSE, sink,
+    residual, nan_check, o post-norm); head-scope q/k pre-norms run in prep kernels and count as
+    plain."""
+    causal_or_none = v.mask == TRUE or (isinstance(v.mask, Builtin) and v.mask.name == BuiltinName.CAUSAL)
+    extras = v.scores or v.lse or v.sink is not None or v.residual or v.nan_check
+    return causal_or_none and not extras and not any(n.target == NormTarget.O for n in v.norms)
 
 
 def q_token_norm(v: Variant) -> bool:

@@ -63,7 +63,7 @@ def _parse_arch(value: str | None):
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate each file; one summary line per variant; exit 1 if any file has errors."""
     from attngen.tools import explain
-    from attngen.lang.diagnostics import SpecError
+    from attngen.lang.diagnostics import Diagnostic, SpecError
     from attngen.plan import validate
 
     arch = _parse_arch(args.arch)
@@ -78,8 +78,26 @@ def cmd_check(args: argparse.Namespace) -> int:
             status = EXIT_SPEC
             continue
         for v in program.variants:
+            why = _no_kernel(v)
+            if why is not None:
+                print(Diagnostic(f"variant `{v.name}` has no kernel: {why}", v.span,
+                                 "the NumPy reference runs it; drop `kv_cache paged` to run it on the forward "
+                                 "kernels with contiguous K/V").render(text), file=sys.stderr)
+                status = EXIT_SPEC
+                continue
             print(f"{path}: ok: {explain.summary(v, arch)}")
     return status
+
+
+def _no_kernel(v) -> str | None:
+    """Why no kernel family can run `v`: a paged cache (decode family only) that the decode family
+    cannot take (fp32, head dims other than 64 and 128 with Dv == D, ...); None otherwise."""
+    from attngen.plan import decode as plan_decode
+
+    if plan_decode.forward_unsupported(v) is None:
+        return None
+    why = plan_decode.decode_unsupported(v)
+    return None if why is None else f"`kv_cache paged` runs on the decode family, and {why}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,7 +160,7 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
 def cmd_explain(args: argparse.Namespace) -> int:
     """Describe a variant in plain words (every variant of the file without --variant)."""
     from attngen.tools import explain
-    from attngen.lang.diagnostics import SpecError
+    from attngen.lang.diagnostics import Diagnostic, SpecError
     from attngen.plan import validate
 
     arch = _parse_arch(args.arch)
