@@ -68,6 +68,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--paged-only", action="store_true", help="only the paged rows (and their split sweep)")
     args = ap.parse_args()
     out_path = args.out or (os.path.join(os.environ["OUT"], "decode_bench.json") if os.environ.get("OUT")
                             else str(ROOT / "benchmarks/results/h200_decode.json"))
@@ -84,7 +85,7 @@ def main() -> int:
         SPEC % "layout bshd\n  input cache_lens: i32[B]\n  mask causal && kv < cache_lens[b]", "<bench>").get(), family="decode")
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
-    rows = [(B, Lk, 1) for B, Lk in ROWS] + [(8, 32768, 4)]
+    rows = [] if args.paged_only else [(B, Lk, 1) for B, Lk in ROWS] + [(8, 32768, 4)]
     for B, Lk, Lq in rows:
         kv_bytes = 2 * B * HKV * Lk * D * 2
         n = max(2, min(8, -(-(256 << 20) // kv_bytes)))
@@ -136,7 +137,7 @@ def main() -> int:
     from attngen.runtime.kernel import device_arch
 
     tile_rows = []
-    for B, Lk in ((8, 32768), (1, 131072)):
+    for B, Lk in () if args.paged_only else ((8, 32768), (1, 131072)):
         kv_bytes = 2 * B * HKV * Lk * D * 2
         sets = [(torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16),
                  torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16),
@@ -194,6 +195,12 @@ def main() -> int:
             # validates a block table once when it builds it).
             prow[f"paged{page}_us"], _ = _time(lambda q, k, v, t: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False),
                                                psets, args.iters)
+            if page == 16:
+                # More, shorter splits: does the paged gap close with more CTAs resident an SM?
+                s0 = kp.plan.splits(B, 1, Lk, sm)[0]
+                prow["paged16_splits_us"] = {
+                    str(s): _time(lambda q, k, v, t, s=s: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False, splits=s),
+                                  psets, args.iters, repeats=3)[0] for s in sorted({s0, 2 * s0, 4 * s0})}
             del psets
             torch.cuda.empty_cache()
         paged_rows.append(prow)
@@ -223,6 +230,8 @@ def main() -> int:
         print(f"  ({r['B']}, {r['Lk']}): contiguous {gbs(r, 'contiguous_us')}; token-major {gbs(r, 'contiguous_token_major_us')}; " + "; ".join(
             f"page {pg}: {gbs(r, f'paged{pg}_us')} ({r[f'paged{pg}_us'] / r['contiguous_us']:.3f}x, err {r[f'paged{pg}_err_vs_contiguous']:.1e})"
             for pg in (16, 64, 256)))
+        if "paged16_splits_us" in r:
+            print("    page 16 by splits: " + "  ".join(f"{k}: {t:.1f} us" for k, t in r["paged16_splits_us"].items()))
     for r in results:
         for k_ in ("sdpa_flash_error", "cudnn_error"):
             if k_ in r:

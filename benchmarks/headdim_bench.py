@@ -40,14 +40,14 @@ def _sdpa_dv_peer(v, backend: str):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from attngen.ir.nodes import TRUE
-    from attngen.tools import bench
+    from attngen.tools import bench, bench_peers
 
     be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
           "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
     causal = v.mask != TRUE
 
     def make(ins):
-        q, k, vv = (bench._bhsd(ins[n], v, h) for n, h in (("q", v.heads), ("k", v.kv_heads), ("v", v.kv_heads)))
+        q, k, vv = (bench_peers._bhsd(ins[n], v, h) for n, h in (("q", v.heads), ("k", v.kv_heads), ("v", v.kv_heads)))
 
         def run():
             with sdpa_kernel(be):
@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _time_peer(bench, v, kernel, p, ours, repeats):
     """One peer at the benchmark shape: its output checked against ours, then timed alike."""
-    from attngen.check import fuzz
+    from attngen.check import fuzz, tolerance
+    from attngen.ir import abi
+    from attngen.tools import bench_rows
 
     base = dict(workload=ours.workload, variant=v.name, dtype=v.dtype.value, B=B, H=v.heads, Lq=L, Lk=L, D=v.head_dim)
     prow = bench.Row(impl=p.name, **base)
@@ -118,10 +120,10 @@ def _time_peer(bench, v, kernel, p, ours, repeats):
         sets = [first] + [bench.device_qkv(v, B, L, L, 1 + i) for i in range(n_sets - 1)]
         runs = [p.make(sets[i]) for i in range(n_sets)]
         po = runs[0]()
-        o = fuzz.empty_device(bench.abi.o_shape(v, B, L), v.dtype)
+        o = fuzz.empty_device(abi.o_shape(v, B, L), v.dtype)
         kernel(first["q"], first["k"], first["v"], out=o)
         fuzz.synchronize()
-        rep = bench.tolerance.check(bench._to_np(o, v.dtype), bench._to_np(po, v.dtype), v.dtype, f"attngen vs {p.name}")
+        rep = tolerance.check(bench_rows._to_np(o, v.dtype), bench_rows._to_np(po, v.dtype), v.dtype, f"attngen vs {p.name}")
         prow.agrees, prow.check = rep.ok, rep.summary()
         t, how = bench.time_launches(lambda i: runs[i](), n_sets, repeats=repeats)
         vis, dense = ours.visible, bench.dense_flops(v, B, L, L)

@@ -167,7 +167,9 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         checker = (nvcc_check.NvccChecker(jobs=args.jobs or nvcc_check.default_jobs(), out_dir=out_dir, report_every=50)
                    if use_nvcc else None)
         which = getattr(args, "pass_", None) or "both"
-        outcomes = [] if which == "backward" else fuzz_specs(gpu=gpu, max_examples=n, seconds=args.seconds, seed=seed,
+        # With both passes, --seconds is shared: three quarters forward, a quarter backward.
+        fwd_seconds = args.seconds * 3 / 4 if (args.seconds and which == "both") else args.seconds
+        outcomes = [] if which == "backward" else fuzz_specs(gpu=gpu, max_examples=n, seconds=fwd_seconds, seed=seed,
                                                              out_dir=out_dir, nvcc=checker)
         if which != "forward":  # the backward pass: attngen.check.fuzz_bwd
             from attngen.check import fuzz_bwd
