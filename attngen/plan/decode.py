@@ -102,6 +102,7 @@ class DecodePlan:
     stages: int
     smem_bytes: int
     arch: Arch
+    paged: bool = False  # K/V in a paged cache (the split policy then aims at two CTAs an SM)
 
     @property
     def threads(self) -> int:
@@ -128,6 +129,14 @@ class DecodePlan:
         """CTAs along the packed query rows of one KV head (group x Lq rows, BLOCK_M a CTA)."""
         return -(-(self.heads // self.kv_heads) * Lq // self.block_m)
 
+    def ctas_per_sm_target(self) -> int:
+        """Resident CTAs an SM the split count aims at: one for a contiguous cache, two for a paged
+        one, whose copies wait on block-table reads that one CTA alone does not hide. H200, page
+        16, shuffled pages (benchmarks/results/h200_decode.json): (8, 32768) 2 splits 453 us, 4
+        splits 269 (contiguous 281); (1, 131072) 16 splits 234 us, 32 splits 143 (contiguous
+        147); (64, 4096) keeps 1 split either way (272 us; contiguous 267)."""
+        return min(2, self.ctas_per_sm()) if self.paged else 1
+
     def splits(self, B: int, Lq: int, Lk: int, sm_count: int) -> tuple[int, int]:
         """(splits, chunks per split) for a call. Without splits the grid is B * Hkv * m_blocks
         CTAs; splits raise it to at most one CTA an SM (not one per resident slot), never below
@@ -139,7 +148,7 @@ class DecodePlan:
         (8, 32768) 2 splits 257.8 us, 4 264.5, 8 266.7; (1, 8192) 16 17.7 us, 32 21.2."""
         n_chunks = max(1, -(-Lk // self.chunk))
         base = B * self.kv_heads * self.m_blocks(Lq)
-        want = max(1, sm_count // base)
+        want = max(1, sm_count * self.ctas_per_sm_target() // base)
         want = min(want, max(1, n_chunks // MIN_CHUNKS_PER_SPLIT), MAX_SPLITS)
         per = -(-n_chunks // want)
         return -(-n_chunks // per), per
@@ -152,7 +161,7 @@ class DecodePlan:
             "  const long long chunk = " + str(self.chunk) + ";",
             "  const long long n_chunks = Lk > 0 ? (Lk + chunk - 1) / chunk : 1;",
             f"  const long long base = (long long)B * {self.kv_heads} * (({group}LL * Lq + {self.block_m} - 1) / {self.block_m});",
-            "  long long want = base > 0 ? sm_count / base : 1;",
+            f"  long long want = base > 0 ? (long long)sm_count * {self.ctas_per_sm_target()} / base : 1;",
             "  if (want < 1) want = 1;",
             f"  const long long by_length = n_chunks / {MIN_CHUNKS_PER_SPLIT} > 1 ? n_chunks / {MIN_CHUNKS_PER_SPLIT} : 1;",
             "  if (want > by_length) want = by_length;",
@@ -217,6 +226,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = N
         stages=stages,
         smem_bytes=smem_bytes(v, block_n, stages),
         arch=arch,
+        paged=v.page_size is not None,
     )
 
 
