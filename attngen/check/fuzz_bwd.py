@@ -110,7 +110,8 @@ def compare_backward(v: Variant, arrays: Mapping[str, np.ndarray], dO: np.ndarra
         if n in ("dq", "dk", "dv"):
             return atol
         f = tolerance.param_grad_atol(do_max=amax(dO.astype(np.float64)), o_max=o_max,
-                                      contributions=B * v.heads * Lq * Lk / max(1, np.size(want[n])))
+                                      contributions=B * v.heads * Lq * Lk / max(1, np.size(want[n])),
+                                      dtype=v.dtype, value_head_dim=v.value_head_dim)
         if n in plan_bwd.norm_params(v):
             # A norm weight's or bias's gradient sums dq (or dk) over every token; where the math
             # cancels it (a k-norm bias shifts every score of a row alike: softmax ignores it, so

@@ -275,12 +275,19 @@ def grad_atol(dtype: DType | str, *, q_max: float, k_max: float, v_max: float, d
     return (1e-5 + 2 * _ULP[d] * math.sqrt(value_head_dim)) * do_max * (1 + o_max) * (1 + abs(scale) * (q_max + k_max))
 
 
-def param_grad_atol(*, do_max: float, o_max: float, contributions: float) -> float:
+def param_grad_atol(*, do_max: float, o_max: float, contributions: float, dtype: DType | str = DType.FP32,
+                    value_head_dim: int = 1) -> float:
     """The absolute floor of a learnable input's gradient: each element is a sum of dS terms
-    (fp32 atomics, `contributions` of them on average) that can cancel exactly in the reference
-    (one visible key: dS = 0), while the kernel keeps fp32 roundoff of dO.v - rowsum(dO * O) per
-    term, ~1e-5 |dO| (1 + |O|) at most, summed like a random walk."""
-    return 1e-5 * do_max * (1 + o_max) * math.sqrt(max(1.0, contributions))
+    (fp32 atomics, `contributions` of them on average) that can cancel in the reference (one
+    visible key: dS = 0; a bias summed over batches and heads), while each kernel term carries the
+    error of dO.v - rowsum(dO * O): fp32 roundoff (~1e-5 |dO| (1 + |O|)), plus the rounding of O
+    to the element type inside delta = rowsum(dO * O) (ulp sqrt(Dv) |dO| |O|; the H200's backward
+    fuzz found a bf16 bias gradient summed over 32 batch-heads 0.23 off under large inputs), summed
+    like a random walk."""
+    d = dtype if isinstance(dtype, DType) else DType(str(dtype))
+    ulp = {DType.FP32: 0.0, DType.FP16: 2.0**-11, DType.BF16: 2.0**-8}.get(d, 0.0)
+    per_term = (1e-5 + ulp * math.sqrt(max(1, value_head_dim))) * do_max * (1 + o_max)
+    return per_term * math.sqrt(max(1.0, contributions))
 
 
 def check_grad(out: object, ref: object, dtype: DType | str, what: str, *, atol: float = 0.0) -> Report:

@@ -80,7 +80,8 @@ def _compare(v, arrays, dO, grads):
     for g, n in (("dq", "q"), ("dk", "k"), ("dv", "v"), *((w, w) for w in wrt)):
         got = fuzz.to_host(grads[n]).astype(np.float64)
         floor = atol if n in "qkv" else tolerance.param_grad_atol(
-            do_max=amax(dO.astype(np.float64)), o_max=o_max, contributions=B * v.heads * Lq * Lk / max(1, want[g].size))
+            do_max=amax(dO.astype(np.float64)), o_max=o_max, contributions=B * v.heads * Lq * Lk / max(1, want[g].size),
+            dtype=v.dtype, value_head_dim=v.value_head_dim)
         if n in plan_bwd.norm_params(v):
             # A norm weight's gradient sums dq (or dk) times the normalised rows over every token:
             # where the reference cancels to 0 exactly (one key: dS = 0), the kernel keeps dq / dk's
