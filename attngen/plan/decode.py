@@ -161,7 +161,8 @@ class DecodePlan:
             "  const long long chunk = " + str(self.chunk) + ";",
             "  const long long n_chunks = Lk > 0 ? (Lk + chunk - 1) / chunk : 1;",
             f"  const long long base = (long long)B * {self.kv_heads} * (({group}LL * Lq + {self.block_m} - 1) / {self.block_m});",
-            f"  long long want = base > 0 ? (long long)sm_count * {self.ctas_per_sm_target()} / base : 1;",
+            "  long long want = base > 0 ? " + ("sm_count" if self.ctas_per_sm_target() == 1 else
+                                                 f"(long long)sm_count * {self.ctas_per_sm_target()}") + " / base : 1;",
             "  if (want < 1) want = 1;",
             f"  const long long by_length = n_chunks / {MIN_CHUNKS_PER_SPLIT} > 1 ? n_chunks / {MIN_CHUNKS_PER_SPLIT} : 1;",
             "  if (want > by_length) want = by_length;",
