@@ -19,14 +19,13 @@ this function (attngen/runtime/torch_op.py).
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
+from attngen.runtime.kernel import load_functions
 from attngen.ir.nodes import DType, Layout, Variant
 from attngen.plan.bwd import BwdEngine, BwdPlan, learnable, norm_params, unsupported
 from attngen.cuda.render_bwd import render_with_plan
@@ -62,19 +61,8 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False) -> 
             return _CACHE[key]
     src, bp = render_with_plan(v, arch, deterministic=deterministic)
     binary = compile_source(src, arch)
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(binary.cubin)
-        path = f.name
-    try:
-        module = cupy.RawModule(path=path)
-        fns = {}
-        for k in bp.kernels:
-            fn = module.get_function(k.name)
-            if k.smem > 48 * 1024:
-                fn.max_dynamic_shared_size_bytes = k.smem
-            fns[k.func] = fn
-    finally:
-        Path(path).unlink(missing_ok=True)
+    module, by_name = load_functions(binary.cubin, {k.name: k.smem for k in bp.kernels})
+    fns = {k.func: by_name[k.name] for k in bp.kernels}
     bk = BackwardKernels(v, src, bp, fns)
     bk._module = module  # type: ignore[attr-defined]  # keeps the module (and its functions) alive
     with _LOCK:

@@ -11,11 +11,9 @@ first use.
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from attngen.ir import abi
@@ -33,6 +31,7 @@ from attngen.runtime.kernel import (
     _overlaps,
     _sm_count,
     _view,
+    load_functions,
 )
 from attngen.plan.schedule import Arch
 
@@ -199,16 +198,8 @@ def compile_decode(v: Variant, arch: Arch, *, verbose: bool = False, tile: tuple
     t0 = time.perf_counter()
     src, dp = render_decode(v, arch, tile)
     binary = compile_source(src, arch)
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(binary.cubin)
-        path = f.name
-    try:
-        module = cupy.RawModule(path=path)
-        fns = tuple(module.get_function(name) for name in dp.kernels)
-    finally:
-        Path(path).unlink(missing_ok=True)
-    if dp.smem_bytes > 48 * 1024:
-        fns[0].max_dynamic_shared_size_bytes = dp.smem_bytes
+    module, by_name = load_functions(binary.cubin, {dp.kernel_name: dp.smem_bytes, dp.combine_name: 0})
+    fns = (by_name[dp.kernel_name], by_name[dp.combine_name])
     k = DecodeKernel(v, src, dp, binary.seconds, binary.compiler, binary.cached, module, fns)
     if verbose:
         what = "cache hit" if binary.cached else f"compiled in {binary.seconds:.2f} s"

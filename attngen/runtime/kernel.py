@@ -24,6 +24,7 @@ import time
 import functools
 import types
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -683,15 +684,8 @@ def _check_function(arch: Arch, dtype: DType) -> Any:
     mod = _CHECK_MODULES.get((arch, dev))
     if mod is None:
         binary = compile_source(render_checks(), arch)
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(binary.cubin)
-            path = f.name
-        try:
-            mod = _CHECK_MODULES[(arch, dev)] = cupy.RawModule(path=path)
-            for d in (DType.I32, DType.U8, DType.FP32, DType.FP16, DType.BF16):
-                mod.get_function(check_kernel_name(d))  # loaded now, while the file exists
-        finally:
-            Path(path).unlink(missing_ok=True)
+        names = {check_kernel_name(d): 0 for d in (DType.I32, DType.U8, DType.FP32, DType.FP16, DType.BF16)}
+        mod = _CHECK_MODULES[(arch, dev)] = load_functions(binary.cubin, names)[0]
     return mod.get_function(check_kernel_name(dtype))
 
 
@@ -704,6 +698,27 @@ def raise_pending(stream: Any = None) -> None:
     for k in kernels:
         if k._status is not None:
             k.raise_pending(stream)
+
+
+def load_functions(cubin: bytes, smem: Mapping[str, int]) -> tuple[Any, dict[str, Any]]:
+    """Load a cubin on the current device (stage: load): the CuPy module and its entry points
+    named in `smem`, each opted in to that many bytes of dynamic shared memory where that is past
+    the 48 KiB every kernel gets without asking. CuPy loads modules from files, on first use, so
+    every entry point is taken while the temporary file exists."""
+    import cupy
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        module = cupy.RawModule(path=path)
+        fns = {name: module.get_function(name) for name in smem}
+    finally:
+        Path(path).unlink(missing_ok=True)
+    for name, n in smem.items():
+        if n > 48 * 1024:
+            fns[name].max_dynamic_shared_size_bytes = n
+    return module, fns
 
 
 _KERNELS: dict[tuple[Variant, Arch, int], Kernel] = {}
@@ -754,17 +769,9 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
     t0 = time.perf_counter()
     src, kp = render_with_plan(v, a)
     binary = compile_source(src, a)
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(binary.cubin)
-        path = f.name
-    try:
-        module = cupy.RawModule(path=path)
-        fn = module.get_function(kp.kernel_name)
-        preps = tuple(module.get_function(pr.kernel) for pr in kp.preps)
-    finally:
-        Path(path).unlink(missing_ok=True)
-    if kp.smem_bytes > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = kp.smem_bytes
+    module, fns = load_functions(binary.cubin, {kp.kernel_name: kp.smem_bytes, **{pr.kernel: 0 for pr in kp.preps}})
+    fn = fns[kp.kernel_name]
+    preps = tuple(fns[pr.kernel] for pr in kp.preps)
     launcher = os.environ.get("ATTNGEN_LAUNCHER", "driver")
     if launcher == "driver":
         try:

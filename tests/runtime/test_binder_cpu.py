@@ -250,3 +250,34 @@ def test_driver_launch_marshals_every_argument(tmp_path, monkeypatch):
         assert [ctypes.c_int64.from_address(a).value for a in slots] == [11, -2, 1 << 40]
         assert ctypes.c_int32.from_address(slots[1]).value == -2
     monkeypatch.setattr(binder, "_DRIVER", None)
+
+
+def test_load_functions_takes_every_entry_point_while_the_file_exists(monkeypatch):
+    """The one load stage of the forward, decode, backward and check modules: CuPy reads the cubin
+    from a file on first use, so each entry point must be taken before the temporary file goes;
+    entry points past 48 KiB of dynamic shared memory are opted in to it."""
+    import os
+    import sys
+    import types
+
+    from attngen.runtime.kernel import load_functions
+
+    seen = {}
+
+    class Fn:
+        max_dynamic_shared_size_bytes = 0
+
+    class RawModule:
+        def __init__(self, path):
+            self.path = path
+
+        def get_function(self, name):
+            with open(self.path, "rb") as f:
+                seen[name] = f.read()
+            return Fn()
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(RawModule=RawModule))
+    module, fns = load_functions(b"\x7fELF-cubin", {"big": 100_000, "small": 0})
+    assert seen == {"big": b"\x7fELF-cubin", "small": b"\x7fELF-cubin"}
+    assert fns["big"].max_dynamic_shared_size_bytes == 100_000 and fns["small"].max_dynamic_shared_size_bytes == 0
+    assert not os.path.exists(module.path)
