@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from _queued import queued_time  # noqa: E402  (beside this script)
 
 ROWS = [(1, 8192), (1, 131072), (8, 32768), (64, 4096), (128, 1024)]
 SPEC = """
@@ -37,24 +38,6 @@ attention dec {
 H, HKV, D = 32, 8, 128
 
 
-def _time(fn, sets, iters: int, repeats: int = 5) -> tuple[float, float]:
-    """(median, min) microseconds per call over `repeats` rounds of `iters` queued calls."""
-    import torch
-
-    for s in sets[:2]:
-        fn(*s)
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(20_000_000)  # ~10 ms of spin: the CPU queues every launch behind it
-        e0.record()
-        for i in range(iters):
-            fn(*sets[i % len(sets)])
-        e1.record()
-        torch.cuda.synchronize()
-        out.append(e0.elapsed_time(e1) * 1000.0 / iters)
-    return statistics.median(out), min(out)
 
 
 def main() -> int:
@@ -108,17 +91,17 @@ def main() -> int:
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True).to(torch.bfloat16)
         err = (o_ours.float() - ref.float()).abs().max().item()
         row["max_abs_err_vs_fp32_sdpa"] = err
-        t, tmin = _time(lambda q, k, v: dec(q, k, v), sets, args.iters)
+        t, tmin = queued_time(lambda q, k, v: dec(q, k, v), sets, args.iters)
         row["ours_us"], row["ours_min_us"] = t, tmin
-        t, _ = _time(lambda q, k, v: dec_cache(q, k, v, cache_lens=lens), sets, args.iters)
+        t, _ = queued_time(lambda q, k, v: dec_cache(q, k, v, cache_lens=lens), sets, args.iters)
         row["ours_cache_lens_us"] = t
-        t, _ = _time(lambda q, k, v: fwd(q, k, v), sets, max(5, args.iters // 4), repeats=3)
+        t, _ = queued_time(lambda q, k, v: fwd(q, k, v), sets, max(5, args.iters // 4), repeats=3)
         row["forward_family_us"] = t
         for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
                 o_p = sdpa(q, k, v, be)
                 row[f"{name}_err_vs_ours"] = (o_p.float() - o_ours.float()).abs().max().item()
-                t, _ = _time(lambda q, k, v, be=be: sdpa(q, k, v, be), sets, args.iters)
+                t, _ = queued_time(lambda q, k, v, be=be: sdpa(q, k, v, be), sets, args.iters)
                 row[f"{name}_us"] = t
             except Exception as e:  # a backend that refuses the shape is reported, not fatal
                 row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:120]}"
@@ -127,7 +110,7 @@ def main() -> int:
         sweep = {}
         for s in sorted({max(1, row["splits"] // 2), row["splits"], 2 * row["splits"], 4 * row["splits"], 8 * row["splits"]}):
             if s <= n_chunks:
-                sweep[s], _ = _time(lambda q, k, v, s=s: dec(q, k, v, splits=s), sets, args.iters, repeats=3)
+                sweep[s], _ = queued_time(lambda q, k, v, s=s: dec(q, k, v, splits=s), sets, args.iters, repeats=3)
         row["splits_sweep_us"] = sweep
         results.append(row)
         del sets
@@ -148,7 +131,7 @@ def main() -> int:
             try:
                 kt = runtime_decode.compile_decode(v_plain, device_arch(), tile=tile)
                 err = (kt(*sets[0])[0].float() - ref).abs().max().item()
-                t, _ = _time(lambda q, k, v, kt=kt: kt(q, k, v), sets, args.iters, repeats=3)
+                t, _ = queued_time(lambda q, k, v, kt=kt: kt(q, k, v), sets, args.iters, repeats=3)
             except Exception as e:  # a schedule that fails is reported, not fatal
                 print(f"tile {tile}: {type(e).__name__}: {str(e)[:200]}")
                 continue
@@ -166,12 +149,12 @@ def main() -> int:
         lens = torch.full((B,), Lk, dtype=torch.int32, device=dev)
         csets = [(q, torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16),
                   torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16)) for _ in range(n)]
-        t_contig, _ = _time(lambda q, k, v: dec_cache(q, k, v, cache_lens=lens), csets, args.iters)
+        t_contig, _ = queued_time(lambda q, k, v: dec_cache(q, k, v, cache_lens=lens), csets, args.iters)
         del csets
         qt = q.transpose(1, 2).contiguous()  # [B, 1, H, D]
         tsets = [(qt, torch.randn(B, Lk, HKV, D, device=dev, dtype=torch.bfloat16),
                   torch.randn(B, Lk, HKV, D, device=dev, dtype=torch.bfloat16)) for _ in range(n)]
-        t_tok, _ = _time(lambda q, k, v: dec_cache_bshd(q, k, v, cache_lens=lens), tsets, args.iters)
+        t_tok, _ = queued_time(lambda q, k, v: dec_cache_bshd(q, k, v, cache_lens=lens), tsets, args.iters)
         del tsets
         prow = dict(B=B, Lk=Lk, kv_bytes=kv_bytes, contiguous_us=t_contig, contiguous_token_major_us=t_tok)
         for page in (16, 64, 256):
@@ -193,13 +176,13 @@ def main() -> int:
             del kc, vc
             # Timed without the per-call page-id check (it synchronises the stream; an engine
             # validates a block table once when it builds it).
-            prow[f"paged{page}_us"], _ = _time(lambda q, k, v, t: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False),
+            prow[f"paged{page}_us"], _ = queued_time(lambda q, k, v, t: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False),
                                                psets, args.iters)
             if page == 16:
                 # More, shorter splits: does the paged gap close with more CTAs resident an SM?
                 s0 = kp.plan.splits(B, 1, Lk, sm)[0]
                 prow["paged16_splits_us"] = {
-                    str(s): _time(lambda q, k, v, t, s=s: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False, splits=s),
+                    str(s): queued_time(lambda q, k, v, t, s=s: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False, splits=s),
                                   psets, args.iters, repeats=3)[0] for s in sorted({s0, 2 * s0, 4 * s0})}
             del psets
             torch.cuda.empty_cache()

@@ -30,7 +30,6 @@ import argparse
 import inspect
 import json
 import os
-import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -38,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from _queued import queued_time  # noqa: E402  (beside this script)
 
 H, D = 16, 128
 SPEC = ROOT / "examples" / "varlen_causal_training.attn"
@@ -62,24 +63,6 @@ def causal_flops(lengths: list[int]) -> float:
     return float(sum(L * (L + 1) // 2 for L in lengths)) * H * 4 * D
 
 
-def _time(fn, sets, iters: int, repeats: int = 5) -> tuple[float, float]:
-    """(median, min) microseconds per call over `repeats` rounds of `iters` queued calls."""
-    import torch
-
-    for s in sets[:2]:
-        fn(*s)
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(20_000_000)  # ~10 ms of spin: the CPU queues every launch behind it
-        e0.record()
-        for i in range(iters):
-            fn(*sets[i % len(sets)])
-        e1.record()
-        torch.cuda.synchronize()
-        out.append(e0.elapsed_time(e1) * 1000.0 / iters)
-    return statistics.median(out), min(out)
 
 
 def torch_varlen_peer():
@@ -153,7 +136,7 @@ def main() -> int:
                     *(x[a:e].transpose(0, 1).float() for x in (q, k, v)), is_causal=True).transpose(0, 1)
                 err = max(err, (o_ours[a:e].float() - ref).abs().max().item())
             row["max_abs_err_vs_fp32_sdpa"] = err
-            t, tmin = _time(lambda q, k, v: k_var(q, k, v, cu_seqlens=cu, check_inputs=False), sets, args.iters)
+            t, tmin = queued_time(lambda q, k, v: k_var(q, k, v, cu_seqlens=cu, check_inputs=False), sets, args.iters)
             row["attngen_varlen_us"], row["attngen_varlen_min_us"] = t, tmin
             row["attngen_varlen_tflops"] = flops / t / 1e6
         except Exception as e:  # noqa: BLE001 - reported in the table, not fatal
@@ -167,7 +150,7 @@ def main() -> int:
         try:
             dsets = [tuple(x[: Bd * Ld].reshape(Bd, Ld, H, D) if Bd * Ld <= T else
                            torch.randn(Bd, Ld, H, D, device=dev, dtype=torch.bfloat16) for x in s) for s in sets]
-            t, _ = _time(lambda q, k, v: k_dense(q, k, v), dsets, args.iters)
+            t, _ = queued_time(lambda q, k, v: k_dense(q, k, v), dsets, args.iters)
             row["attngen_dense_us"], row["attngen_dense_tflops"] = t, dflops / t / 1e6
             del dsets
         except Exception as e:  # noqa: BLE001
@@ -178,7 +161,7 @@ def main() -> int:
                 q, k, v = sets[0]
                 o_p = peer(q, k, v, cu, max(lens))
                 row["peer_max_abs_diff_vs_attngen"] = (o_p.float() - o_ours.float()).abs().max().item()
-                t, _ = _time(lambda q, k, v: peer(q, k, v, cu, max(lens)), sets, args.iters)
+                t, _ = queued_time(lambda q, k, v: peer(q, k, v, cu, max(lens)), sets, args.iters)
                 row["torch_varlen_us"], row["torch_varlen_tflops"] = t, flops / t / 1e6
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
