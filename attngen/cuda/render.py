@@ -35,6 +35,7 @@ from attngen.ir.nodes import (
     tensors_used,
 )
 from attngen.lang.printer import print_expr, print_program
+from attngen.analysis.kv_bounds import kv_upper_bounds
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.resources import cache_dir, cuda_template_dir
 from attngen.plan.schedule import (
@@ -51,6 +52,7 @@ from attngen.plan.schedule import (
     variant_smem_layout,
     variant_tile,
     wgmma_regs,
+    wide_head_dims,
 )
 
 
@@ -426,7 +428,8 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX) -> OpPlan:
         tile=tile,
         smem=variant_smem_layout(v, tile, arch),
         min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
-        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores), v.layout == Layout.VARLEN) if eng == Engine.WGMMA else None,
+        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores), v.layout == Layout.VARLEN,
+                        wide_head_dims(v.head_dim, v.value_head_dim) and v.value_head_dim <= 128) if eng == Engine.WGMMA else None,
     )
     if v.layout == Layout.VARLEN:
         attention = dataclasses.replace(attention, varlen=True)
@@ -591,6 +594,16 @@ def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFI
     return render_with_plan(v, arch, prefix=prefix)[0]
 
 
+def _kv_bounds_ctx(v: Variant, elem: ElementEmitter, engine: Engine) -> dict:
+    """C++ for the mask's key upper bound at a global query position `q` ('' where the mask states
+    none, or off the wgmma engine, whose producer alone walks key tiles downwards)."""
+    code = ""
+    for e in (kv_upper_bounds(v.mask) if engine == Engine.WGMMA else ()):
+        c = elem.emit(e)
+        code = c if not code else f"min({code}, {c})"
+    return dict(kv_hi_code=code)
+
+
 def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> tuple[str, OpPlan]:
     kp = plan(v, arch, prefix=prefix)
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
@@ -629,6 +642,10 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         tensors=_tensor_ctx(v),
         mask_text=_expr_text(v.mask),
         mask_code=elem.emit(v.mask),
+        # Masks that read tensors are evaluated while S is on the tensor cores (wgmma engine).
+        mask_early=kp.engine == Engine.WGMMA and bool(tensors_used(v.mask)),
+        # The key bound the mask states (kv <= f(q)): the wgmma producer walks down from f.
+        **_kv_bounds_ctx(v, elem, kp.engine),
         classify_lines=classify_lines,
         classify_result=classify_result,
         int_unknown=INT_UNKNOWN,

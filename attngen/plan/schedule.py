@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, NormScope, NormTarget, TileConfig, Variant, walk
+from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, NormScope, NormTarget, TileConfig, Variant
 
 
 class Arch(enum.Enum):
@@ -166,7 +166,8 @@ def wgmma_head_dims(head_dim: int, value_head_dim: int) -> bool:
     return (head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS) or wide_head_dims(head_dim, value_head_dim)
 
 
-def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = False, varlen: bool = False) -> tuple[int, int]:
+def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = False, varlen: bool = False,
+               wide: bool = False) -> tuple[int, int]:
     """setmaxnreg split of the registers of one CTA an SM (launched with 168 a thread: 64512)
     between producer and consumer threads. The producer classifies every key tile (interval
     arithmetic of the mask, and the tensor reads of a data mask) besides copying; the consumers'
@@ -178,13 +179,19 @@ def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = 
     through a per-sequence copy of the Params (render: ag_varlen_view), whose fields ptxas keeps in
     registers instead of reading kernel parameters at each use: it spills 12 bytes at 40 to 72
     producer registers (causal, D 128; even with the copy's fields unchanged), none at 128 x 80 +
-    256 x 208."""
+    256 x 208. Since the producer keeps a walk state over windows of 32 key tiles (ag_tile_walk),
+    varlen and `wide` (head dims 192 with value 128: 12 bytes of spills at 40 and at 56, none at 80)
+    take 128 x 88 + 256 x 208, the whole register file; 256 / 256 keeps 40 / 232 (its consumers
+    spill at 208). Index-only masks with score mods take 128 x 48 + 256 x 224 (gemma2_local, a
+    window and softcap, spills 4 bytes at 40 / 232 and 8 at 56 / 224, none at 48 / 224)."""
     if tile.warps != 8:
         return (32, 160)
-    if varlen:
-        return (80, 208)
+    if varlen or wide:
+        return (88, 208)
     if mask_lookups:
         return (56, 224) if score_mods else (64, 216)
+    if score_mods:
+        return (48, 224)
     return (40, 232)
 
 
@@ -520,12 +527,10 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
                 t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
         elif v.value_head_dim == 256 and t.block_n > 32:
             t = TileConfig(t.block_m, 32, t.warps, t.stages)
-    if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA and v.head_dim == 128 and any(
-            isinstance(n, Builtin) and n.name == BuiltinName.DOCUMENT for n in walk(v.mask)):
-        # Document masks: a query tile sees a few key tiles of its own document, many of them
-        # partial; 64-key tiles halve the per-element mask work at document edges and leave room
-        # for two Q buffers (H200, document-causal 16 at D128: 194 TFLOP/s against 189 for 128 x 128).
-        t = TileConfig(block_m=128, block_n=64, warps=8, stages=3)
+    # Document masks keep the 128 x 128 tiles: the sixth session's 128 x 64 (194 against 189
+    # TFLOP/s, document-causal 16) lost its edge once the producer kept each window's ballot (H200,
+    # D128 L16k, ninth session: 16 random documents 197 vs 194, 16 of 1024 tokens 254 vs 273, one
+    # document 451 vs 569 for 128 x 64 vs 128 x 128).
     if t.warps == 12 and (v.scores or v.runtime_inputs()):
         # Three consumer warpgroups leave 160 registers a thread: lookups in the mask or score
         # mods spill there (ptxas, sm_90a: t5_relative_bias 1020 bytes), so two warpgroups.
