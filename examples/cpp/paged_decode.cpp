@@ -92,7 +92,7 @@ int main() {
   void* workspace = nullptr;
   CHECK(cudaMalloc(&workspace, ws));
   K_(bind_workspace)(&p, workspace);
-  std::printf("device %s: workspace %zu bytes, %d splits of %d chunks\n", prop.name, ws, p.splits, p.chunks_per_split);
+  std::printf("device %s: workspace %zu bytes, %d CTAs, %d partial slots a row\n", prop.name, ws, p.ctas, p.splits);
   CHECK(K_(launch)(&p, nullptr));
   CHECK(cudaDeviceSynchronize());
   std::vector<__nv_bfloat16> ho(hq.size());

@@ -21,7 +21,9 @@ from attngen.runtime import kernel as runtime  # noqa: E402
 from gpu_helpers import variant_of  # noqa: E402
 from test_gpu_decode import SPECS  # noqa: E402
 
-SHAPES = [(1, 1, 1, None), (2, 1, 777, None), (1, 3, 4097, None), (3, 16, 129, 2), (2, 1, 3000, 1), (1, 5, 2049, 64), (2, 7, 65, None)]
+# (B, Lq, Lk, splits or ("ctas", N)): forced equal splits, or N equal shares cutting row blocks.
+SHAPES = [(1, 1, 1, None), (2, 1, 777, None), (1, 3, 4097, None), (3, 16, 129, 2), (2, 1, 3000, 1), (1, 5, 2049, 64), (2, 7, 65, None),
+          (3, 2, 3000, ("ctas", 7)), (2, 1, 5000, ("ctas", 131)), (1, 16, 999, ("ctas", 3))]
 
 
 def main() -> int:
@@ -49,16 +51,20 @@ def main() -> int:
             if v.kind.value == "self":
                 Lk = Lq
             n_chunks = -(-Lk // k.plan.chunk)
-            s = None if splits is None else min(splits, n_chunks)
+            kw_s = {}
+            if isinstance(splits, tuple):
+                kw_s["ctas"] = min(splits[1], k.plan.units(B, Lq, Lk))
+            elif splits is not None:
+                kw_s["splits"] = min(splits, n_chunks)
             case = fuzz.Case(B, Lq, Lk, "normal", seed=B * 1000 + Lq * 7 + Lk)
             arrays = fuzz.case_inputs(v, case)
             try:
-                out, lse = fuzz.run_kernel(lambda q, kk, vv, **kw: k(q, kk, vv, splits=s, **kw), v, arrays)
+                out, lse = fuzz.run_kernel(lambda q, kk, vv, **kw: k(q, kk, vv, **kw_s, **kw), v, arrays)
                 reps = fuzz.compare(v, arrays, out, lse)
                 fails = [r.summary() for r in reps if not r.ok]
             except Exception as e:
                 fails = [f"{type(e).__name__}: {str(e)[:300]}"]
-            print(f"  {'ok  ' if not fails else 'FAIL'} {case.describe()} splits={s}" + ("" if not fails else "\n    " + "\n    ".join(fails)))
+            print(f"  {'ok  ' if not fails else 'FAIL'} {case.describe()} {kw_s or 'default schedule'}" + ("" if not fails else "\n    " + "\n    ".join(fails)))
             bad += bool(fails)
     print(f"smoke: {bad} failing")
     return 1 if bad else 0
