@@ -28,6 +28,8 @@ def decode_fields(v: Variant) -> tuple[Field, ...]:
         Field("float* __restrict__", "ws_o", "workspace, B*H*Lq*splits*Dv floats, 16-byte aligned: each segment's partial O "
               "(unread when splits == 1)"),
         Field("float* __restrict__", "ws_lse", "workspace, B*H*Lq*splits floats: each segment's partial LSE (natural log)"),
+        Field("int*", "ws_count", "nullptr (the combine kernel merges), or B*Hkv*ceil(H/Hkv*Lq/16) ints, zero before the "
+              "launch and left zero by it: row-block counters with which the last CTA of a row block merges its partials"),
         Field("int", "B", "batch"),
         Field("int", "Lq", "query length"),
         Field("int", "Lk", "key length"),
@@ -75,8 +77,9 @@ def _header(v: Variant, dp: DecodePlan, fields: tuple[Field, ...]) -> str:
         f"     ceil(Lk / {dp.chunk}) chunks of {dp.chunk} keys, row-block-major) are shared equally: CTA c streams units",
         f"     [c * units / ctas, (c + 1) * units / ctas) through a {dp.stages}-slot cp.async ring ({dp.block_n} keys a warp,",
         f"     {dp.warps} warps), one partial a row block it meets (or O itself when splits == 1).",
-        f"  2. {dp.combine_name} (only when splits > 1): one warp a (b, h, q) row merges its row block's",
-        f"     partials into O and LSE; {COMBINE_THREADS} threads a block, grid-stride (any grid is correct).",
+        f"     With ws_count set, the CTA that finishes a row block last merges its partials (no combine).",
+        f"  2. {dp.combine_name} (only when splits > 1 and ws_count is null): one warp a (b, h, q) row merges",
+        f"     its row block's partials into O and LSE; {COMBINE_THREADS} threads a block, grid-stride (any grid).",
         "Arguments, in order (also the fields of Params, for the host launcher):",
         *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(fields)),
         "",

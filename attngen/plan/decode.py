@@ -17,8 +17,9 @@ reads all of K/V for one query row and the GPU idles. The decode family instead
   every row block is one CTA's whole segment (`splits` == 1) the split kernel writes O itself
   and there is no combine launch.
 
-The CTA count is chosen at launch (`DecodePlan.schedule`) from B, Hkv, Lq, Lk and the SM count,
-so that the grid fills the GPU in one wave of equal CTAs. The plan lists its kernels in launch
+The schedule is chosen at launch (`DecodePlan.schedule`) from B, Hkv, Lq, Lk and the SM count:
+whole splits of every row block (ctas = row blocks x splits), so that the grid fills the GPU in
+one wave of resident CTAs; other CTA counts are an override. The plan lists its kernels in launch
 order (`DecodePlan.launches`), so the runtime launches them without knowing what they do.
 """
 
@@ -169,24 +170,24 @@ class DecodePlan:
         return min(ctas, -(-ctas // base) + 1)
 
     def schedule(self, B: int, Lq: int, Lk: int, sm_count: int) -> tuple[int, int]:
-        """(splits, ctas) for a call: `ctas` CTAs share the T units equally, `splits` partial slots
-        a row (`slots`). Row blocks at or past the target (one CTA an SM, two for a paged cache)
-        keep one CTA each (then no combine runs); fewer row blocks take exactly the target, so
-        that every SM streams the same number of keys in one wave, never below
-        MIN_CHUNKS_PER_SPLIT chunks a CTA nor fewer CTAs than row blocks.
+        """(splits, ctas) for a call: every row block split into `splits` equal key ranges, one CTA
+        each (ctas = row blocks * splits), raising the grid to at most the target (one CTA an SM,
+        two for a paged cache), never below MIN_CHUNKS_PER_SPLIT chunks a split.
 
-        H200 figures (benchmarks/results/h200_decode.json; bf16 D128 H32/Hkv8, Lq 1): fewer,
-        longer shares stream K/V faster than more, shorter ones: (1, 131072) 16 splits (128
-        CTAs) 135.0 us, 33 142.4, 66 153.4; (8, 32768) 2 splits (128 CTAs) 257.8 us, 4 264.5, 8
-        266.7. With row blocks as the grain those rows left 4 of 132 SMs idle; the equal shares
-        take all 132."""
+        Fewer, longer splits stream K/V faster. H200 (benchmarks/results/h200_decode.json; bf16
+        D128 H32/Hkv8, Lq 1): (1, 131072) 16 splits 135.2 us, 32 142.4 (earlier run), 132 equal
+        shares of the units 139.1; (8, 32768) 2 splits (128 CTAs) 257.9 us, 4 269.2, 132 equal
+        shares 261.5 (all 132 SMs busy, but a CTA that meets two row blocks drains and refills
+        its ring between them, which costs more than the 4 idle SMs), 264 shares 262.5; (1, 8192)
+        16 splits 18.2 us, 132 shares 19.7. So equal shares (`ctas` override) stay available to
+        the runtime and C++ callers, and the policy keeps whole splits."""
+        n_chunks = max(1, -(-Lk // self.chunk))
         base = self.row_blocks(B, Lq)
-        total = self.units(B, Lq, Lk)
-        target = sm_count * self.ctas_per_sm_target()
-        ctas = base
-        if base < target:
-            ctas = max(base, min(target, total // MIN_CHUNKS_PER_SPLIT, base * MAX_SPLITS))
-        return self.slots(B, Lq, ctas), ctas
+        want = max(1, sm_count * self.ctas_per_sm_target() // base)
+        want = min(want, max(1, n_chunks // MIN_CHUNKS_PER_SPLIT), MAX_SPLITS)
+        per = -(-n_chunks // want)
+        splits = -(-n_chunks // per)
+        return splits, base * splits
 
     def split_ctas(self, B: int, Lq: int, Lk: int, splits: int) -> int:
         """CTAs for `splits` equal splits of every row block (the runtime's `splits` override)."""
@@ -196,37 +197,34 @@ class DecodePlan:
         """`schedule` as C++ (the standalone launcher's copy of the policy, for C++ engines; a
         test compiles it and compares it with `schedule` over a grid of sizes)."""
         group = self.heads // self.kv_heads
-        target = "(long long)sm_count" if self.ctas_per_sm_target() == 1 else f"(long long)sm_count * {self.ctas_per_sm_target()}"
         return "\n".join([
             "  const long long chunk = " + str(self.chunk) + ";",
             "  const long long n_chunks = Lk > 0 ? (Lk + chunk - 1) / chunk : 1;",
             f"  const long long base = (long long)B * {self.kv_heads} * (({group}LL * Lq + {self.block_m} - 1) / {self.block_m});",
-            "  const long long total = base * n_chunks;",
-            f"  const long long target = {target};",
-            "  long long c = base;",
-            "  if (base < target) {",
-            "    c = target;",
-            f"    if (c > total / {MIN_CHUNKS_PER_SPLIT}) c = total / {MIN_CHUNKS_PER_SPLIT};",
-            f"    if (c > base * {MAX_SPLITS}) c = base * {MAX_SPLITS};",
-            "    if (c < base) c = base;",
-            "  }",
-            "  long long s = c % base == 0 ? c / base : (c + base - 1) / base + 1;",
-            "  if (s > c) s = c;",
+            "  long long want = base > 0 ? " + ("sm_count" if self.ctas_per_sm_target() == 1 else
+                                                 f"(long long)sm_count * {self.ctas_per_sm_target()}") + " / base : 1;",
+            "  if (want < 1) want = 1;",
+            f"  const long long by_length = n_chunks / {MIN_CHUNKS_PER_SPLIT} > 1 ? n_chunks / {MIN_CHUNKS_PER_SPLIT} : 1;",
+            "  if (want > by_length) want = by_length;",
+            f"  if (want > {MAX_SPLITS}) want = {MAX_SPLITS};",
+            "  const long long per = (n_chunks + want - 1) / want;",
+            "  const long long s = (n_chunks + per - 1) / per;",
             "  *splits = (int)s;",
-            "  *ctas = (int)c;",
+            "  *ctas = (int)(base * s);",
         ])
 
     def workspace_shapes(self, B: int, Lq: int, splits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """fp32 partial O [B, H, Lq, splits, Dv] and partial LSE [B, H, Lq, splits]."""
         return (B, self.heads, Lq, splits, self.value_head_dim), (B, self.heads, Lq, splits)
 
-    def launches(self, B: int, Lq: int, splits: int, ctas: int) -> tuple[Launch, ...]:
-        """The call's kernels with their grids, in launch order (no combine for one slot a row:
-        the split kernel then writes O itself)."""
+    def launches(self, B: int, Lq: int, splits: int, ctas: int, merged: bool = False) -> tuple[Launch, ...]:
+        """The call's kernels with their grids, in launch order (no combine for one slot a row,
+        where the split kernel writes O itself, nor when it merges the partials, `merged`: with
+        row-block counters, ws_count)."""
         rows = B * self.heads * Lq
         combine_blocks = min(-(-rows // (COMBINE_THREADS // 32)), 65535)
         split = Launch(self.kernel_name, (ctas, 1, 1), self.threads, self.smem_bytes)
-        if splits == 1:
+        if splits == 1 or merged:
             return (split,)
         return (split, Launch(self.combine_name, (combine_blocks, 1, 1), COMBINE_THREADS, 0))
 

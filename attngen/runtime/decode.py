@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from attngen.ir import abi
@@ -78,15 +78,45 @@ class DecodeKernel:
     cached: bool
     _module: Any = None
     _functions: tuple[Any, ...] = ()
+    # Row-block counters for merging in the split kernel, one zeroed buffer a (device, stream):
+    # every launch leaves them zero, so a stream's launches (and graph replays) share one buffer;
+    # launches on different streams, which may overlap, never do. Outgrown buffers are kept (a
+    # captured graph may still point at one).
+    _counters: dict[tuple[int, int], Any] = field(default_factory=dict)
+    _retired: list[Any] = field(default_factory=list)
 
     family = Family.DECODE
+    # Whether calls merge in the split kernel by default (False: the combine kernel merges).
+    fused_default = True
+
+    def _counter_ptr(self, dev: int, stream: Any, n: int) -> int:
+        """Device address of at least n zeroed int32 row-block counters for `stream`, or 0 when
+        that would allocate during CUDA-graph capture (the call then merges with the combine
+        kernel; as the forward's work counters, counters are never allocated under capture)."""
+        import cupy
+
+        key = (dev, int(stream.ptr))
+        with _LOCK:
+            buf = self._counters.get(key)
+            if buf is not None and buf.size >= n:
+                return int(buf.data.ptr)
+            if cupy.cuda.runtime.streamIsCapturing(int(stream.ptr)) != 0:
+                return 0
+            new = cupy.zeros(max(n, 1024, 2 * buf.size if buf is not None else 0), dtype=cupy.int32)
+            cupy.cuda.Device().synchronize()  # zeroed before any stream launches with them
+            if buf is not None:
+                self._retired.append(buf)
+            self._counters[key] = new
+            return int(new.data.ptr)
 
     def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None,
-                 splits: int | None = None, ctas: int | None = None, check_pages: bool = True, **inputs: Any) -> Any:
+                 splits: int | None = None, ctas: int | None = None, fused: bool | None = None, check_pages: bool = True,
+                 **inputs: Any) -> Any:
         """Runs split-KV attention then the combine; returns `o`, or `(o, lse)` with `output lse`.
         `splits` overrides the launch-time schedule with that many equal splits of every row
         block, `ctas` with that many equal shares of the call's units (tests and benchmarks use
-        them to cover other schedules).
+        them to cover other schedules). `fused=False` merges split partials in the combine kernel
+        instead of in the split kernel's last CTA a row block (benchmarks compare the two).
         `check_pages=False` skips the paged cache's page-id check, which synchronises the stream
         (for callers that validated their block table once; the kernel still reads an
         out-of-range page as zeros, never outside the cache)."""
@@ -173,11 +203,13 @@ class DecodeKernel:
         if var.nan_check:
             with stream:
                 flag = cupy.zeros(1, dtype=cupy.int32)
+        merge = self.fused_default if fused is None else bool(fused)
+        count_ptr = self._counter_ptr(dev, stream, dp.row_blocks(B, Lq)) if merge and n_split > 1 else 0
         args: list[Any] = [
             np.uint64(aq.ptr), np.uint64(ak.ptr), np.uint64(av.ptr), np.uint64(ao.ptr), np.uint64(lse_ptr),
             np.uint64(flag.data.ptr if flag is not None else 0),
             np.uint64(0 if ws_o is None else _view(ws_o, "ws_o").ptr),
-            np.uint64(0 if ws_lse is None else _view(ws_lse, "ws_lse").ptr),
+            np.uint64(0 if ws_lse is None else _view(ws_lse, "ws_lse").ptr), np.uint64(count_ptr),
             np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(0), np.int32(0), np.int32(Lq), np.int32(Lk),
             np.int32(n_split), np.int32(n_ctas),
             *((np.int32(ak.shape[0]),) if paged else ()),
@@ -190,7 +222,7 @@ class DecodeKernel:
             args.extend(np.int32(n) for n in a.shape)
             args.extend(np.int64(s) for s in a.strides)
         targs = tuple(args)
-        for launch, fn in zip(dp.launches(B, Lq, n_split, n_ctas), self._functions):
+        for launch, fn in zip(dp.launches(B, Lq, n_split, n_ctas, merged=bool(count_ptr)), self._functions):
             fn(launch.grid, (launch.threads,), targs, shared_mem=launch.smem_bytes, stream=stream)
         if flag is not None and int(flag.get(stream=stream)[0]) != 0:
             raise NaNCheckError(f"variant {var.name}: the output holds NaN or Inf (nan_check)")

@@ -63,16 +63,16 @@ def _decode(v):
     return runtime.compile(v, family="decode")
 
 
-def _check(v, kernel, case: fuzz.Case, splits: int | None = None, ctas: int | None = None) -> None:
+def _check(v, kernel, case: fuzz.Case, splits: int | None = None, ctas: int | None = None, fused: bool | None = None) -> None:
     arrays = fuzz.case_inputs(v, case)
 
     def call(q, k, vv, **kw):
-        return kernel(q, k, vv, splits=splits, ctas=ctas, **kw)
+        return kernel(q, k, vv, splits=splits, ctas=ctas, fused=fused, **kw)
 
     out, lse = fuzz.run_kernel(call, v, arrays)
     reports = fuzz.compare(v, arrays, out, lse)
     bad = [r.summary() for r in reports if not r.ok]
-    assert not bad, f"{v.name} at {case.describe()} splits={splits} ctas={ctas}:\n" + "\n".join(bad)
+    assert not bad, f"{v.name} at {case.describe()} splits={splits} ctas={ctas} fused={fused}:\n" + "\n".join(bad)
 
 
 @st.composite
@@ -91,7 +91,8 @@ def _cases(draw, v):
         kv_lens = tuple(draw(st.lists(st.sampled_from([0, 1, Lk, max(0, Lk - 1), Lk // 2]), min_size=B, max_size=B)))
         lens = tuple(draw(st.lists(st.sampled_from([0, 1, Lq]), min_size=B, max_size=B)))
     forced = draw(st.one_of(st.none(), st.integers(1, 64), st.tuples(st.just("ctas"), st.integers(1, 300))))
-    return fuzz.Case(B, Lq, Lk, dist, seed, q_lens=lens, kv_lens=kv_lens), forced
+    fused = draw(st.sampled_from([None, None, False]))
+    return fuzz.Case(B, Lq, Lk, dist, seed, q_lens=lens, kv_lens=kv_lens), forced, fused
 
 
 @pytest.mark.gpu
@@ -104,12 +105,12 @@ def test_decode_matches_reference(text: str) -> None:
     @settings(max_examples=examples(1 / 5))
     @given(_cases(v))
     def run(drawn) -> None:
-        case, forced = drawn
+        case, forced, fused = drawn
         n_chunks = -(-case.Lk // chunk)
         if isinstance(forced, tuple):  # equal shares of the units: any count up to the units
-            _check(v, kernel, case, ctas=min(forced[1], kernel.plan.units(case.B, case.Lq, case.Lk)))
+            _check(v, kernel, case, ctas=min(forced[1], kernel.plan.units(case.B, case.Lq, case.Lk)), fused=fused)
         else:
-            _check(v, kernel, case, None if forced is None else min(forced, n_chunks))
+            _check(v, kernel, case, None if forced is None else min(forced, n_chunks), fused=fused)
 
     run()
 
@@ -136,8 +137,52 @@ def test_decode_equal_shares_cut_row_blocks_anywhere(spec: int) -> None:
     for B, Lq, Lk in ((3, 5, 2049), (2, 1, 777), (1, 16, 5000)):
         base, units = kernel.plan.row_blocks(B, Lq), kernel.plan.units(B, Lq, Lk)
         for ctas in sorted({1, 2, base - 1, base + 1, 2 * base + 3, 131, units - 1, units} & set(range(1, units + 1))):
-            _check(v, kernel, fuzz.Case(B=B, Lq=Lq, Lk=Lk, seed=ctas), ctas=ctas)
+            for fused in (True, False):  # merged by the last CTA of a row block, or by the combine kernel
+                _check(v, kernel, fuzz.Case(B=B, Lq=Lq, Lk=Lk, seed=ctas), ctas=ctas, fused=fused)
         _check(v, kernel, fuzz.Case(B=B, Lq=Lq, Lk=Lk, seed=7))
+
+
+@pytest.mark.gpu
+def test_merging_counters_stay_zero_across_calls_streams_and_graphs() -> None:
+    """The split kernel's row-block counters: left zero by every launch (repeated calls agree
+    bitwise), one buffer a stream (calls on two streams at once agree), and a CUDA graph captured
+    without a warm-up on its stream (no counters allocated under capture: the combine merges)
+    replays right."""
+    torch = pytest.importorskip("torch")
+
+    v = variant_of(SPECS[2])
+    kernel = _decode(v)
+    arrays = fuzz.case_inputs(v, fuzz.Case(B=3, Lq=2, Lk=3000, seed=11))
+    q, k, vv, rest = fuzz.split_inputs(arrays)
+    dq, dk, dv = fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv)
+    extra = {n: fuzz.to_device(a) for n, a in rest.items()}
+    first = kernel(dq, dk, dv, splits=5, **extra)[0].clone()
+    reports = fuzz.compare(v, arrays, fuzz.to_host(first, v.dtype), None)
+    assert all(r.ok for r in reports), [r.summary() for r in reports]
+    combined = kernel(dq, dk, dv, splits=5, fused=False, **extra)[0]
+    torch.testing.assert_close(combined.float(), first.float(), rtol=1e-2, atol=1e-2)
+    for _ in range(3):
+        assert torch.equal(kernel(dq, dk, dv, splits=5, **extra)[0], first)
+    assert kernel._counters and all(int(abs(b).max()) == 0 for b in kernel._counters.values())
+    main = torch.cuda.current_stream()
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = []
+    for s in streams:
+        s.wait_stream(main)
+        with torch.cuda.stream(s):
+            outs.append(kernel(dq, dk, dv, splits=5, **extra)[0])
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, first) for o in outs)
+    assert len(kernel._counters) >= 3  # the main stream's buffer and one a side stream
+    out = torch.empty_like(first)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kernel(dq, dk, dv, splits=5, out=out, **extra)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), first.float(), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu
