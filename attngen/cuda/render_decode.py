@@ -77,7 +77,7 @@ def _header(v: Variant, dp: DecodePlan, fields: tuple[Field, ...]) -> str:
         f"     ceil(Lk / {dp.chunk}) chunks of {dp.chunk} keys, row-block-major) are shared equally: CTA c streams units",
         f"     [c * units / ctas, (c + 1) * units / ctas) through a {dp.stages}-slot cp.async ring ({dp.block_n} keys a warp,",
         f"     {dp.warps} warps), one partial a row block it meets (or O itself when splits == 1).",
-        f"     With ws_count set, the CTA that finishes a row block last merges its partials (no combine).",
+        "     With ws_count set, the CTA that finishes a row block last merges its partials (no combine).",
         f"  2. {dp.combine_name} (only when splits > 1 and ws_count is null): one warp a (b, h, q) row merges",
         f"     its row block's partials into O and LSE; {COMBINE_THREADS} threads a block, grid-stride (any grid).",
         "Arguments, in order (also the fields of Params, for the host launcher):",
@@ -85,7 +85,7 @@ def _header(v: Variant, dp: DecodePlan, fields: tuple[Field, ...]) -> str:
         "",
         "Host (nvcc builds only; the C header from `attngen compile --emit header` declares them):",
         f"  size_t {dp.kernel_name}_workspace_bytes(int B, int Lq, int Lk); void {dp.kernel_name}_bind_workspace(Params* p,",
-        f"  void* workspace) (also picks splits and ctas for the current device); cudaError_t",
+        "  void* workspace) (also picks splits and ctas for the current device); cudaError_t",
         f"  {dp.kernel_name}_launch(const Params* p, cudaStream_t stream); {dp.kernel_name}_choose_splits(...): the split policy.",
     ]
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"

@@ -13,9 +13,10 @@ reads all of K/V for one query row and the GPU idles. The decode family instead
   its share meets (a segment) through a cp.async ring, its four warps each taking a quarter of
   every ring chunk, and writes that segment's fp32 partial O and LSE to a workspace
   [B, H, Lq, splits, Dv] (never sized by Lk; `splits` bounds the segments of one row block);
-- merges the partials in a small combine kernel that writes O (and `output lse`'s LSE). Where
-  every row block is one CTA's whole segment (`splits` == 1) the split kernel writes O itself
-  and there is no combine launch.
+- merges the partials in a small combine kernel that writes O (and `output lse`'s LSE), or, given
+  row-block counters (`ws_count`, zero before a launch and left zero by it), in the split kernel:
+  the CTA that finishes a row block last merges it. Where every row block is one CTA's whole
+  segment (`splits` == 1) the split kernel writes O itself; either way no combine launch.
 
 The schedule is chosen at launch (`DecodePlan.schedule`) from B, Hkv, Lq, Lk and the SM count:
 whole splits of every row block (ctas = row blocks x splits), so that the grid fills the GPU in
@@ -174,8 +175,8 @@ class DecodePlan:
         each (ctas = row blocks * splits), raising the grid to at most the target (one CTA an SM,
         two for a paged cache), never below MIN_CHUNKS_PER_SPLIT chunks a split.
 
-        Fewer, longer splits stream K/V faster. H200 (benchmarks/results/h200_decode.json; bf16
-        D128 H32/Hkv8, Lq 1): (1, 131072) 16 splits 135.2 us, 32 142.4 (earlier run), 132 equal
+        Fewer, longer splits stream K/V faster. H200 (benchmarks/results/h200_decode_shares.json;
+        bf16 D128 H32/Hkv8, Lq 1): (1, 131072) 16 splits 135.2 us, 32 142.4 (h200_decode.json), 132 equal
         shares of the units 139.1; (8, 32768) 2 splits (128 CTAs) 257.9 us, 4 269.2, 132 equal
         shares 261.5 (all 132 SMs busy, but a CTA that meets two row blocks drains and refills
         its ring between them, which costs more than the 4 idle SMs), 264 shares 262.5; (1, 8192)

@@ -86,8 +86,9 @@ class DecodeKernel:
     _retired: list[Any] = field(default_factory=list)
 
     family = Family.DECODE
-    # Whether calls merge in the split kernel by default (False: the combine kernel merges).
-    fused_default = True
+    # Whether calls merge in the split kernel by default (False: the combine kernel merges). Off
+    # until the H200 times it: a lever that has not measured faster stays off (issue 15).
+    fused_default = False
 
     def _counter_ptr(self, dev: int, stream: Any, n: int) -> int:
         """Device address of at least n zeroed int32 row-block counters for `stream`, or 0 when
@@ -115,8 +116,8 @@ class DecodeKernel:
         """Runs split-KV attention then the combine; returns `o`, or `(o, lse)` with `output lse`.
         `splits` overrides the launch-time schedule with that many equal splits of every row
         block, `ctas` with that many equal shares of the call's units (tests and benchmarks use
-        them to cover other schedules). `fused=False` merges split partials in the combine kernel
-        instead of in the split kernel's last CTA a row block (benchmarks compare the two).
+        them to cover other schedules). `fused=True` merges split partials in the split kernel's
+        last CTA a row block instead of a combine launch (`fused_default`; benchmarks compare).
         `check_pages=False` skips the paged cache's page-id check, which synchronises the stream
         (for callers that validated their block table once; the kernel still reads an
         out-of-range page as zeros, never outside the cache)."""
