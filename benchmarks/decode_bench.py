@@ -1,14 +1,17 @@
 """Decode benchmark (issue 15): the decode family against SDPA flash and cuDNN, same run.
 
-    python benchmarks/decode_bench.py [--out PATH] [--iters N]
+    python benchmarks/decode_bench.py [--out PATH] [--iters N] [--quick] [--paged-only]
 
 bf16, D128, H32, Hkv8, `kind cross`, Lq = 1 (and a speculative-decoding row, Lq = 4), at the
 issue's (B, Lk) rows, plus the cache-length-masked variant. Every peer's output is compared with
 ours first. Timing: the GPU is held busy by a spin kernel while every timed launch is queued, so
 the events measure back-to-back GPU time, not Python launch overhead (the same for every column);
 launches rotate through K/V copies totalling >= 256 MB (the H200's L2 is 60 MB), inputs random
-normal, never zeros. Bandwidth = K+V bytes read / time. Results: JSON to PATH (default
-$OUT/decode_bench.json, else benchmarks/results/h200_decode.json) and a table on stdout.
+normal, never zeros. Bandwidth = K+V bytes read / time. Each row also sweeps the split kernel's
+schedule through the runtime's overrides: `s<N>` is N equal splits of every row block (N x row
+blocks CTAs, the grain before the equal-share schedule), `c<N>` N equal shares of all units.
+`--quick` drops the tile sweep and the paged rows' 64/256 page sizes. Results: JSON to PATH
+(default $OUT/decode_bench.json, else benchmarks/results/h200_decode.json) and a table on stdout.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--paged-only", action="store_true", help="only the paged rows (and their split sweep)")
+    ap.add_argument("--quick", action="store_true", help="no tile sweep; paged rows at page 16 only")
     args = ap.parse_args()
     out_path = args.out or (os.path.join(os.environ["OUT"], "decode_bench.json") if os.environ.get("OUT")
                             else str(ROOT / "benchmarks/results/h200_decode.json"))
@@ -81,7 +85,8 @@ def main() -> int:
         q, k, v = sets[0]
         lens = torch.full((B,), Lk, dtype=torch.int32, device=dev)
         o_ours, lse_ours = dec(q, k, v)
-        row = dict(B=B, Lk=Lk, Lq=Lq, H=H, Hkv=HKV, D=D, kv_bytes=kv_bytes, splits=dec.plan.splits(B, Lq, Lk, sm)[0])
+        splits, ctas = dec.plan.schedule(B, Lq, Lk, sm)
+        row = dict(B=B, Lk=Lk, Lq=Lq, H=H, Hkv=HKV, D=D, kv_bytes=kv_bytes, splits=splits, ctas=ctas)
 
         def sdpa(q, k, v, backend):
             with sdpa_kernel(backend):
@@ -95,6 +100,9 @@ def main() -> int:
         row["ours_us"], row["ours_min_us"] = t, tmin
         t, _ = queued_time(lambda q, k, v: dec_cache(q, k, v, cache_lens=lens), sets, args.iters)
         row["ours_cache_lens_us"] = t
+        if splits > 1:  # the partials merged by the split kernel's last CTA a row block, not a combine launch
+            row["ours_fused_us"], _ = queued_time(lambda q, k, v: dec(q, k, v, fused=True), sets, args.iters)
+            row["ours_fused_err_vs_ours"] = (dec(q, k, v, fused=True)[0].float() - o_ours.float()).abs().max().item()
         t, _ = queued_time(lambda q, k, v: fwd(q, k, v), sets, max(5, args.iters // 4), repeats=3)
         row["forward_family_us"] = t
         for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -105,13 +113,18 @@ def main() -> int:
                 row[f"{name}_us"] = t
             except Exception as e:  # a backend that refuses the shape is reported, not fatal
                 row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:120]}"
-        # Split-count sweep through the `splits` override: the launch-time policy against others.
+        # Schedule sweep through the overrides: equal splits of every row block (s<N>) and equal
+        # shares of all units (c<N>), against the launch-time schedule.
         n_chunks = -(-Lk // dec.plan.chunk)
+        units = dec.plan.units(B, Lq, Lk)
         sweep = {}
-        for s in sorted({max(1, row["splits"] // 2), row["splits"], 2 * row["splits"], 4 * row["splits"], 8 * row["splits"]}):
+        for s in (1, 2, 4, 8, 16):
             if s <= n_chunks:
-                sweep[s], _ = queued_time(lambda q, k, v, s=s: dec(q, k, v, splits=s), sets, args.iters, repeats=3)
-        row["splits_sweep_us"] = sweep
+                sweep[f"s{s}"], _ = queued_time(lambda q, k, v, s=s: dec(q, k, v, splits=s), sets, args.iters, repeats=3)
+        for c in (sm, 2 * sm, 4 * sm):
+            if c <= units:
+                sweep[f"c{c}"], _ = queued_time(lambda q, k, v, c=c: dec(q, k, v, ctas=c), sets, args.iters, repeats=3)
+        row["schedule_sweep_us"] = sweep
         results.append(row)
         del sets
         torch.cuda.empty_cache()
@@ -120,7 +133,7 @@ def main() -> int:
     from attngen.runtime.kernel import device_arch
 
     tile_rows = []
-    for B, Lk in () if args.paged_only else ((8, 32768), (1, 131072)):
+    for B, Lk in () if args.paged_only or args.quick else ((8, 32768), (1, 131072)):
         kv_bytes = 2 * B * HKV * Lk * D * 2
         sets = [(torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16),
                  torch.randn(B, HKV, Lk, D, device=dev, dtype=torch.bfloat16),
@@ -136,7 +149,7 @@ def main() -> int:
                 print(f"tile {tile}: {type(e).__name__}: {str(e)[:200]}")
                 continue
             trow["tiles"][f"{tile[0]}x{tile[1]}"] = dict(us=t, err=err, ctas_per_sm=kt.plan.ctas_per_sm(),
-                                                        splits=kt.plan.splits(B, 1, Lk, sm)[0])
+                                                        ctas=kt.plan.schedule(B, 1, Lk, sm)[1])
         tile_rows.append(trow)
         del sets
         torch.cuda.empty_cache()
@@ -157,7 +170,8 @@ def main() -> int:
         t_tok, _ = queued_time(lambda q, k, v: dec_cache_bshd(q, k, v, cache_lens=lens), tsets, args.iters)
         del tsets
         prow = dict(B=B, Lk=Lk, kv_bytes=kv_bytes, contiguous_us=t_contig, contiguous_token_major_us=t_tok)
-        for page in (16, 64, 256):
+        pages_timed = (16,) if args.quick else (16, 64, 256)
+        for page in pages_timed:
             vp = frontend.loads(SPEC % f"input cache_lens: i32[B]\n  kv_cache paged({page})\n  mask causal && kv < cache_lens[b]", "<bench>").get()
             kp = attngen.compile(vp)
             pages = Lk // page
@@ -179,11 +193,15 @@ def main() -> int:
             prow[f"paged{page}_us"], _ = queued_time(lambda q, k, v, t: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False),
                                                psets, args.iters)
             if page == 16:
-                # More, shorter splits: does the paged gap close with more CTAs resident an SM?
-                s0 = kp.plan.splits(B, 1, Lk, sm)[0]
-                prow["paged16_splits_us"] = {
-                    str(s): queued_time(lambda q, k, v, t, s=s: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False, splits=s),
-                                  psets, args.iters, repeats=3)[0] for s in sorted({s0, 2 * s0, 4 * s0})}
+                # Other schedules: equal splits of every row block, equal shares of the units.
+                c0 = kp.plan.schedule(B, 1, Lk, sm)[1]
+                prow["paged16_ctas"] = c0
+                prow["paged16_sweep_us"] = {
+                    key: queued_time(lambda q, k, v, t, kw=kw: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False, **kw),
+                                     psets, args.iters, repeats=3)[0]
+                    for key, kw in (("s1", dict(splits=1)), ("s4", dict(splits=4)), ("s4_fused", dict(splits=4, fused=True)),
+                                    (f"c{sm}", dict(ctas=sm)), (f"c{2 * sm}", dict(ctas=2 * sm)))
+                    if kw.get("ctas", 0) <= kp.plan.units(B, 1, Lk) and kw.get("splits", 0) <= -(-Lk // kp.plan.chunk)}
             del psets
             torch.cuda.empty_cache()
         paged_rows.append(prow)
@@ -195,26 +213,30 @@ def main() -> int:
     def gbs(r, key):
         return f"{r[key]:8.1f} us ({r['kv_bytes'] / r[key] / 1e3:6.0f} GB/s)" if key in r else f"{'n/a':>24}"
 
-    print(f"{'B, Lk, Lq':>16} | {'splits':>6} | {'attngen decode':>24} | {'cache_lens mask':>24} | {'SDPA flash':>24} | {'cuDNN':>24} | {'forward family':>24} | err")
+    print(f"{'B, Lk, Lq':>16} | {'ctas':>5} | {'attngen decode':>24} | {'cache_lens mask':>24} | {'SDPA flash':>24} | {'cuDNN':>24} | {'forward family':>24} | err")
     for r in results:
-        print(f"{r['B']:>5}, {r['Lk']:>6}, {r['Lq']:>2} | {r['splits']:>6} | {gbs(r, 'ours_us')} | {gbs(r, 'ours_cache_lens_us')} | "
+        print(f"{r['B']:>5}, {r['Lk']:>6}, {r['Lq']:>2} | {r['ctas']:>5} | {gbs(r, 'ours_us')} | {gbs(r, 'ours_cache_lens_us')} | "
               f"{gbs(r, 'sdpa_flash_us')} | {gbs(r, 'cudnn_us')} | {gbs(r, 'forward_family_us')} | {r['max_abs_err_vs_fp32_sdpa']:.2e}")
-    print("\nsplit sweep (us by splits; * = launch-time choice):")
+    print("\npartials merged by the combine kernel (default) vs in the split kernel (fused=True), us:")
     for r in results:
-        print(f"  ({r['B']}, {r['Lk']}, Lq {r['Lq']}): " + "  ".join(
-            f"{s}{'*' if int(s) == r['splits'] else ''}: {t:.1f}" for s, t in r["splits_sweep_us"].items()))
+        if "ours_fused_us" in r:
+            print(f"  ({r['B']}, {r['Lk']}, Lq {r['Lq']}): {r['ours_us']:.1f} vs {r['ours_fused_us']:.1f} "
+                  f"(max |diff| {r['ours_fused_err_vs_ours']:.1e})")
+    print("\nschedule sweep (us; s<N>: N splits a row block, c<N>: N equal shares; default = the table's ctas):")
+    for r in results:
+        print(f"  ({r['B']}, {r['Lk']}, Lq {r['Lq']}): " + "  ".join(f"{s}: {t:.1f}" for s, t in r["schedule_sweep_us"].items()))
     print("\nsplit-kernel schedule sweep (keys a warp x stages: us, GB/s, CTAs an SM, splits, max err vs fp32 SDPA):")
     for r in tile_rows:
         print(f"  ({r['B']}, {r['Lk']}): " + "; ".join(
-            f"{n}: {x['us']:.1f} us {r['kv_bytes'] / x['us'] / 1e3:.0f} GB/s {x['ctas_per_sm']}/SM s{x['splits']} err {x['err']:.1e}"
+            f"{n}: {x['us']:.1f} us {r['kv_bytes'] / x['us'] / 1e3:.0f} GB/s {x['ctas_per_sm']}/SM c{x['ctas']} err {x['err']:.1e}"
             for n, x in r["tiles"].items()))
     print("\npaged decode (causal && kv < cache_lens, shuffled pages) vs contiguous:")
     for r in paged_rows:
         print(f"  ({r['B']}, {r['Lk']}): contiguous {gbs(r, 'contiguous_us')}; token-major {gbs(r, 'contiguous_token_major_us')}; " + "; ".join(
             f"page {pg}: {gbs(r, f'paged{pg}_us')} ({r[f'paged{pg}_us'] / r['contiguous_us']:.3f}x, err {r[f'paged{pg}_err_vs_contiguous']:.1e})"
-            for pg in (16, 64, 256)))
-        if "paged16_splits_us" in r:
-            print("    page 16 by splits: " + "  ".join(f"{k}: {t:.1f} us" for k, t in r["paged16_splits_us"].items()))
+            for pg in (16, 64, 256) if f"paged{pg}_us" in r))
+        if "paged16_sweep_us" in r:
+            print(f"    page 16 by schedule (default c{r['paged16_ctas']}): " + "  ".join(f"{k}: {t:.1f} us" for k, t in r["paged16_sweep_us"].items()))
     for r in results:
         for k_ in ("sdpa_flash_error", "cudnn_error"):
             if k_ in r:

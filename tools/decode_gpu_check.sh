@@ -4,7 +4,9 @@
 # Fixed-shape smoke over every decode spec (never stops early), compute-sanitizer memcheck on three
 # of them (contiguous, paged, sinks), the decode GPU tests, the examples that use the new
 # constructs, the GPU tests whose small-Lq cases the auto family now routes to decode, and the
-# decode benchmark (table, split and tile sweeps, paged vs contiguous). About 4-5 minutes on an H200.
+# decode benchmark (table, schedule and tile sweeps, the split kernel's own merge against the
+# combine kernel, paged vs contiguous), and the C++ paged example (bound schedule, three splits
+# merged by the combine kernel, then by the split kernel twice). About 5-6 minutes on an H200.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,5 +17,7 @@ echo "compute-sanitizer memcheck: exit $? ($(tail -1 "$OUT/decode_memcheck.txt")
 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_gpu_decode.py -p no:cacheprovider 2>&1 | tail -3 | tee -a "$OUT/decode_summary.txt"
 timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_gpu_examples.py tests/gpu/test_gpu_kernels.py -p no:cacheprovider \
   -k "paged or gpt_oss or mqa or extreme or one_kernel or grid" 2>&1 | tail -3 | tee -a "$OUT/decode_summary.txt"
-timeout 150 python3 benchmarks/decode_bench.py --out "$OUT/decode_bench.json" 2>&1 | tail -32 | tee "$OUT/decode_bench.txt"
+timeout 150 python3 benchmarks/decode_bench.py --out "$OUT/decode_bench.json" 2>&1 | tail -40 | tee "$OUT/decode_bench.txt"
+timeout 150 bash -c 'cmake -S examples/cpp -B /tmp/cpp -DATTNGEN_COMMAND="python3;-m;attngen" > /tmp/cmake.txt 2>&1 \
+  && cmake --build /tmp/cpp -j 16 >> /tmp/cmake.txt 2>&1 && /tmp/cpp/paged_decode_demo' 2>&1 | tail -6 | tee -a "$OUT/decode_summary.txt"
 echo "=== summary"; cat "$OUT/decode_summary.txt"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from attngen import __version__
 from attngen.ir.nodes import SizeSym, Variant, tensors_used
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.decode import COMBINE_THREADS, DecodePlan, mask_uses_head, plan
+from attngen.plan.decode import COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, DecodePlan, mask_uses_head, plan
 from attngen.cuda.render import Field, _environment, input_fields, _expr_text, _spec_text, _tensor_ctx
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -25,8 +25,11 @@ def decode_fields(v: Variant) -> tuple[Field, ...]:
         Field("elem_t* __restrict__", "o", "output"),
         Field("float* __restrict__", "lse", "log-sum-exp [B, H, Lq], contiguous (nullptr unless `output lse`)"),
         Field("int*", "nan_flag", "set to 1 when the output holds NaN/Inf (nullptr unless `nan_check`)"),
-        Field("float* __restrict__", "ws_o", "workspace, B*H*Lq*splits*Dv floats, 16-byte aligned: each split's partial O"),
-        Field("float* __restrict__", "ws_lse", "workspace, B*H*Lq*splits floats: each split's partial LSE (natural log)"),
+        Field("float* __restrict__", "ws_o", "workspace, B*H*Lq*splits*Dv floats, 16-byte aligned: each segment's partial O "
+              "(unread when splits == 1)"),
+        Field("float* __restrict__", "ws_lse", "workspace, B*H*Lq*splits floats: each segment's partial LSE (natural log)"),
+        Field("int*", "ws_count", "nullptr (the combine kernel merges), or B*Hkv*ceil(H/Hkv*Lq/16) ints, zero before the "
+              "launch and left zero by it: row-block counters with which the last CTA of a row block merges its partials"),
         Field("int", "B", "batch"),
         Field("int", "Lq", "query length"),
         Field("int", "Lk", "key length"),
@@ -36,8 +39,9 @@ def decode_fields(v: Variant) -> tuple[Field, ...]:
         Field("int", "kv_offset", "global position of key row 0 (always 0 here)"),
         Field("int", "Lq_total", "global query length the mask sees (Lq here; the C++ launcher reads 0 as Lq)"),
         Field("int", "Lk_total", "global key length the mask sees (Lk here; the C++ launcher reads 0 as Lk)"),
-        Field("int", "splits", "key splits (gridDim.x of the split kernel)"),
-        Field("int", "chunks_per_split", "ring chunks of keys a split covers; splits * chunks_per_split >= ceil(Lk / chunk)"),
+        Field("int", "splits", "partial slots a (b, h, q) row in the workspace: at least the CTAs one row block's keys meet "
+              "(1: every row block is one CTA's, which writes O; no combine)"),
+        Field("int", "ctas", "CTAs of the split kernel (its 1-D grid), 1 to the call's units; each takes an equal share"),
         *([Field("int", "num_pages", "pages of the paged K/V cache (k and v are [num_pages, page_size, Hkv, D])")]
           if v.page_size is not None else []),
     ]
@@ -67,18 +71,21 @@ def _header(v: Variant, dp: DecodePlan, fields: tuple[Field, ...]) -> str:
         "multiple of 16 bytes. Accumulation in fp32.",
         "",
         "Kernels, launched in this order on one stream with the same arguments:",
-        f"  1. {dp.kernel_name}: split-KV attention, grid (splits, Hkv={v.kv_heads} * ceil(H/Hkv * Lq / {dp.block_m}), B),",
-        f"     block {dp.threads} threads, dynamic shared memory {dp.smem_bytes} bytes. A CTA packs the query heads of",
-        f"     one KV head times Lq into {dp.block_m} mma.sync rows and streams chunks {dp.chunks_per_split_text()}",
-        f"     of {dp.chunk} keys through a {dp.stages}-slot cp.async ring ({dp.block_n} keys a warp, {dp.warps} warps).",
-        f"  2. {dp.combine_name}: one warp a (b, h, q) row merges the splits' partials into O and LSE;",
-        f"     {COMBINE_THREADS} threads a block, grid-stride (any grid is correct).",
+        f"  1. {dp.kernel_name}: split-KV attention, grid (ctas, 1, 1), block {dp.threads} threads, dynamic shared",
+        f"     memory {dp.smem_bytes} bytes. A row block packs the query heads of one KV head times Lq into {dp.block_m}",
+        f"     mma.sync rows; the call's units (row blocks B * Hkv={v.kv_heads} * ceil(H/Hkv * Lq / {dp.block_m}), each times",
+        f"     ceil(Lk / {dp.chunk}) chunks of {dp.chunk} keys, row-block-major) are shared equally: CTA c streams units",
+        f"     [c * units / ctas, (c + 1) * units / ctas) through a {dp.stages}-slot cp.async ring ({dp.block_n} keys a warp,",
+        f"     {dp.warps} warps), one partial a row block it meets (or O itself when splits == 1).",
+        "     With ws_count set, the CTA that finishes a row block last merges its partials (no combine).",
+        f"  2. {dp.combine_name} (only when splits > 1 and ws_count is null): one warp a (b, h, q) row merges",
+        f"     its row block's partials into O and LSE; {COMBINE_THREADS} threads a block, grid-stride (any grid).",
         "Arguments, in order (also the fields of Params, for the host launcher):",
         *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(fields)),
         "",
         "Host (nvcc builds only; the C header from `attngen compile --emit header` declares them):",
         f"  size_t {dp.kernel_name}_workspace_bytes(int B, int Lq, int Lk); void {dp.kernel_name}_bind_workspace(Params* p,",
-        f"  void* workspace) (also picks splits and chunks_per_split for the current device); cudaError_t",
+        "  void* workspace) (also picks splits and ctas for the current device); cudaError_t",
         f"  {dp.kernel_name}_launch(const Params* p, cudaStream_t stream); {dp.kernel_name}_choose_splits(...): the split policy.",
     ]
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
@@ -134,7 +141,11 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
         sink_tensor=v.sink or "",
         paged=v.page_size is not None,
         page_size=v.page_size or 0,
+        # Block-table entries a chunk ahead where a thread's rows of a chunk (64 keys over the
+        # block's 16-byte columns) take at most 8 registers: D64 and D128, not D256.
+        prefetch_pages=dp.chunk * v.head_dim // (8 * dp.threads) <= 8,
         splits_cpp=dp.splits_cpp(),
+        max_units_times_ctas=MAX_UNITS_TIMES_CTAS,
         # The windowed chunk walker pays where classifying a chunk reads memory (a mask over
         # runtime inputs: cache_lens, block tables); index-only masks keep the per-chunk scan,
         # which measured 2-3% faster on the mask-free rows of decode_bench.

@@ -6,14 +6,22 @@ reads all of K/V for one query row and the GPU idles. The decode family instead
 
 - packs a KV head's whole group of query heads (GQA) times Lq into the M dimension of one
   16-row mma.sync tile, so each K/V tile is read once per group, not once per query head;
-- splits the key range (flash-decoding): grid (splits, Hkv * m_blocks, B), each CTA streams its
-  range through a cp.async ring, its four warps each taking a quarter of every ring chunk, and
-  writes an fp32 partial O and LSE to a workspace [B, H, Lq, splits, Dv] (never sized by Lk);
-- merges the partials in a small combine kernel that writes O (and `output lse`'s LSE).
+- splits the key range (flash-decoding), stream-K style: the call's work is T = B * Hkv *
+  m_blocks * ceil(Lk / chunk) units (a row block times a ring chunk of keys), and CTA c of a 1-D
+  grid of `ctas` takes units [c * T / ctas, (c + 1) * T / ctas), the same number (to one) for
+  every CTA, whether or not `ctas` is a multiple of the row blocks. A CTA streams each row block
+  its share meets (a segment) through a cp.async ring, its four warps each taking a quarter of
+  every ring chunk, and writes that segment's fp32 partial O and LSE to a workspace
+  [B, H, Lq, splits, Dv] (never sized by Lk; `splits` bounds the segments of one row block);
+- merges the partials in a small combine kernel that writes O (and `output lse`'s LSE), or, given
+  row-block counters (`ws_count`, zero before a launch and left zero by it), in the split kernel:
+  the CTA that finishes a row block last merges it. Where every row block is one CTA's whole
+  segment (`splits` == 1) the split kernel writes O itself; either way no combine launch.
 
-The number of splits is chosen at launch (`DecodePlan.splits`) from B, Hkv, Lq, Lk and the SM
-count, so that the grid fills the GPU in one wave of resident CTAs. The plan lists its kernels in
-launch order (`DecodePlan.launches`), so the runtime launches them without knowing what they do.
+The schedule is chosen at launch (`DecodePlan.schedule`) from B, Hkv, Lq, Lk and the SM count:
+whole splits of every row block (ctas = row blocks x splits), so that the grid fills the GPU in
+one wave of resident CTAs; other CTA counts are an override. The plan lists its kernels in launch
+order (`DecodePlan.launches`), so the runtime launches them without knowing what they do.
 """
 
 from __future__ import annotations
@@ -26,13 +34,15 @@ from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
 # Query rows (per KV head: group x Lq) up to which `Family.AUTO` picks the decode family.
 DECODE_MAX_LQ = 16
-DECODE_HEAD_DIMS = (64, 128)
+DECODE_HEAD_DIMS = (64, 128, 256)
 BLOCK_M = 16  # packed query rows a CTA (one m16 MMA tile; more rows take more CTAs)
 WARPS = 4
 COMBINE_THREADS = 256
-# A split should stream at least this many ring chunks, or the pipeline never fills.
+# A CTA should stream at least this many ring chunks, or the pipeline never fills.
 MIN_CHUNKS_PER_SPLIT = 4
-MAX_SPLITS = 256
+MAX_SPLITS = 256  # CTAs a row block at most (the policy's bound; `splits` may exceed it by one)
+# T * ctas must fit a signed 64-bit product in the kernels' share arithmetic.
+MAX_UNITS_TIMES_CTAS = 1 << 62
 
 
 class Family(enum.Enum):
@@ -44,8 +54,9 @@ class Family(enum.Enum):
     DECODE = "decode"
 
 
-def decode_unsupported(v: Variant) -> str | None:
-    """Why the decode family cannot run `v` (None when it can)."""
+def decode_unsupported(v: Variant, arch: Arch | None = None) -> str | None:
+    """Why the decode family cannot run `v` (None when it can); with `arch`, also on that target
+    (cp.async and m16n8k16 tensor cores, and the head dim's ring in its shared memory)."""
     if v.layout == Layout.VARLEN:
         return "the decode family takes padded batches, not `layout varlen` (packed batches run on the forward family)"
     if v.dtype not in (DType.FP16, DType.BF16):
@@ -61,6 +72,14 @@ def decode_unsupported(v: Variant) -> str | None:
         # The forward binder checks `sorted` promises on the device before each launch; the decode
         # runtime has no such check yet, and an unchecked broken promise is a silently wrong answer.
         return "the decode family does not check `sorted` inputs on the device yet (use the forward family)"
+    if arch is not None:
+        if not arch.cp_async or not arch.mma_k16:
+            return f"the decode family needs cp.async and m16n8k16 tensor cores (sm_80 or newer), not {arch.value}"
+        block_n, stages = _tile(v, arch)
+        need = smem_bytes(v, block_n, stages)
+        if need > arch.smem_budget:
+            return (f"the decode family's D={v.head_dim} ring needs {need // 1024} KiB of shared memory a block, "
+                    f"more than {arch.value}'s {arch.smem_budget // 1024} KiB")
     return None
 
 
@@ -113,10 +132,6 @@ class DecodePlan:
         """Keys a ring slot holds (every warp takes block_n of them)."""
         return self.block_n * self.warps
 
-    def chunks_per_split_text(self) -> str:
-        """How a split's key range is chosen, for headers."""
-        return "[split * chunks_per_split, (split + 1) * chunks_per_split)"
-
     @property
     def kernels(self) -> tuple[str, str]:
         """The kernels of one call, in launch order."""
@@ -130,32 +145,58 @@ class DecodePlan:
         return -(-(self.heads // self.kv_heads) * Lq // self.block_m)
 
     def ctas_per_sm_target(self) -> int:
-        """Resident CTAs an SM the split count aims at: one for a contiguous cache, two for a paged
+        """Resident CTAs an SM the schedule aims at: one for a contiguous cache, two for a paged
         one, whose copies wait on block-table reads that one CTA alone does not hide. H200, page
         16, shuffled pages (benchmarks/results/h200_decode.json): (8, 32768) 2 splits 453 us, 4
         splits 269 (contiguous 281); (1, 131072) 16 splits 234 us, 32 splits 143 (contiguous
         147); (64, 4096) keeps 1 split either way (272 us; contiguous 267)."""
         return min(2, self.ctas_per_sm()) if self.paged else 1
 
-    def splits(self, B: int, Lq: int, Lk: int, sm_count: int) -> tuple[int, int]:
-        """(splits, chunks per split) for a call. Without splits the grid is B * Hkv * m_blocks
-        CTAs; splits raise it to at most one CTA an SM (not one per resident slot), never below
-        MIN_CHUNKS_PER_SPLIT chunks a split, and every split gets at least one chunk.
+    def row_blocks(self, B: int, Lq: int) -> int:
+        """Row blocks of a call: (batch, KV head, packed row block) triples."""
+        return B * self.kv_heads * self.m_blocks(Lq)
 
-        Fewer, longer splits stream K/V faster. The H200 sweep in
-        benchmarks/results/h200_decode.json (bf16 D128 H32/Hkv8, Lq 1, 16 x 3 tile, two CTAs an
-        SM resident): (1, 131072) 16 splits 135.0 us, 33 (one per slot) 142.4, 66 153.4;
-        (8, 32768) 2 splits 257.8 us, 4 264.5, 8 266.7; (1, 8192) 16 17.7 us, 32 21.2."""
+    def units(self, B: int, Lq: int, Lk: int) -> int:
+        """Work units of a call: row blocks times ring chunks (Lk 0 counts one empty chunk)."""
+        return self.row_blocks(B, Lq) * max(1, -(-Lk // self.chunk))
+
+    def slots(self, B: int, Lq: int, ctas: int) -> int:
+        """Partial slots a row in the workspace for `ctas` CTAs: the most CTAs one row block's
+        units meet. With ctas = s * row blocks every row block takes exactly s; otherwise a range
+        of n units meets at most ceil(ctas / row blocks) + 1 shares of >= floor(T / ctas) units,
+        and never more than ctas (one CTA: one slot, every row block whole in it)."""
+        base = self.row_blocks(B, Lq)
+        if ctas % base == 0:
+            return ctas // base
+        return min(ctas, -(-ctas // base) + 1)
+
+    def schedule(self, B: int, Lq: int, Lk: int, sm_count: int) -> tuple[int, int]:
+        """(splits, ctas) for a call: every row block split into `splits` equal key ranges, one CTA
+        each (ctas = row blocks * splits), raising the grid to at most the target (one CTA an SM,
+        two for a paged cache), never below MIN_CHUNKS_PER_SPLIT chunks a split.
+
+        Fewer, longer splits stream K/V faster. H200 (benchmarks/results/h200_decode_shares.json;
+        bf16 D128 H32/Hkv8, Lq 1): (1, 131072) 16 splits 135.2 us, 32 142.4 (h200_decode.json), 132 equal
+        shares of the units 139.1; (8, 32768) 2 splits (128 CTAs) 257.9 us, 4 269.2, 132 equal
+        shares 261.5 (all 132 SMs busy, but a CTA that meets two row blocks drains and refills
+        its ring between them, which costs more than the 4 idle SMs), 264 shares 262.5; (1, 8192)
+        16 splits 18.2 us, 132 shares 19.7. So equal shares (`ctas` override) stay available to
+        the runtime and C++ callers, and the policy keeps whole splits."""
         n_chunks = max(1, -(-Lk // self.chunk))
-        base = B * self.kv_heads * self.m_blocks(Lq)
+        base = self.row_blocks(B, Lq)
         want = max(1, sm_count * self.ctas_per_sm_target() // base)
         want = min(want, max(1, n_chunks // MIN_CHUNKS_PER_SPLIT), MAX_SPLITS)
         per = -(-n_chunks // want)
-        return -(-n_chunks // per), per
+        splits = -(-n_chunks // per)
+        return splits, base * splits
+
+    def split_ctas(self, B: int, Lq: int, Lk: int, splits: int) -> int:
+        """CTAs for `splits` equal splits of every row block (the runtime's `splits` override)."""
+        return self.row_blocks(B, Lq) * splits
 
     def splits_cpp(self) -> str:
-        """`splits` as C++ (the standalone launcher's copy of the policy, for C++ engines; a test
-        compiles it and compares it with `splits` over a grid of sizes)."""
+        """`schedule` as C++ (the standalone launcher's copy of the policy, for C++ engines; a
+        test compiles it and compares it with `schedule` over a grid of sizes)."""
         group = self.heads // self.kv_heads
         return "\n".join([
             "  const long long chunk = " + str(self.chunk) + ";",
@@ -168,28 +209,35 @@ class DecodePlan:
             "  if (want > by_length) want = by_length;",
             f"  if (want > {MAX_SPLITS}) want = {MAX_SPLITS};",
             "  const long long per = (n_chunks + want - 1) / want;",
-            "  *splits = (int)((n_chunks + per - 1) / per);",
-            "  *chunks_per_split = (int)per;",
+            "  const long long s = (n_chunks + per - 1) / per;",
+            "  *splits = (int)s;",
+            "  *ctas = (int)(base * s);",
         ])
 
     def workspace_shapes(self, B: int, Lq: int, splits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """fp32 partial O [B, H, Lq, splits, Dv] and partial LSE [B, H, Lq, splits]."""
         return (B, self.heads, Lq, splits, self.value_head_dim), (B, self.heads, Lq, splits)
 
-    def launches(self, B: int, Lq: int, splits: int) -> tuple[Launch, Launch]:
-        """The call's kernels with their grids, in launch order."""
+    def launches(self, B: int, Lq: int, splits: int, ctas: int, merged: bool = False) -> tuple[Launch, ...]:
+        """The call's kernels with their grids, in launch order (no combine for one slot a row,
+        where the split kernel writes O itself, nor when it merges the partials, `merged`: with
+        row-block counters, ws_count)."""
         rows = B * self.heads * Lq
         combine_blocks = min(-(-rows // (COMBINE_THREADS // 32)), 65535)
-        return (
-            Launch(self.kernel_name, (splits, self.kv_heads * self.m_blocks(Lq), B), self.threads, self.smem_bytes),
-            Launch(self.combine_name, (combine_blocks, 1, 1), COMBINE_THREADS, 0),
-        )
+        split = Launch(self.kernel_name, (ctas, 1, 1), self.threads, self.smem_bytes)
+        if splits == 1 or merged:
+            return (split,)
+        return (split, Launch(self.combine_name, (combine_blocks, 1, 1), COMBINE_THREADS, 0))
 
 
-def _tile(head_dim: int) -> tuple[int, int]:
-    """(keys per warp, stages): a ring chunk of K and V is 32 KiB at either head dim, three slots
-    (~110 KB with Q) so that two CTAs share an SM with up to ~128 KB of loads in flight."""
-    return (16, 3) if head_dim == 128 else (32, 3)
+def _tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[int, int]:
+    """(keys per warp, stages): a ring chunk of K and V is 32 KiB at D64 and D128, three slots
+    (~110 KB with Q) so that two CTAs share an SM with up to ~128 KB of loads in flight. At D256
+    a chunk (64 keys, the least four warps of m16n8k16 take) is 66 KiB: three slots (206 KiB) where
+    a block may opt into that much (sm_90, sm_100), one CTA an SM. Where three slots do not fit a
+    block's shared memory (sm_86/89/120 at every head dim, sm_80 at D256), two."""
+    block_n = 32 if v.head_dim == 64 else 16
+    return (block_n, 3) if smem_bytes(v, block_n, 3) <= arch.smem_budget else (block_n, 2)
 
 
 def smem_bytes(v: Variant, block_n: int, stages: int) -> int:
@@ -205,15 +253,17 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = N
     """The decode plan of a variant; ValueError when the family cannot run it. `tile` overrides
     (keys a warp, stages) for schedule sweeps (benchmarks/decode_bench.py); `prefix` starts the
     kernels' names (as `attngen compile --prefix` for the forward family)."""
-    why = decode_unsupported(v)
+    why = decode_unsupported(v, arch if tile is None else None)
+    if why is None and (not arch.cp_async or not arch.mma_k16):
+        why = decode_unsupported(v, arch)
     if why is not None:
         raise ValueError(f"variant {v.name}: {why}")
-    if not arch.cp_async or not arch.mma_k16:
-        raise ValueError(f"variant {v.name}: the decode family needs cp.async and m16n8k16 tensor cores (sm_80 or newer), "
-                         f"not {arch.value}")
-    block_n, stages = tile or _tile(v.head_dim)
+    block_n, stages = tile or _tile(v, arch)
     if block_n % 16 or not 2 <= stages <= 6:
         raise ValueError(f"decode tile: expected keys a warp a multiple of 16 and 2..6 stages, got {block_n}, {stages}")
+    if smem_bytes(v, block_n, stages) > arch.smem_budget:
+        raise ValueError(f"decode tile {block_n}x{stages}: {smem_bytes(v, block_n, stages)} bytes of shared memory, "
+                         f"more than {arch.value}'s {arch.smem_budget}")
     suffix = "" if tile is None else f"_n{block_n}s{stages}"
     return DecodePlan(
         kernel_name=f"{prefix}_{v.name}_decode{suffix}",

@@ -2,8 +2,9 @@
 
 `compile_decode(v)` renders, compiles (cached) and loads a variant's split-KV and combine kernels;
 the returned `DecodeKernel` checks its arrays like the forward `Kernel` (same helpers, same words),
-picks the number of key splits for the call (`DecodePlan.splits`), allocates the fp32 workspace
-on the launch stream and launches the plan's kernels in order. `Dispatch` is what
+picks the split kernel's CTAs and the partial slots for the call (`DecodePlan.schedule`), allocates
+the fp32 workspace on the launch stream (none when one slot a row) and launches the plan's kernels
+in order. `Dispatch` is what
 `attngen.compile` returns for variants both families can run: each call goes to the family
 `plan_decode.choose_family` picks for its Lq (decode for small Lq), compiling each family on
 first use.
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.ir.nodes import BLOCK_TABLE, DType, Layout, Variant
-from attngen.plan.decode import DecodePlan, Family, choose_family
+from attngen.plan.decode import MAX_UNITS_TIMES_CTAS, DecodePlan, Family, choose_family
 from attngen.cuda.render_decode import render_decode
 from attngen.runtime.kernel import (
     NaNCheckError,
@@ -77,13 +78,46 @@ class DecodeKernel:
     cached: bool
     _module: Any = None
     _functions: tuple[Any, ...] = ()
+    # Row-block counters for merging in the split kernel, one zeroed buffer a (device, stream):
+    # every launch leaves them zero, so a stream's launches (and graph replays) share one buffer;
+    # launches on different streams, which may overlap, never do. Outgrown buffers are kept (a
+    # captured graph may still point at one).
+    _counters: dict[tuple[int, int], Any] = field(default_factory=dict)
+    _retired: list[Any] = field(default_factory=list)
 
     family = Family.DECODE
+    # Whether calls merge in the split kernel by default (False: the combine kernel merges). Off
+    # until the H200 times it: a lever that has not measured faster stays off (issue 15).
+    fused_default = False
+
+    def _counter_ptr(self, dev: int, stream: Any, n: int) -> int:
+        """Device address of at least n zeroed int32 row-block counters for `stream`, or 0 when
+        that would allocate during CUDA-graph capture (the call then merges with the combine
+        kernel; as the forward's work counters, counters are never allocated under capture)."""
+        import cupy
+
+        key = (dev, int(stream.ptr))
+        with _LOCK:
+            buf = self._counters.get(key)
+            if buf is not None and buf.size >= n:
+                return int(buf.data.ptr)
+            if cupy.cuda.runtime.streamIsCapturing(int(stream.ptr)) != 0:
+                return 0
+            new = cupy.zeros(max(n, 1024, 2 * buf.size if buf is not None else 0), dtype=cupy.int32)
+            cupy.cuda.Device().synchronize()  # zeroed before any stream launches with them
+            if buf is not None:
+                self._retired.append(buf)
+            self._counters[key] = new
+            return int(new.data.ptr)
 
     def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None,
-                 splits: int | None = None, check_pages: bool = True, **inputs: Any) -> Any:
+                 splits: int | None = None, ctas: int | None = None, fused: bool | None = None, check_pages: bool = True,
+                 **inputs: Any) -> Any:
         """Runs split-KV attention then the combine; returns `o`, or `(o, lse)` with `output lse`.
-        `splits` overrides the launch-time choice (tests use it to cover many splits).
+        `splits` overrides the launch-time schedule with that many equal splits of every row
+        block, `ctas` with that many equal shares of the call's units (tests and benchmarks use
+        them to cover other schedules). `fused=True` merges split partials in the split kernel's
+        last CTA a row block instead of a combine launch (`fused_default`; benchmarks compare).
         `check_pages=False` skips the paged cache's page-id check, which synchronises the stream
         (for callers that validated their block table once; the kernel still reads an
         out-of-range page as zeros, never outside the cache)."""
@@ -142,28 +176,43 @@ class DecodeKernel:
             stream = _external_stream(int(getattr(stream, "cuda_stream", stream)))
         dp = self.plan
         n_chunks = max(1, -(-Lk // dp.chunk))
-        if splits is None:
-            n_split, per = dp.splits(B, Lq, Lk, _sm_count(dev))
-        else:
+        units = dp.units(B, Lq, Lk)
+        if splits is not None and ctas is not None:
+            raise ValueError("splits, ctas: expected at most one of the two schedule overrides")
+        if splits is not None:
             if not 1 <= splits <= n_chunks:
                 raise ValueError(f"splits: expected 1 to {n_chunks} (chunks of {dp.chunk} keys), got {splits}")
-            per = -(-n_chunks // splits)
-            n_split = -(-n_chunks // per)
+            n_ctas = dp.split_ctas(B, Lq, Lk, splits)
+            n_split = dp.slots(B, Lq, n_ctas)
+        elif ctas is not None:
+            if not 1 <= ctas <= units:
+                raise ValueError(f"ctas: expected 1 to {units} (row blocks x chunks of {dp.chunk} keys), got {ctas}")
+            n_ctas, n_split = ctas, dp.slots(B, Lq, ctas)
+        else:
+            n_split, n_ctas = dp.schedule(B, Lq, Lk, _sm_count(dev))
+        if units * n_ctas >= MAX_UNITS_TIMES_CTAS:
+            raise ValueError(f"B, Lq, Lk: {units} work units over {n_ctas} CTAs overflow the kernels' share arithmetic")
         # The workspace grows with B * H * Lq * splits (never with Lk), allocated in the launch
         # stream's order, so dropping it when this call returns is safe while the kernels run.
-        ws_o_shape, ws_lse_shape = dp.workspace_shapes(B, Lq, n_split)
-        ws_o = _empty(ws_o_shape, DType.FP32, xp_torch, aq.obj, stream)
-        ws_lse = _empty(ws_lse_shape, DType.FP32, xp_torch, aq.obj, stream)
+        # One slot a row: the split kernel writes O itself and reads no workspace.
+        ws_o = ws_lse = None
+        if n_split > 1:
+            ws_o_shape, ws_lse_shape = dp.workspace_shapes(B, Lq, n_split)
+            ws_o = _empty(ws_o_shape, DType.FP32, xp_torch, aq.obj, stream)
+            ws_lse = _empty(ws_lse_shape, DType.FP32, xp_torch, aq.obj, stream)
         flag = None
         if var.nan_check:
             with stream:
                 flag = cupy.zeros(1, dtype=cupy.int32)
+        merge = self.fused_default if fused is None else bool(fused)
+        count_ptr = self._counter_ptr(dev, stream, dp.row_blocks(B, Lq)) if merge and n_split > 1 else 0
         args: list[Any] = [
             np.uint64(aq.ptr), np.uint64(ak.ptr), np.uint64(av.ptr), np.uint64(ao.ptr), np.uint64(lse_ptr),
             np.uint64(flag.data.ptr if flag is not None else 0),
-            np.uint64(_view(ws_o, "ws_o").ptr), np.uint64(_view(ws_lse, "ws_lse").ptr),
+            np.uint64(0 if ws_o is None else _view(ws_o, "ws_o").ptr),
+            np.uint64(0 if ws_lse is None else _view(ws_lse, "ws_lse").ptr), np.uint64(count_ptr),
             np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(0), np.int32(0), np.int32(Lq), np.int32(Lk),
-            np.int32(n_split), np.int32(per),
+            np.int32(n_split), np.int32(n_ctas),
             *((np.int32(ak.shape[0]),) if paged else ()),
             *(np.int64(s) for s in (*qs, *ks, *vs, *os_)),
         ]
@@ -174,7 +223,7 @@ class DecodeKernel:
             args.extend(np.int32(n) for n in a.shape)
             args.extend(np.int64(s) for s in a.strides)
         targs = tuple(args)
-        for launch, fn in zip(dp.launches(B, Lq, n_split), self._functions):
+        for launch, fn in zip(dp.launches(B, Lq, n_split, n_ctas, merged=bool(count_ptr)), self._functions):
             fn(launch.grid, (launch.threads,), targs, shared_mem=launch.smem_bytes, stream=stream)
         if flag is not None and int(flag.get(stream=stream)[0]) != 0:
             raise NaNCheckError(f"variant {var.name}: the output holds NaN or Inf (nan_check)")

@@ -758,8 +758,9 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
         return runtime_decode.compile_decode(v, a, verbose=verbose)
     if no_forward:
         raise ValueError(f"variant {v.name}: {no_forward}")
-    if fam == plan_decode.Family.AUTO and plan_decode.decode_unsupported(v) is None and a.cp_async and a.mma_k16:
-        # (targets without cp.async or m16n8k16 tensor cores, sm_75, keep every call on the forward family)
+    if fam == plan_decode.Family.AUTO and plan_decode.decode_unsupported(v, a) is None:
+        # (targets without cp.async or m16n8k16 tensor cores, sm_75, or without the shared memory of
+        # the head dim's ring, D256 on sm_86, keep every call on the forward family)
         return runtime_decode.Dispatch(compile(v, arch=a, verbose=verbose, family="forward"), a, verbose)
     dev = cupy.cuda.Device().id
     key = (v, a, dev)

@@ -91,7 +91,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _no_kernel(v) -> str | None:
     """Why no kernel family can run `v`: a paged cache (decode family only) that the decode family
-    cannot take (fp32, head dims other than 64 and 128 with Dv == D, ...); None otherwise."""
+    cannot take (fp32, head dims other than 64, 128 and 256 with Dv == D, ...); None otherwise."""
     from attngen.plan import decode as plan_decode
 
     if plan_decode.forward_unsupported(v) is None:

@@ -179,20 +179,24 @@ def render_decode_header(v, arch, prefix: str | None = None) -> str:
               ("KV_HEADS", v.kv_heads), ("HEAD_DIM", v.head_dim), ("VALUE_HEAD_DIM", v.value_head_dim),
               *([("PAGE_SIZE", v.page_size)] if v.page_size is not None else [])]
     functions = [
-        "// Workspace: the device bytes of the splits' partial O and LSE for a call of these sizes on the",
-        "// current device, and the call that points ws_o and ws_lse of `params` (whose B, Lq and Lk it",
-        "// reads) into one buffer of that size, 256-byte aligned, and sets splits and chunks_per_split",
-        "// to the choice the size was made for. Size it, allocate it, bind it, then launch.",
+        "// Workspace: the device bytes of the partial O and LSE for a call of these sizes on the current",
+        "// device, and the call that points ws_o and ws_lse of `params` (whose B, Lq and Lk it reads)",
+        "// into one buffer of that size, 256-byte aligned, and sets splits and ctas to the choice the",
+        "// size was made for. Size it, allocate it, bind it, then launch.",
         f"size_t {name}_workspace_bytes(int B, int Lq, int Lk);",
         f"void {name}_bind_workspace({st}* params, void* workspace);",
         "",
-        f"// Launches the split-KV kernel ({dp.threads} threads, {dp.smem_bytes} bytes of dynamic shared memory), then",
-        f"// {dp.combine_name}, on `stream`. Returns cudaErrorInvalidValue when B, Lq, Lk, splits or",
-        "// chunks_per_split is not positive or a workspace pointer is null, else the launch error.",
+        f"// Launches the split-KV kernel ({dp.threads} threads, {dp.smem_bytes} bytes of dynamic shared memory) on",
+        f"// `stream`, then {dp.combine_name} when splits > 1 and ws_count is null (with ws_count, zeroed",
+        "// row-block counters that each launch leaves zero, the split kernel merges). Returns",
+        "// cudaErrorInvalidValue when B, Lq,",
+        "// Lk, splits or ctas is not positive, ctas exceeds the call's units, splits is fewer than the CTAs",
+        "// one row block can meet (1 needs one CTA a row block, or one CTA), or a needed workspace",
+        "// pointer is null; else the launch error.",
         f"cudaError_t {name}_launch(const {st}* params, cudaStream_t stream);",
         "",
-        "// The split policy bind_workspace applies, for a GPU of `sm_count` SMs (the Python runtime's).",
-        f"void {name}_choose_splits(int B, int Lq, int Lk, int sm_count, int* splits, int* chunks_per_split);",
+        "// The schedule bind_workspace applies, for a GPU of `sm_count` SMs (the Python runtime's).",
+        f"void {name}_choose_splits(int B, int Lq, int Lk, int sm_count, int* splits, int* ctas);",
     ]
     return _c_header(name, _intro(v, name, arch, ", decode family"), macros, decode_fields(v), functions)
 

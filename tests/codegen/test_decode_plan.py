@@ -30,32 +30,78 @@ def _v(text: str = SPEC):
     return frontend.loads(text, "<test>").get()
 
 
-def test_splits_fill_one_cta_an_sm_and_cover_every_chunk() -> None:
+def _shares(T: int, ctas: int) -> list[tuple[int, int]]:
+    return [(c * T // ctas, (c + 1) * T // ctas) for c in range(ctas)]
+
+
+def _segments(dp, B: int, Lq: int, Lk: int, ctas: int) -> dict[int, list[int]]:
+    """Row block -> the CTAs whose shares meet it, from the kernels' share rule."""
+    n = max(1, -(-Lk // dp.chunk))
+    seen: dict[int, list[int]] = {}
+    for c, (u0, u1) in enumerate(_shares(dp.units(B, Lq, Lk), ctas)):
+        for blk in range(u0 // n, (u1 - 1) // n + 1) if u1 > u0 else ():
+            seen.setdefault(blk, []).append(c)
+    return seen
+
+
+def _share_of(x: int, T: int, ctas: int) -> int:
+    return ((x + 1) * ctas - 1) // T  # the kernels' ag_share_of
+
+
+def test_schedule_fills_one_cta_an_sm_and_covers_every_unit() -> None:
     dp = plan_decode.plan(_v())
-    slots = 132
     assert dp.ctas_per_sm() == 2  # ~109 KB of ring: two CTAs an H200 SM
-    for B, Lq, Lk in [(1, 1, 8192), (1, 1, 131072), (8, 1, 32768), (64, 1, 4096), (128, 1, 1024), (3, 7, 1), (1, 16, 999)]:
-        splits, per = dp.splits(B, Lq, Lk, 132)
-        n_chunks = -(-Lk // dp.chunk)
-        assert splits >= 1 and per >= 1
-        assert splits * per >= n_chunks > (splits - 1) * per  # every chunk covered, no empty split
-        ctas = splits * B * dp.kv_heads * dp.m_blocks(Lq)
+    for B, Lq, Lk in [(1, 1, 8192), (1, 1, 131072), (8, 1, 32768), (64, 1, 4096), (128, 1, 1024), (3, 7, 1), (1, 16, 999),
+                      (2, 5, 0), (5, 3, 64 * 37 + 1)]:
+        splits, ctas = dp.schedule(B, Lq, Lk, 132)
+        base, T = dp.row_blocks(B, Lq), dp.units(B, Lq, Lk)
+        n = max(1, -(-Lk // dp.chunk))
+        assert ctas == base * splits and 1 <= splits <= n and dp.slots(B, Lq, ctas) == splits
         if splits > 1:
-            assert ctas <= slots  # splits never take the grid past one CTA an SM
-            assert per >= plan_decode.MIN_CHUNKS_PER_SPLIT
-    assert dp.splits(1, 1, 131072, 132) == (16, 128)  # the H200 sweep's best (see DecodePlan.splits)
-    assert dp.splits(8, 1, 32768, 132) == (2, 256)
-    assert dp.splits(128, 1, 1024, 132)[0] == 1
+            assert ctas <= 132  # splits never take the grid past one CTA an SM
+            assert n // splits >= plan_decode.MIN_CHUNKS_PER_SPLIT
+        shares = _shares(T, ctas)
+        assert all(u1 - u0 in (T // ctas, -(-T // ctas)) for u0, u1 in shares)  # equal to one unit
+        segs = _segments(dp, B, Lq, Lk, ctas)
+        assert sorted(segs) == list(range(base))  # every row block met
+        for blk, cs in segs.items():
+            assert len(cs) == splits  # every partial has a slot, every slot a partial
+            first = _share_of(blk * n, T, ctas)
+            assert cs == list(range(first, first + len(cs)))  # slots are ranks from the kernels' rule
+            assert _share_of((blk + 1) * n - 1, T, ctas) == cs[-1]
+    assert dp.schedule(1, 1, 131072, 132) == (16, 128)  # the H200 sweeps' best (see DecodePlan.schedule)
+    assert dp.schedule(8, 1, 32768, 132) == (2, 128)
+    assert dp.schedule(64, 1, 4096, 132) == (1, 512)  # row blocks past the SMs: one CTA each, no combine
+    assert dp.schedule(128, 1, 1024, 132) == (1, 1024)
+
+
+def test_schedule_overrides_and_slots() -> None:
+    dp = plan_decode.plan(_v())
+    for B, Lq, Lk in [(8, 1, 32768), (3, 7, 500), (1, 16, 999)]:
+        base = dp.row_blocks(B, Lq)
+        n = max(1, -(-Lk // dp.chunk))
+        for s in range(1, min(n, 9) + 1):
+            ctas = dp.split_ctas(B, Lq, Lk, s)
+            assert dp.slots(B, Lq, ctas) == s
+            assert all(len(cs) == s for cs in _segments(dp, B, Lq, Lk, ctas).values())
+        for ctas in range(1, min(dp.units(B, Lq, Lk), 300) + 1, 7):  # equal shares cutting row blocks anywhere
+            slots = dp.slots(B, Lq, ctas)
+            assert max(len(cs) for cs in _segments(dp, B, Lq, Lk, ctas).values()) <= slots
+            assert (slots == 1) == (ctas in (1, base))  # one slot: every row block whole in one CTA
 
 
 def test_workspace_never_grows_with_lk() -> None:
     dp = plan_decode.plan(_v())
     o, lse = dp.workspace_shapes(2, 3, 5)
     assert o == (2, 32, 3, 5, 128) and lse == (2, 32, 3, 5)
-    grid, combine = dp.launches(2, 3, 5)
-    assert grid.kernel == dp.kernel_name and combine.kernel == dp.combine_name
-    assert grid.grid == (5, 8 * dp.m_blocks(3), 2) and dp.m_blocks(3) == 1  # group 4 x Lq 3 = 12 rows
+    split, combine = dp.launches(2, 3, 5, 77)
+    assert split.kernel == dp.kernel_name and combine.kernel == dp.combine_name
+    assert split.grid == (77, 1, 1) and dp.m_blocks(3) == 1  # group 4 x Lq 3 = 12 rows
     assert dp.m_blocks(16) == 4
+    (only,) = dp.launches(2, 3, 1, 16)  # one slot a row: the split kernel writes O, no combine
+    assert only.kernel == dp.kernel_name
+    (merged,) = dp.launches(2, 3, 5, 77, merged=True)  # row-block counters: the split kernel merges
+    assert merged.kernel == dp.kernel_name
 
 
 def test_family_choice() -> None:
@@ -66,8 +112,25 @@ def test_family_choice() -> None:
     fp32 = _v(SPEC.replace("bf16", "fp32"))
     assert "fp16/bf16" in decode_unsupported(fp32)
     assert choose_family(fp32, 1) == Family.FORWARD
-    with pytest.raises(ValueError, match="head dims"):
+    with pytest.raises(ValueError, match="head dims 64, 128, 256 with Dv == D"):
         plan_decode.plan(_v(SPEC.replace("head_dim 128", "head_dim 96")))
+
+
+def test_head_dim_256_fits_where_shared_memory_allows() -> None:
+    v = _v(SPEC.replace("head_dim 128", "head_dim 256"))
+    assert decode_unsupported(v) is None
+    big = plan_decode.plan(v, Arch.SM90A)
+    assert (big.block_n, big.stages, big.ctas_per_sm()) == (16, 3, 1) and big.smem_bytes <= Arch.SM90A.smem_budget
+    a100 = plan_decode.plan(v, Arch.SM80)
+    assert (a100.block_n, a100.stages) == (16, 2) and a100.smem_bytes <= Arch.SM80.smem_budget
+    why = decode_unsupported(v, Arch.SM86)  # 99 KiB a block: not even two 66 KiB ring slots
+    assert why is not None and "D=256" in why and "sm_86" in why
+    with pytest.raises(ValueError, match="sm_86"):
+        plan_decode.plan(v, Arch.SM86)
+    d128 = plan_decode.plan(_v(), Arch.SM86)  # two ring slots where three do not fit 99 KiB
+    assert d128.stages == 2 and d128.smem_bytes <= Arch.SM86.smem_budget
+    assert plan_decode.plan(_v(), Arch.SM90A).stages == 3
+    assert "sm_75" in decode_unsupported(v, Arch.SM75)
 
 
 def test_render_is_stable_and_uses_the_forward_emitters() -> None:
@@ -78,7 +141,9 @@ def test_render_is_stable_and_uses_the_forward_emitters() -> None:
     assert "// Generated by attngen" in a.splitlines()[0]
     assert "ag_ld_cache_lens" in a and "ag_tanh_fast" in a  # the shared lookup and softcap code
     assert f"{dp.kernel_name}(" in a and f"{dp.combine_name}(" in a
-    assert "p.lse[row]" in a  # output lse: the combine writes the merged LSE
+    # output lse: the row writer (one-segment rows, merges in either kernel) writes the LSE
+    assert "p.lse[((long long)b * H + h) * p.Lq + q] = lse;" in a
+    assert "p.lse[" not in render_decode(_v(SPEC.replace("  output lse\n", "")))[0]
 
 
 def test_mask_reading_h_is_classified_head_by_head() -> None:
@@ -93,7 +158,11 @@ DECODABLE = [(p, n) for p, n in ALL_VARIANTS if decode_unsupported(variant(p, n)
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("arch", [Arch.SM80, Arch.SM90A], ids=lambda a: a.value)
-@pytest.mark.parametrize("text", [SPEC, SPEC.replace("head_dim 128", "head_dim 64").replace("bf16", "fp16")], ids=["d128", "d64"])
+@pytest.mark.parametrize("text", [
+    SPEC, SPEC.replace("head_dim 128", "head_dim 64").replace("bf16", "fp16"), SPEC.replace("head_dim 128", "head_dim 256"),
+    SPEC.replace("head_dim 128", "head_dim 256").replace("bf16", "fp16").replace(
+        "  output lse", "  input sinks: fp32[H]\n  sink sinks\n  nan_check\n  kv_cache paged(8)\n  output lse"),
+], ids=["d128", "d64", "d256", "d256_paged_sink"])
 def test_decode_compiles_without_spills_or_warnings(text: str, arch: Arch) -> None:
     src, dp = render_decode(_v(text), arch)
     res = {r.kernel: r for r in compile_cuda.resources(src, arch)}

@@ -38,7 +38,7 @@ def test_split_policy_in_cpp_matches_python(tmp_path, spec):
     prog = tmp_path / "policy.cpp"
     prog.write_text(
         "#include <cstdio>\n"
-        "void choose(int B, int Lq, int Lk, int sm_count, int* splits, int* chunks_per_split) {\n"
+        "void choose(int B, int Lq, int Lk, int sm_count, int* splits, int* ctas) {\n"
         + dp.splits_cpp() + "\n}\n"
         "int main() { int B, Lq, Lk, sm; while (std::scanf(\"%d %d %d %d\", &B, &Lq, &Lk, &sm) == 4) {\n"
         "  int s = 0, c = 0; choose(B, Lq, Lk, sm, &s, &c); std::printf(\"%d %d\\n\", s, c); } }\n")
@@ -47,7 +47,7 @@ def test_split_policy_in_cpp_matches_python(tmp_path, spec):
     out = subprocess.run([str(exe)], input="".join(f"{b} {q} {k} {s}\n" for b, q, k, s in sizes),
                          capture_output=True, text=True, check=True).stdout.split("\n")
     for (b, q, k, s), line in zip(sizes, out):
-        assert tuple(map(int, line.split())) == dp.splits(b, q, k, s), (b, q, k, s)
+        assert tuple(map(int, line.split())) == dp.schedule(b, q, k, s), (b, q, k, s)
 
 
 def test_paged_spec_compiles_to_the_decode_family_by_default(capsys):
@@ -113,3 +113,47 @@ def test_decode_cu_builds_with_its_host_functions(capsys, tmp_path, arch):
     syms = subprocess.run(["nm", str(out)], capture_output=True, text=True).stdout
     for sym in ("launch", "workspace_bytes", "bind_workspace", "choose_splits"):
         assert f" T attngen_paged_decode_llama3_decode_{sym}\n" in syms, sym
+
+
+LAUNCH_CHECKS = r"""
+#include <cstdio>
+#include "d.h"
+#define K_(name) attngen_paged_decode_llama3_decode_##name
+int main() {
+  // B 2, Lq 1, Lk 1000: 2 x 8 row blocks (one a KV head) x 16 chunks of 64 keys = 256 units.
+  static float ws[1 << 16];
+  static int counts[16];
+  struct Case { int splits, ctas; bool ws; };
+  const Case cases[] = {
+    {1, 0, false},     // no CTAs
+    {1, 257, false},   // more CTAs than units
+    {1, 17, false},    // one slot, but a row block split between two CTAs
+    {2, 17, true},     // 17 shares can put 3 CTAs on one row block: 2 slots are too few
+    {2, 32, false},    // partials without a workspace
+    {0, 16, false},    // no slots
+  };
+  for (const Case& c : cases) {
+    K_(params) p = {};
+    p.B = 2; p.Lq = 1; p.Lk = 1000; p.num_pages = 1;
+    p.splits = c.splits; p.ctas = c.ctas;
+    if (c.ws) { p.ws_o = ws; p.ws_lse = ws + (1 << 15); p.ws_count = counts; }
+    std::printf("%d\n", (int)K_(launch)(&p, (cudaStream_t)0));
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.nvcc
+def test_launcher_refuses_schedules_that_would_write_outside_the_workspace(capsys, tmp_path):
+    """Host code only (every case is refused before any CUDA call, so no GPU is needed): the C++
+    launcher's cheap checks of splits and ctas, cudaErrorInvalidValue (1) for each."""
+    for emit, name in (("cu", "d.cu"), ("header", "d.h")):
+        rc, _, err = _compile(capsys, str(PAGED), "--arch", "sm_80", "--emit", emit, "-o", str(tmp_path / name))
+        assert rc == 0, err
+    (tmp_path / "main.cu").write_text(LAUNCH_CHECKS)
+    p = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_80,code=sm_80", "main.cu", "d.cu", "-o", "prog"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    out = subprocess.run([str(tmp_path / "prog")], capture_output=True, text=True, timeout=60).stdout.split()
+    assert out == ["1"] * 6, out

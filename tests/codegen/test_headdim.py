@@ -116,26 +116,31 @@ def test_head_dim_refusals_are_located_and_name_the_choices() -> None:
     assert "spec.attn:6:3" in msg and "token-scope q norm is implemented for head dims up to 128" in msg
 
 
-def test_decode_family_refuses_wide_head_dims_by_name() -> None:
-    why = plan_decode.decode_unsupported(_v(D256 + "; kind cross"))
-    assert why is not None and "head dims 64, 128 with Dv == D" in why and "D=256" in why
-    assert plan_decode.choose_family(_v(D256 + "; kind cross"), 1) == plan_decode.Family.FORWARD
+def test_decode_family_takes_d256_and_refuses_other_wide_dims_by_name() -> None:
+    assert plan_decode.decode_unsupported(_v(D256 + "; kind cross")) is None
+    assert plan_decode.choose_family(_v(D256 + "; kind cross"), 1) == plan_decode.Family.DECODE
+    why = plan_decode.decode_unsupported(_v(D192 + "; kind cross"))
+    assert why is not None and "head dims 64, 128, 256 with Dv == D" in why and "D=192, Dv=128" in why
+    assert plan_decode.choose_family(_v(D192 + "; kind cross"), 1) == plan_decode.Family.FORWARD
 
 
-def test_check_refuses_a_paged_cache_at_wide_head_dims(tmp_path, capsys) -> None:
-    # A paged cache runs on the decode family only, which has no D256 kernel: `check` says so at
-    # the variant (it used to fail with an internal error); the spec itself stays valid (reference).
+def test_check_refuses_a_paged_cache_at_head_dims_decode_lacks(tmp_path, capsys) -> None:
+    # A paged cache runs on the decode family only, which has no D192/Dv128 kernel: `check` says
+    # so at the variant (it used to fail with an internal error); the spec itself stays valid
+    # (reference). D256 runs on the decode family and checks clean.
     from attngen.tools import cli
 
-    text = ("attention pg {\n  dtype bf16\n  head_dim 256\n  heads 16 kv 8\n  kind cross\n"
+    text = ("attention pg {\n  dtype bf16\n  head_dim 192 value 128\n  heads 16 kv 8\n  kind cross\n"
             "  input cache_lens: i32[B]\n  kv_cache paged(16)\n  mask kv < cache_lens[b]\n}\n")
     f = tmp_path / "pg.attn"
     f.write_text(text)
     assert cli.main(["check", str(f)]) == 1
     err = capsys.readouterr().err
     assert f"{f}:1:1: error: variant `pg` has no kernel: `kv_cache paged` runs on the decode family" in err
-    assert "head dims 64, 128 with Dv == D, not D=256, Dv=256" in err
+    assert "head dims 64, 128, 256 with Dv == D, not D=192, Dv=128" in err
     assert loads(text).variants[0].page_size == 16
+    f.write_text(text.replace("head_dim 192 value 128", "head_dim 256"))
+    assert cli.main(["check", str(f)]) == 0, capsys.readouterr().err
 
 
 def test_check_and_explain_name_the_engine() -> None:

@@ -1,10 +1,11 @@
 """The decode family (split-KV + GQA packing + combine) against the NumPy reference (GPU only).
 
-Specs cover fp16/bf16, head dims 64 and 128, GQA ratios 1/4/8, both layouts, and every mask and
+Specs cover fp16/bf16, head dims 64, 128 and 256, GQA ratios 1/2/4/8, both layouts, and every mask and
 score kind the forward fuses (bottom-right causal, cache lengths, windows, padding, a mask that
 reads h, softcap, alibi), with `output lse`. Shapes: Lq 1..16, Lk from 1 (and odd lengths) to a
-few thousand, and forced split counts from 1 to the number of key chunks, so the combine meets
-splits that see nothing (LSE -inf) beside splits that see everything.
+few thousand, and forced schedules: split counts from 1 to the number of key chunks, and CTA
+counts whose equal shares cut row blocks anywhere (a CTA then runs several segments), so the
+combine meets splits that see nothing (LSE -inf) beside splits that see everything.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ SPECS = [
               lse=True, extra=(*CACHE, *SINK, "kv_cache paged(64)")),
     spec_text("d_paged256_fp16_d128", dtype="fp16", D=128, H=4, Hkv=4, kind="cross", mask="causal",
               scores=("softcap(20.0)",), lse=True, extra=("kv_cache paged(256)",)),
+    # Head dim 256 (Gemma): a 66 KiB ring chunk, block-table entries read at the copy.
+    spec_text("d_d256_bf16_g2", dtype="bf16", D=256, H=8, Hkv=4, kind="cross", mask="causal && kv < cache_lens[b]",
+              scores=("softcap(50.0)",), lse=True, extra=CACHE),
+    spec_text("d_paged16_fp16_d256_sink", dtype="fp16", D=256, H=16, Hkv=8, kind="cross", layout="bshd",
+              mask="kv < cache_lens[b]", lse=True, extra=(*CACHE, *SINK, "kv_cache paged(16)")),
 ]
 
 
@@ -57,16 +63,16 @@ def _decode(v):
     return runtime.compile(v, family="decode")
 
 
-def _check(v, kernel, case: fuzz.Case, splits: int | None = None) -> None:
+def _check(v, kernel, case: fuzz.Case, splits: int | None = None, ctas: int | None = None, fused: bool | None = None) -> None:
     arrays = fuzz.case_inputs(v, case)
 
     def call(q, k, vv, **kw):
-        return kernel(q, k, vv, splits=splits, **kw)
+        return kernel(q, k, vv, splits=splits, ctas=ctas, fused=fused, **kw)
 
     out, lse = fuzz.run_kernel(call, v, arrays)
     reports = fuzz.compare(v, arrays, out, lse)
     bad = [r.summary() for r in reports if not r.ok]
-    assert not bad, f"{v.name} at {case.describe()} splits={splits}:\n" + "\n".join(bad)
+    assert not bad, f"{v.name} at {case.describe()} splits={splits} ctas={ctas} fused={fused}:\n" + "\n".join(bad)
 
 
 @st.composite
@@ -84,8 +90,9 @@ def _cases(draw, v):
     if any(d.name == "kv_lens" for d in v.runtime_inputs()):
         kv_lens = tuple(draw(st.lists(st.sampled_from([0, 1, Lk, max(0, Lk - 1), Lk // 2]), min_size=B, max_size=B)))
         lens = tuple(draw(st.lists(st.sampled_from([0, 1, Lq]), min_size=B, max_size=B)))
-    forced = draw(st.one_of(st.none(), st.integers(1, 64)))
-    return fuzz.Case(B, Lq, Lk, dist, seed, q_lens=lens, kv_lens=kv_lens), forced
+    forced = draw(st.one_of(st.none(), st.integers(1, 64), st.tuples(st.just("ctas"), st.integers(1, 300))))
+    fused = draw(st.sampled_from([None, True, False]))
+    return fuzz.Case(B, Lq, Lk, dist, seed, q_lens=lens, kv_lens=kv_lens), forced, fused
 
 
 @pytest.mark.gpu
@@ -98,9 +105,12 @@ def test_decode_matches_reference(text: str) -> None:
     @settings(max_examples=examples(1 / 5))
     @given(_cases(v))
     def run(drawn) -> None:
-        case, forced = drawn
+        case, forced, fused = drawn
         n_chunks = -(-case.Lk // chunk)
-        _check(v, kernel, case, None if forced is None else min(forced, n_chunks))
+        if isinstance(forced, tuple):  # equal shares of the units: any count up to the units
+            _check(v, kernel, case, ctas=min(forced[1], kernel.plan.units(case.B, case.Lq, case.Lk)), fused=fused)
+        else:
+            _check(v, kernel, case, None if forced is None else min(forced, n_chunks), fused=fused)
 
     run()
 
@@ -114,6 +124,65 @@ def test_decode_every_split_count_edge(Lk: int) -> None:
     n_chunks = -(-Lk // kernel.plan.chunk)
     for splits in sorted({1, n_chunks, None} - {0}, key=lambda s: -1 if s is None else s):
         _check(v, kernel, fuzz.Case(B=2, Lq=1, Lk=Lk, seed=Lk), splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [2, 10, -1], ids=lambda i: _id(SPECS[i]))
+def test_decode_equal_shares_cut_row_blocks_anywhere(spec: int) -> None:
+    """CTA counts that are not multiples of the row blocks: shares that start and end inside row
+    blocks, CTAs with several segments, one CTA for everything, one CTA a unit, the launch-time
+    schedule; each against the reference."""
+    v = variant_of(SPECS[spec])
+    kernel = _decode(v)
+    for B, Lq, Lk in ((3, 5, 2049), (2, 1, 777), (1, 16, 5000)):
+        base, units = kernel.plan.row_blocks(B, Lq), kernel.plan.units(B, Lq, Lk)
+        for ctas in sorted({1, 2, base - 1, base + 1, 2 * base + 3, 131, units - 1, units} & set(range(1, units + 1))):
+            for fused in (True, False):  # merged by the last CTA of a row block, or by the combine kernel
+                _check(v, kernel, fuzz.Case(B=B, Lq=Lq, Lk=Lk, seed=ctas), ctas=ctas, fused=fused)
+        _check(v, kernel, fuzz.Case(B=B, Lq=Lq, Lk=Lk, seed=7))
+
+
+@pytest.mark.gpu
+def test_merging_counters_stay_zero_across_calls_streams_and_graphs() -> None:
+    """The split kernel's row-block counters: left zero by every launch (repeated calls agree
+    bitwise), one buffer a stream (calls on two streams at once agree), and a CUDA graph captured
+    without a warm-up on its stream (no counters allocated under capture: the combine merges)
+    replays right."""
+    torch = pytest.importorskip("torch")
+
+    v = variant_of(SPECS[2])
+    kernel = _decode(v)
+    arrays = fuzz.case_inputs(v, fuzz.Case(B=3, Lq=2, Lk=3000, seed=11))
+    q, k, vv, rest = fuzz.split_inputs(arrays)
+    dq, dk, dv = fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv)
+    extra = {n: fuzz.to_device(a) for n, a in rest.items()}
+    first = kernel(dq, dk, dv, splits=5, fused=True, **extra)[0].clone()
+    reports = fuzz.compare(v, arrays, fuzz.to_host(first, v.dtype), None)
+    assert all(r.ok for r in reports), [r.summary() for r in reports]
+    combined = kernel(dq, dk, dv, splits=5, fused=False, **extra)[0]
+    torch.testing.assert_close(combined.float(), first.float(), rtol=1e-2, atol=1e-2)
+    for _ in range(3):
+        assert torch.equal(kernel(dq, dk, dv, splits=5, fused=True, **extra)[0], first)
+    assert kernel._counters and all(int(abs(b).max()) == 0 for b in kernel._counters.values())
+    main = torch.cuda.current_stream()
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = []
+    for s in streams:
+        s.wait_stream(main)
+        with torch.cuda.stream(s):
+            outs.append(kernel(dq, dk, dv, splits=5, fused=True, **extra)[0])
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, first) for o in outs)
+    assert len(kernel._counters) >= 3  # the main stream's buffer and one a side stream
+    out = torch.empty_like(first)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kernel(dq, dk, dv, splits=5, fused=True, out=out, **extra)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), first.float(), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu
@@ -140,6 +209,10 @@ def test_decode_refuses_bad_splits_and_arrays() -> None:
     q, k, vv, _ = fuzz.split_inputs(arrays)
     with pytest.raises(ValueError, match="splits"):
         kernel(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), splits=1000)
+    with pytest.raises(ValueError, match="ctas: expected 1 to"):
+        kernel(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), ctas=10**6)
+    with pytest.raises(ValueError, match="at most one"):
+        kernel(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), splits=1, ctas=1)
     with pytest.raises(ValueError, match="k:"):
         kernel(fuzz.to_device(q), fuzz.to_device(k[:, :, :, :32].copy()), fuzz.to_device(vv))
 
