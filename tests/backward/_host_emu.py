@@ -159,6 +159,9 @@ inline float ag_wg_desc_elem(unsigned long long desc, int mn, int k, bool mn_maj
   if ((desc >> 62) != 1ull || ((desc >> 49) & 7ull) != 0ull) { std::fprintf(stderr, "wgmma descriptor: not a 128-byte swizzle at base offset 0\n"); std::abort(); }
   const unsigned start = (unsigned)(desc & 0x3FFFull) << 4, lbo = (unsigned)((desc >> 16) & 0x3FFFull) << 4;
   const unsigned sbo = (unsigned)((desc >> 32) & 0x3FFFull) << 4;
+  // The swizzle XORs address bits 4-6 with bits 7-9; with base offset 0 the hardware takes the
+  // operand's rows to start at a pattern row 0, which the emulation's address model assumes too.
+  if ((start >> 7) & 7u) { std::fprintf(stderr, "wgmma descriptor: start address 0x%x is not on a 1024-byte swizzle period\n", start); std::abort(); }
   unsigned a = mn_major ? start + (unsigned)(mn / 64) * lbo + (unsigned)(k / 8) * sbo + (unsigned)(k % 8) * 128u + (unsigned)(mn % 64) * 2u
                         : start + (unsigned)(mn / 8) * sbo + (unsigned)(mn % 8) * 128u + (unsigned)k * 2u;
   a ^= ((a >> 7) & 7u) << 4;
