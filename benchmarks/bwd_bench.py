@@ -1,7 +1,7 @@
 """Backward benchmark (issue 14): attngen's backward against torch SDPA's backward under cuDNN and
 FlashAttention-2 (SDPA flash), same run, bf16.
 
-    python benchmarks/bwd_bench.py [--out PATH] [--iters N] [--only ROW --once]
+    python benchmarks/bwd_bench.py [--out PATH] [--iters N] [--only ROW --once] [--also-engine mma|wgmma]
 
 Rows: D128 B2 H16 L16k dense and causal, D64 B8 H16 L4k dense and causal, D128 B16 H16 L2k causal.
 TFLOP/s count the backward as 2.5x the forward's 4 B H Lq Lk D (causal: half), the FlashAttention
@@ -62,7 +62,7 @@ def _time(fn, iters: int, repeats: int = 5) -> float:
     return statistics.median(out)
 
 
-def _row(name: str, iters: int, once: bool) -> dict:
+def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = ()) -> dict:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -112,6 +112,26 @@ def _row(name: str, iters: int, once: bool) -> dict:
     for label in ("cudnn", "fa2"):
         if f"{label}_ms" in res:
             res[f"attngen_vs_{label}"] = res[f"{label}_ms"] / ms
+    # Other dK/dV engines of the same backward, timed the same way (--also-engine).
+    from attngen.plan.bwd import BwdEngine
+
+    for eng in also:
+        e = BwdEngine(eng)
+        other = lambda e=e: backward(kern, q, k, vv, dO, o=o, lse=lse, engine=e)  # noqa: E731
+        try:
+            if "cudnn_ms" in res:
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                    want = torch.autograd.grad(out, (qg, kg, vg), dO)
+                got = other()
+                res[f"{eng}_max_rel_err_vs_cudnn"] = {
+                    n: float((a.float() - b.float()).abs().max() / b.float().abs().max()) for n, a, b in zip(("dq", "dk", "dv"), got, want)}
+                del want, got, out
+            ms_e = _time(other, iters)
+            res[f"{eng}_ms"] = ms_e
+            res[f"{eng}_tflops"] = bwd_flops / ms_e / 1e9
+        except Exception as ex:  # an engine that refuses the variant: recorded, not fatal
+            res[f"{eng}_error"] = f"{type(ex).__name__}: {ex}"[:300]
     torch.cuda.empty_cache()
     return res
 
@@ -125,6 +145,8 @@ def main() -> int:
     ap.add_argument("--tc-block-n", type=int, choices=[64, 128], default=None,
                     help="experiment: force the tensor-core kernel's key tile (the plan's choice otherwise)")
     ap.add_argument("--no-rotate", action="store_true", help="experiment: every CTA walks the query tiles from the first")
+    ap.add_argument("--also-engine", choices=["mma", "wgmma"], action="append", default=[],
+                    help="also time attngen's backward with this dK/dV engine (keys <engine>_ms, <engine>_tflops)")
     args = ap.parse_args()
     if args.no_rotate:
         from attngen.plan import bwd as plan_bwd
@@ -137,14 +159,16 @@ def main() -> int:
     rows = args.only or list(ROWS)
     results = []
     for name in rows:
-        r = _row(name, args.iters, args.once)
+        r = _row(name, args.iters, args.once, tuple(args.also_engine))
         if args.once:
             continue
         results.append(r)
         print(f"{name:28s} engine {r['engine']:4s}  attngen {r['attngen_tflops']:6.1f} TFLOP/s  "
               f"cuDNN {r.get('cudnn_tflops', float('nan')):6.1f}  FA2 {r.get('fa2_tflops', float('nan')):6.1f}  "
               f"x cuDNN {r.get('attngen_vs_cudnn', float('nan')):.2f}  x FA2 {r.get('attngen_vs_fa2', float('nan')):.2f}  "
-              f"err vs cuDNN {r.get('max_rel_err_vs_cudnn')}", flush=True)
+              f"err vs cuDNN {r.get('max_rel_err_vs_cudnn')}"
+              + "".join(f"  | {e} {r[e + '_tflops']:6.1f} TFLOP/s err {r.get(e + '_max_rel_err_vs_cudnn')}" if e + "_tflops" in r
+                        else f"  | {e} {r.get(e + '_error')}" for e in args.also_engine), flush=True)
     if args.once:
         return 0
     out = args.out or (os.path.join(os.environ["OUT"], "h200_bwd.json") if os.environ.get("OUT") else str(ROOT / "benchmarks/results/h200_bwd.json"))

@@ -29,10 +29,13 @@ def _header(v: Variant, bp: BwdPlan) -> str:
         "Gradients of sum(dO * O): dq, dk, dv in the shapes (and layouts) of q, k, v. The forward's LSE is",
         *(["read, P recomputed from it; every product and accumulation in fp32 (FFMA engine)."] if bp.engine == BwdEngine.FFMA else
           ["read, P recomputed from it. dK/dV (and the atomic dQ) on tensor cores: mma.sync m16n8k16,",
+           f"{v.dtype.value} products (P and dS rounded to {v.dtype.value}), fp32 accumulators; the other kernels in fp32 (FFMA)."]
+          if bp.engine == BwdEngine.MMA else
+          ["read, P recomputed from it. dK/dV (and the atomic dQ) on Hopper's warpgroup MMA (wgmma, sm_90a),",
            f"{v.dtype.value} products (P and dS rounded to {v.dtype.value}), fp32 accumulators; the other kernels in fp32 (FFMA)."]),
         f"dQ: {'deterministic (a dQ kernel per query tile, no atomics)' if bp.deterministic else 'fp32 atomics into ws_dq, then converted'}.",
         f"Tile: block_m {bp.block_m}, block_n {bp.block_n}; target {bp.arch.value}."
-        + (f" Tensor-core dK/dV tile: {bp.tc_block_m} queries x {bp.tc_block_n} keys." if bp.engine == BwdEngine.MMA else ""),
+        + (f" Tensor-core dK/dV tile: {bp.tc_block_m} queries x {bp.tc_block_n} keys." if bp.engine != BwdEngine.FFMA else ""),
         "Kernels, launched in this order on one stream with the same arguments:",
         *(f"  {k.name}: grid ({k.grid_code.replace('(long long)', '').replace('p.', '')}), {k.threads} threads, "
           f"{k.smem} bytes of dynamic shared memory; {k.doc}" for k in bp.kernels),
@@ -79,12 +82,32 @@ def with_prefix(bp: BwdPlan, v: Variant, prefix: str) -> BwdPlan:
     return dataclasses.replace(bp, base_name=new, kernels=kernels)
 
 
+def _wg_shapes(v: Variant, bp: BwdPlan) -> list[dict]:
+    """Operand lists of the m64nNk16 wgmma wrappers of the wgmma dK/dV kernel: N = the query tile
+    (S^T, dP^T), D and Dv (dK, dV) and D / 2 (a warpgroup's half of dQ); N / 2 fp32 accumulators
+    per thread, then the A and B operands, the accumulate flag and the transpose immediates."""
+    if bp.engine != BwdEngine.WGMMA:
+        return []
+    out = []
+    for n in sorted({bp.tc_block_m, v.head_dim, v.value_head_dim, v.head_dim // 2}):
+        regs = n // 2
+        out.append(dict(
+            n=n,
+            regs=regs,
+            d_list=", ".join(f"%{i}" for i in range(regs)),
+            d_operands=", ".join(f'"+f"(d[{i}])' for i in range(regs)),
+            ss_a=regs, ss_b=regs + 1, ss_flag=regs + 2, ss_ta=regs + 3, ss_tb=regs + 4,
+            rs_a_list=", ".join(f"%{regs + i}" for i in range(4)), rs_b=regs + 4, rs_flag=regs + 5,
+        ))
+    return out
+
+
 def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False,
-                     prefix: str = DEFAULT_PREFIX) -> tuple[str, BwdPlan]:
+                     prefix: str = DEFAULT_PREFIX, engine: BwdEngine | None = None) -> tuple[str, BwdPlan]:
     """The complete backward `.cu` source for one variant, and its plan. ValueError when the
-    backward kernels do not support a construct of the variant (`plan_bwd.unsupported`), or
-    `prefix` is not a C identifier."""
-    bp = with_prefix(plan(v, arch, deterministic=deterministic), v, prefix)
+    backward kernels do not support a construct of the variant (`plan_bwd.unsupported`), the
+    requested `engine` (None: the plan's default) cannot run it, or `prefix` is not a C identifier."""
+    bp = with_prefix(plan(v, arch, deterministic=deterministic, engine=engine), v, prefix)
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
     elem = ElementEmitter(consts, fast_math=False)  # libm accuracy: the gradients are fp32 sums
@@ -120,6 +143,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         **_norm_ctx(v),
         deterministic=deterministic,
         tc=bp.engine == BwdEngine.MMA,
+        wg=bp.engine == BwdEngine.WGMMA,
+        wg_shapes=_wg_shapes(v, bp),
         tc_block_m=bp.tc_block_m,
         tc_block_n=bp.tc_block_n,
         tc_rotate=bp.tc_rotate,
@@ -134,9 +159,10 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
     return src, bp
 
 
-def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, prefix: str = DEFAULT_PREFIX) -> str:
+def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, prefix: str = DEFAULT_PREFIX,
+           engine: BwdEngine | None = None) -> str:
     """The backward `.cu` source (see `render_with_plan`)."""
-    return render_with_plan(v, arch, deterministic=deterministic, prefix=prefix)[0]
+    return render_with_plan(v, arch, deterministic=deterministic, prefix=prefix, engine=engine)[0]
 
 
 __all__ = ["render", "render_with_plan", "with_prefix"]

@@ -11,10 +11,12 @@ The backward is three to five launches on one stream (see `backends/cuda/bwd/bac
     <name>_bwd_finish   dq from dQ' (through the q norm's backward, + dO for a residual); dk from
                         dK' through the k norm's backward
 
-Engines (`choose_engine`): the dK/dV kernel runs on mma.sync tensor cores (m16n8k16, fp16/bf16
-inputs, fp32 accumulators; FlashAttention-2's structure) for fp16/bf16 on sm_80 and newer at head
-dims that are multiples of 16 up to 128, and on FFMA (every product in fp32) otherwise: fp32, sm_75,
-other head dims. The pre/prep/finish kernels and the deterministic dQ kernel are FFMA in both. The
+Engines (`choose_engine`): the dK/dV kernel runs on warpgroup MMA (wgmma, sm_90a: Hopper's
+asynchronous tensor cores, operands from 128-byte swizzled shared memory; FlashAttention-3's
+"swapped" products, see `backends/cuda/bwd/_wgmma_bwd.cu.j2`) for fp16/bf16 at head dims 64 and
+128 (dense layouts), on mma.sync tensor cores (m16n8k16, fp16/bf16 inputs, fp32 accumulators;
+FlashAttention-2's structure) for fp16/bf16 on sm_80 and newer at head dims that are multiples of
+16 up to 128, and on FFMA (every product in fp32) otherwise: fp32, sm_75, other head dims. The pre/prep/finish kernels and the deterministic dQ kernel are FFMA in both. The
 forward must have saved the LSE (natural log, [B, H, Lq] fp32, -inf for rows with nothing visible).
 """
 
@@ -49,6 +51,18 @@ class BwdEngine(enum.Enum):
 
     FFMA = "ffma"  # fp32 products on the CUDA cores, every dtype and arch
     MMA = "mma"  # mma.sync m16n8k16 tensor cores, fp16/bf16 inputs, fp32 accumulators (sm_80+)
+    WGMMA = "wgmma"  # warpgroup MMA (sm_90a), fp16/bf16 inputs, fp32 accumulators, head dims 64 / 128
+
+
+# The wgmma dK/dV kernel: a CTA per 128 keys, two warpgroups of 64 keys each (the wgmma M
+# dimension), 64 query rows a step (the N of S^T and dP^T, the M of dQ).
+WG_BLOCK_M = 64
+WG_BLOCK_N = 128
+WG_THREADS = 256
+WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
+# Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
+# `plan(..., engine=BwdEngine.WGMMA)`).
+WGMMA_DEFAULT = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +106,7 @@ class BwdPlan:
         if func == "ag_bwd_pre":
             return (min(B * heads * Lq // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
         if func == "ag_bwd_dkdv":
-            bn = self.tc_block_n if self.engine == BwdEngine.MMA else self.block_n
+            bn = self.tc_block_n if self.engine != BwdEngine.FFMA else self.block_n
             return ((Lk + bn - 1) // bn, kv_heads, B)
         if func == "ag_bwd_dq":
             return ((Lq + self.block_m - 1) // self.block_m, heads, B)
@@ -162,8 +176,46 @@ def tc_block_n(v: Variant, arch: Arch) -> int | None:
     return None
 
 
-def choose_engine(v: Variant, arch: Arch) -> tuple[BwdEngine, str]:
-    """The dK/dV engine of a variant on an arch, and why (explain's wording)."""
+def wg_smem_bytes(D: int, Dv: int) -> int:
+    """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
+    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32)."""
+    return 2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * WG_BLOCK_M * D + 2 * WG_BLOCK_M * Dv + WG_BLOCK_N * WG_BLOCK_M) + 4 * 4 * WG_BLOCK_M
+
+
+def wgmma_fits(v: Variant, arch: Arch) -> str | None:
+    """None when the wgmma engine can run the variant on the arch, else why not (explain's wording)."""
+    if arch != Arch.SM90A:
+        return f"{arch.value} has no wgmma (sm_90a only)"
+    if v.dtype == DType.FP32:
+        return "fp32 inputs"
+    if v.layout == Layout.VARLEN or v.page_size is not None:
+        return "packed (varlen) or paged layouts"
+    for name, d in (("head_dim", v.head_dim), ("value head dim", v.value_head_dim)):
+        if d not in WG_DIMS:
+            return f"{name} {d}: the wgmma engine takes {' and '.join(map(str, WG_DIMS))}"
+    if wg_smem_bytes(v.head_dim, v.value_head_dim) > arch.smem_budget:
+        return f"its tiles do not fit {arch.value}'s shared memory"
+    return None
+
+
+def choose_engine(v: Variant, arch: Arch, prefer: BwdEngine | None = None) -> tuple[BwdEngine, str]:
+    """The dK/dV engine of a variant on an arch, and why (explain's wording). `prefer` asks for an
+    engine (ValueError when it cannot run the variant); None: the default (WGMMA_DEFAULT)."""
+    if prefer == BwdEngine.WGMMA:
+        why = wgmma_fits(v, arch)
+        if why is not None:
+            raise ValueError(f"variant {v.name}: the wgmma backward engine cannot run it: {why}")
+        return BwdEngine.WGMMA, "requested; fp16/bf16 on sm_90a at head dims 64 / 128"
+    if prefer is None and WGMMA_DEFAULT and wgmma_fits(v, arch) is None:
+        return BwdEngine.WGMMA, "fp16/bf16 on sm_90a at head dims 64 / 128"
+    engine, reason = _choose_engine_sm80(v, arch)
+    if prefer is not None and prefer != engine:
+        raise ValueError(f"variant {v.name}: the {prefer.value} backward engine cannot run it on {arch.value} ({engine.value}: {reason})")
+    return engine, reason
+
+
+def _choose_engine_sm80(v: Variant, arch: Arch) -> tuple[BwdEngine, str]:
+    """The mma.sync or FFMA engine of a variant, and why."""
     if v.dtype == DType.FP32:
         return BwdEngine.FFMA, "fp32 inputs: exact fp32 products"
     if not (arch.mma_k16 and arch.cp_async):
@@ -242,9 +294,10 @@ def learnable(v: Variant) -> tuple[str, ...]:
     return derivative.learnable_tensors(v.scores)
 
 
-def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) -> BwdPlan:
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, engine: BwdEngine | None = None) -> BwdPlan:
     """The backward kernels of a variant. ValueError if a construct is unsupported (see
-    `unsupported`, which locates it) or no tile fits."""
+    `unsupported`, which locates it), no tile fits, or the requested `engine` (None: the default
+    of `choose_engine`) cannot run it."""
     bad = unsupported(v)
     if bad:
         raise ValueError("; ".join(d.message for d in bad))
@@ -266,9 +319,15 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
         kernels.append(BwdKernel(f"{base}_prep", "ag_bwd_prep", PRE_THREADS, 0, rows_grid(f"({rows})"),
                                  "the pre-normalised " + " and ".join(n for n, on in (("queries (ws_q)", qn), ("keys (ws_k)", kn)) if on)
                                  + ", rounded as the forward rounds them"))
-    engine, reason = choose_engine(v, arch)
+    engine, reason = choose_engine(v, arch, engine)
     bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
-    if bn is not None:
+    if engine == BwdEngine.WGMMA:
+        bn = WG_BLOCK_N
+        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", WG_THREADS, wg_smem_bytes(v.head_dim, v.value_head_dim),
+                                 f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
+                                 "warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
+                                 "query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
+    elif bn is not None:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
                                  f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
                                  "tensor cores (mma.sync m16n8k16, fp32 accumulators): dK, dV per key tile over the visible "
@@ -284,9 +343,9 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
     kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 0, rows_grid(f"({finish_rows})"),
                              "dq from dQ'" + (" through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
                              + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"))
-    mma = engine == BwdEngine.MMA
+    tc = engine != BwdEngine.FFMA
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, kn, engine, reason,
-                   TC_BLOCK_M if mma else 0, bn or 0, mma and TC_ROTATE)
+                   (WG_BLOCK_M if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
@@ -306,7 +365,11 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
             out.append(f"  refused{where}: {d.message.removeprefix('--pass backward: ')}")
         return out
     bp = plan(v, arch)
-    if bp.engine == BwdEngine.MMA:
+    if bp.engine == BwdEngine.WGMMA:
+        out.append(f"  on {arch.value}: wgmma engine (warpgroup MMA, {v.dtype.value} inputs, fp32 accumulators; {bp.engine_reason}) "
+                   f"for {bp.base_name}_dkdv, tile {bp.tc_block_m} queries x {bp.tc_block_n} keys (two warpgroups of 64 keys); "
+                   "FFMA for the other kernels; P recomputed from the forward's LSE")
+    elif bp.engine == BwdEngine.MMA:
         out.append(f"  on {arch.value}: tensor-core engine (mma.sync m16n8k16, {v.dtype.value} inputs, fp32 accumulators; {bp.engine_reason}) "
                    f"for {bp.base_name}_dkdv, tile {bp.tc_block_m} queries x {bp.tc_block_n} keys; FFMA for the other kernels; "
                    "P recomputed from the forward's LSE")
@@ -317,7 +380,7 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
                    "P recomputed from the forward's LSE")
     for k in bp.kernels:
         out.append(f"  {k.name}: {k.threads} threads, {k.smem} bytes of shared memory; {k.doc}")
-    if bp.engine == BwdEngine.MMA:
+    if bp.engine != BwdEngine.FFMA:
         out.append(f"  --deterministic: dQ by an FFMA kernel per query tile (tile {bp.block_m} x {bp.block_n}) instead of fp32 atomics "
                    "(bitwise reproducible); dK, dV stay on tensor cores")
     else:
@@ -328,4 +391,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

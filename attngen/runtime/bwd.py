@@ -27,7 +27,7 @@ from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.runtime.kernel import load_functions
 from attngen.ir.nodes import DType, Layout, Variant
-from attngen.plan.bwd import BwdEngine, BwdPlan, learnable, norm_params, unsupported
+from attngen.plan.bwd import BwdEngine, BwdPlan, choose_engine, learnable, norm_params, unsupported
 from attngen.cuda.render_bwd import render_with_plan
 from attngen.plan.schedule import Arch
 
@@ -42,24 +42,26 @@ class BackwardKernels:
     functions: dict[str, Any]  # device function name in the template -> CuPy kernel
 
 
-_CACHE: dict[tuple[Variant, Arch, bool, int], BackwardKernels] = {}
+_CACHE: dict[tuple[Variant, Arch, bool, int, BwdEngine], BackwardKernels] = {}
 _LOCK = threading.Lock()
 
 
-def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False) -> BackwardKernels:
+def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, engine: BwdEngine | None = None) -> BackwardKernels:
     """Render, compile (through the on-disk cache) and load the backward kernels of `v`.
-    ValueError, naming the construct, when the backward kernels do not support it yet."""
+    ValueError, naming the construct, when the backward kernels do not support it yet (or the
+    requested dK/dV `engine` cannot run it; None: the plan's default)."""
     import cupy
 
     bad = unsupported(v)
     if bad:
         raise ValueError(f"variant {v.name}: " + "; ".join(d.message for d in bad))
     dev = cupy.cuda.Device().id
-    key = (v, arch, deterministic, dev)
+    engine = choose_engine(v, arch, engine)[0]  # the resolved engine keys the cache (the default may change)
+    key = (v, arch, deterministic, dev, engine)
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
-    src, bp = render_with_plan(v, arch, deterministic=deterministic)
+    src, bp = render_with_plan(v, arch, deterministic=deterministic, engine=engine)
     binary = compile_source(src, arch)
     module, by_name = load_functions(binary.cubin, {k.name: k.smem for k in bp.kernels})
     fns = {k.func: by_name[k.name] for k in bp.kernels}
@@ -108,6 +110,7 @@ def backward(
     kv_offset: int = 0,
     Lq_total: int | None = None,
     Lk_total: int | None = None,
+    engine: BwdEngine | None = None,
     **inputs: Any,
 ) -> tuple[Any, ...]:
     """(dq, dk, dv) for a compiled forward `kernel` (attngen.compile); see the module doc. With
@@ -117,7 +120,8 @@ def backward(
     `dlse` (fp32 [B, H, Lq], contiguous): a gradient at the LSE output as well, for a loss that
     reads the LSE (d LSE/d s = P, so it enters as delta - dlse). `q_offset`, `kv_offset`,
     `Lq_total`, `Lk_total` place the call in a longer sequence exactly as in the forward call
-    (`abi.Positions`); pass the same values the forward got."""
+    (`abi.Positions`); pass the same values the forward got. `engine` asks for a dK/dV engine
+    (`plan_bwd.BwdEngine`; None: the plan's default for the arch)."""
     import cupy
     import numpy as np
 
@@ -125,7 +129,7 @@ def backward(
 
     var = kernel.variant
     arch = kernel.plan.arch
-    bk = compile_backward(var, arch, deterministic=deterministic)  # refuses unsupported constructs first
+    bk = compile_backward(var, arch, deterministic=deterministic, engine=engine)  # refuses unsupported constructs first
     wrt = tuple(wrt)
     allowed = learnable(var) + norm_params(var)
     for name in wrt:
@@ -179,8 +183,8 @@ def backward(
             return a.strides[0], a.strides[1], a.strides[2]
         return a.strides[0], a.strides[2], a.strides[1]
 
-    if bk.plan.engine == BwdEngine.MMA:
-        # The tensor-core kernel copies rows of these with 16-byte cp.async.
+    if bk.plan.engine != BwdEngine.FFMA:
+        # The tensor-core kernels copy rows of these with 16-byte cp.async.
         for a, n, read in ((aq, "q", not bk.plan.q_norm), (ak, "k", not bk.plan.k_norm), (av, "v", True), (ado, "dO", True)):
             if not read:
                 continue

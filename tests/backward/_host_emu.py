@@ -140,12 +140,77 @@ inline void ag_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned 
 """
 
 
+# The warpgroup-MMA primitives of the wgmma engine (backends/cuda/bwd/_wgmma_bwd.cu.j2), emulated
+# on top of the above: a wgmma runs synchronously at issue (fences, commits and waits do nothing),
+# each thread computing its own accumulator elements (m64nN layout: warp w of the warpgroup holds
+# rows 16 w + lane / 4 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) at [4 j + e]). Shared-memory operands
+# are read through their descriptors as the hardware reads them: start address, LBO and SBO
+# decoded from the bits, K-major or MN-major per the transpose flag, and the 128-byte swizzle
+# applied to the computed address (bits 4-6 XOR bits 7-9). The register A operand is gathered
+# through the warp barrier (the mma.sync fragment layout, per warp). red.global.add.v2 is two atomics.
+WG_EMU = r"""
+inline void ag_fence_proxy_async() {}
+inline void ag_wgmma_fence() {}
+inline void ag_wgmma_commit() {}
+template <int N> inline void ag_wgmma_wait() {}
+template <class T> inline void ag_reg_fence(T&) {}
+inline void ag_red_add2(float* d, float a, float b) { atomicAdd(d, a); atomicAdd(d + 1, b); }
+inline float ag_wg_desc_elem(unsigned long long desc, int mn, int k, bool mn_major) {
+  if ((desc >> 62) != 1ull || ((desc >> 49) & 7ull) != 0ull) { std::fprintf(stderr, "wgmma descriptor: not a 128-byte swizzle at base offset 0\n"); std::abort(); }
+  const unsigned start = (unsigned)(desc & 0x3FFFull) << 4, lbo = (unsigned)((desc >> 16) & 0x3FFFull) << 4;
+  const unsigned sbo = (unsigned)((desc >> 32) & 0x3FFFull) << 4;
+  // The swizzle XORs address bits 4-6 with bits 7-9; with base offset 0 the hardware takes the
+  // operand's rows to start at a pattern row 0, which the emulation's address model assumes too.
+  if ((start >> 7) & 7u) { std::fprintf(stderr, "wgmma descriptor: start address 0x%x is not on a 1024-byte swizzle period\n", start); std::abort(); }
+  unsigned a = mn_major ? start + (unsigned)(mn / 64) * lbo + (unsigned)(k / 8) * sbo + (unsigned)(k % 8) * 128u + (unsigned)(mn % 64) * 2u
+                        : start + (unsigned)(mn / 8) * sbo + (unsigned)(mn % 8) * 128u + (unsigned)k * 2u;
+  a ^= ((a >> 7) & 7u) << 4;
+  return ag_elem(ag_ld16(a));
+}
+template <int N>
+inline void ag_wg_ss(float* d, unsigned long long da, unsigned long long db, int acc, int ta, int tb) {
+  const int w = (threadIdx.x / 32) % 4, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * w + g + 8 * (e >> 1), col = 8 * j + 2 * t + (e & 1);
+      float s = 0.f;
+      for (int k = 0; k < 16; ++k) s += ag_wg_desc_elem(da, row, k, ta) * ag_wg_desc_elem(db, col, k, tb);
+      d[4 * j + e] = (acc ? d[4 * j + e] : 0.f) + s;
+    }
+}
+template <int N>
+inline void ag_wg_rs(float* d, const unsigned (&a)[4], unsigned long long db, int acc) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
+  ag_warp_bar[w]->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) ag_xa[w][l][i] = a[i];
+  ag_warp_bar[w]->arrive_and_wait();
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e >> 1), col = 8 * j + 2 * t + (e & 1);
+      float s = 0.f;
+      for (int k = 0; k < 16; ++k) {
+        const unsigned ar = ag_xa[w][(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)];
+        s += ag_elem(ar >> (16 * (k % 2))) * ag_wg_desc_elem(db, col, k, true);
+      }
+      d[4 * j + e] = (acc ? d[4 * j + e] : 0.f) + s;
+    }
+}
+#define AG_WG_SHAPE(N) \
+  template <int TA, int TB> inline void ag_wgmma_ss_n##N(float (&d)[N / 2], unsigned long long da, unsigned long long db, int acc) { ag_wg_ss<N>(d, da, db, acc, TA, TB); } \
+  inline void ag_wgmma_rs_n##N(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long db, int acc) { ag_wg_rs<N>(d, a, db, acc); }
+AG_WG_SHAPE(32)
+AG_WG_SHAPE(64)
+AG_WG_SHAPE(128)
+"""
+
+
 def _emulate_tc(body: str) -> str:
     """The source with its tensor-core primitive block (if any) replaced by the emulation."""
     if TC_BEGIN not in body:
         return body
     head, rest = body.split(TC_BEGIN, 1)
-    return head + TC_EMU + rest.split(TC_END, 1)[1]
+    block, tail = rest.split(TC_END, 1)
+    return head + TC_EMU + (WG_EMU if "wgmma" in block else "") + tail
 
 
 def available() -> str | None:
@@ -159,7 +224,7 @@ def available() -> str | None:
 
 def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wanted: tuple[str, ...]) -> str:
     lines = [f"namespace {ns} {{ float smem[{max(k.smem for k in bp.kernels) // 4 + 1}]; "
-             f"alignas(16) unsigned char ag_smem[{max(k.smem for k in bp.kernels) + 16}]; }}",
+             f"alignas(1024) unsigned char ag_smem[{max(k.smem for k in bp.kernels) + 16}]; }}",
              "static std::vector<std::vector<char>> blobs;",
              "int main(int argc, char** argv) {",
              "  FILE* f = std::fopen(argv[1], \"rb\");",

@@ -27,6 +27,15 @@ SPECS = {
 SHAPES = [(2, 333, 333), (1, 1000, 517), (1, 1, 1), (3, 64, 64), (1, 257, 129), (1, 128, 1024)]
 
 
+@pytest.fixture(autouse=True)
+def _mma_engine(monkeypatch):
+    # These tests are the mma.sync engine's: on sm_90a, where the wgmma engine is the default at
+    # head dims 64 / 128 (tests/gpu/test_gpu_backward_wgmma.py), keep the plans on mma.sync.
+    from attngen.plan import bwd as plan_bwd
+
+    monkeypatch.setattr(plan_bwd, "WGMMA_DEFAULT", False)
+
+
 def _variant(name: str):
     return variant_of(f"attention {name} {{ {SPECS[name]} }}")
 

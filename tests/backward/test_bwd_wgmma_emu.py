@@ -1,0 +1,157 @@
+"""The wgmma (sm_90a) dK/dV engine, run on the CPU under the host emulation (tests/backward/
+_host_emu.py: wgmma with its shared-memory descriptors and 128-byte swizzle, the register A
+operand, red.global.add.v2) against the float64 reference backward: causal, window and
+score-modified masks with partial and skipped tiles, GQA sums, odd lengths, Lq != Lk, head dims 64
+and 128 (and Dv != D), score-input and pre-norm gradients, the deterministic dQ kernel beside it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import shutil
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
+import _host_emu  # noqa: E402
+import _irb as T  # noqa: E402
+
+from attngen.check import reference, workload  # noqa: E402
+from attngen.cuda import compile as compile_cuda, render_bwd  # noqa: E402
+from attngen.ir.nodes import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget, SizeSym  # noqa: E402
+from attngen.plan import bwd as plan_bwd  # noqa: E402
+from attngen.plan.bwd import BwdEngine  # noqa: E402
+from attngen.plan.schedule import Arch  # noqa: E402
+
+emu = pytest.mark.skipif(_host_emu.available() is not None, reason=f"no host emulation: {_host_emu.available()}")
+
+TOL = {DType.FP16: 8e-3, DType.BF16: 3e-2}
+
+
+def _run(v, B, Lq, Lk, seed=0, deterministic=False, wrt=(), edit=None):
+    rng = np.random.default_rng(seed)
+    arrays = workload.make_inputs(v, B, Lq, Lk, rng)
+    if edit:
+        edit(arrays, rng)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    dO = rng.normal(size=o.shape).astype(o.dtype)
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM90A, deterministic=deterministic)
+    assert bp.engine == BwdEngine.WGMMA, bp.engine_reason
+    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        scale = float(np.abs(want[n]).max())
+        assert scale > 0
+        err = float(np.abs(got[n] - want[n]).max())
+        assert err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+        assert np.all(np.isfinite(got[n]))
+    return got, want, bp
+
+
+def test_engine_choice_plan_and_explain(monkeypatch):
+    bf = T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16)
+    h64 = T.variant(T.causal(), (), D=64, heads=2, dtype=DType.FP16)
+    assert plan_bwd.choose_engine(bf, Arch.SM90A)[0] == BwdEngine.WGMMA
+    assert plan_bwd.choose_engine(h64, Arch.SM90A)[0] == BwdEngine.WGMMA
+    # Elsewhere the mma.sync / FFMA choices stand: other archs, other head dims, fp32, Dv != 64 / 128.
+    assert plan_bwd.choose_engine(bf, Arch.SM80)[0] == BwdEngine.MMA
+    assert plan_bwd.choose_engine(bf, Arch.SM90)[0] == BwdEngine.MMA
+    assert plan_bwd.choose_engine(T.variant(T.causal(), (), D=32, heads=2, dtype=DType.BF16), Arch.SM90A)[0] == BwdEngine.MMA
+    assert plan_bwd.choose_engine(T.variant(T.causal(), (), D=128, Dv=96, heads=2, dtype=DType.BF16), Arch.SM90A)[0] == BwdEngine.MMA
+    assert plan_bwd.choose_engine(T.variant(T.causal(), (), D=128, heads=2), Arch.SM90A)[0] == BwdEngine.FFMA
+    assert "value head dim 96" in plan_bwd.wgmma_fits(T.variant(T.causal(), (), D=128, Dv=96, heads=2, dtype=DType.BF16), Arch.SM90A)
+    assert "varlen" in plan_bwd.wgmma_fits(T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16, layout=Layout.VARLEN), Arch.SM90A)
+    # Asking: the mma.sync engine on sm_90a is available; wgmma where it cannot run is refused, said why.
+    assert plan_bwd.plan(bf, Arch.SM90A, engine=BwdEngine.MMA).engine == BwdEngine.MMA
+    with pytest.raises(ValueError, match="wgmma backward engine cannot run it: sm_80 has no wgmma"):
+        plan_bwd.plan(bf, Arch.SM80, engine=BwdEngine.WGMMA)
+    with pytest.raises(ValueError, match="the mma backward engine cannot run it on sm_90a"):
+        plan_bwd.plan(T.variant(T.causal(), (), D=128, heads=2), Arch.SM90A, engine=BwdEngine.MMA)
+    bp = plan_bwd.plan(bf, Arch.SM90A)
+    k = bp.kernel("ag_bwd_dkdv")
+    assert (bp.tc_block_m, bp.tc_block_n, k.threads) == (64, 128, 256)
+    assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 and k.smem <= Arch.SM90A.smem_budget
+    assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
+    text = "\n".join(plan_bwd.describe(bf, Arch.SM90A))
+    assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
+    src = render_bwd.render(bf, Arch.SM90A)
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src and "ag_wg_step<false>" in src
+    assert "red.global.add.v2.f32" in src and "mma.sync" not in src
+    det = render_bwd.render(bf, Arch.SM90A, deterministic=True)
+    assert "ag_bwd_dq(p)" in det and "ag_red_add2(row" not in det
+    # The sm_80 rendering and the forward are untouched by the engine.
+    assert "wgmma" not in render_bwd.render(bf, Arch.SM80)
+    monkeypatch.setattr(plan_bwd, "WGMMA_DEFAULT", False)  # opt-in mode
+    assert plan_bwd.plan(bf, Arch.SM90A).engine == BwdEngine.MMA
+    assert plan_bwd.plan(bf, Arch.SM90A, engine=BwdEngine.WGMMA).engine == BwdEngine.WGMMA
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_nvcc_sm90a_without_spills():
+    # The plain variants the benchmarks time must not spill (D128: 255 registers a thread, both dQ
+    # modes); score mods and Dv != D compile too.
+    plain = [T.variant(T.causal(), (), D=d, heads=4, kv_heads=2, dtype=DType.BF16, name=f"p{d}") for d in (64, 128)]
+    others = [T.variant(T.window(100, 0), (T.softcap(30.0),), D=128, Dv=64, heads=2, dtype=DType.FP16, name="w")]
+    for det in (False, True):
+        for v in plain + others:
+            res = {r.kernel: r for r in compile_cuda.resources(render_bwd.render(v, Arch.SM90A, deterministic=det), Arch.SM90A)}
+            r = next(r for name, r in res.items() if name.endswith("_bwd_dkdv"))
+            assert r.registers <= 255
+            if v in plain:
+                assert r.spill_stores == 0 and r.spill_loads == 0, f"{v.name} det={det}: {r}"
+            else:
+                assert r.spill_stores <= 64, f"{v.name} det={det}: {r}"
+
+
+@emu
+def test_bf16_causal_softcap_gqa_odd_lengths_d64():
+    # 2 key tiles (128 + 22 keys), 3 query tiles of 64 (the last partial), two heads a kv head;
+    # the causal classification skips tiles, the diagonal ones take the per-element mask.
+    v = T.variant(T.causal(), (T.softcap(5.0),), D=64, heads=4, kv_heads=2, dtype=DType.BF16)
+    _run(v, 1, 150, 150, seed=1)
+
+
+@emu
+def test_fp16_window_alibi_cross_bshd_d128():
+    v = T.variant(T.window(50, 7), (T.alibi(heads=2),), D=128, heads=2, kv_heads=1, dtype=DType.FP16,
+                  kind=AttnKind.CROSS, layout=Layout.BSHD, scale=0.1)
+    _run(v, 1, 70, 140, seed=2)
+
+
+@emu
+def test_fp16_dense_dv_differs_two_batches():
+    v = T.variant(scores=(), D=128, Dv=64, heads=2, kv_heads=2, dtype=DType.FP16, kind=AttnKind.CROSS)
+    _run(v, 2, 65, 129, seed=3)
+
+
+@emu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_score_input_gradients_padding_fully_masked_rows(deterministic):
+    v = T.variant(T.padding(), (T.bias("bb", 3), T.rel_bias("rt", 6)), D=64, heads=2, dtype=DType.BF16, kind=AttnKind.CROSS,
+                  inputs=(T.decl("bb", DType.FP32, SizeSym.H, SizeSym.LQ, SizeSym.LK), T.decl("rt", DType.FP32, SizeSym.H, 13)))
+
+    def edit(a, rng):
+        a["q_lens"] = np.array([0, 70], dtype=np.int32)  # batch 0: every query row fully masked
+        a["kv_lens"] = np.array([100, 131], dtype=np.int32)
+
+    got, _, _ = _run(v, 2, 100, 131, seed=4, deterministic=deterministic, wrt=("bb", "rt"), edit=edit)
+    assert not np.any(got["dq"][0]) and not np.any(got["dk"][0]) and not np.any(got["dv"][0])
+
+
+@emu
+def test_qk_norms_residual():
+    v = T.variant(T.causal(), (), D=64, heads=2, kv_heads=1, dtype=DType.BF16, residual=True,
+                  norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.HEAD, 1e-5), Norm(NormTarget.K, NormKind.RMSNORM, NormScope.HEAD, 1e-6)))
+    # (A k layernorm's bias has a gradient of exactly 0 in exact arithmetic -- it shifts each query
+    # row's scores by a constant -- so its rounding noise has no scale to compare with.)
+
+    def edit(a, rng):
+        for n in plan_bwd.norm_params(v):
+            a[n] = (1 + 0.3 * rng.normal(size=a[n].shape)).astype(np.float32)
+
+    _run(v, 1, 80, 80, seed=5, wrt=plan_bwd.norm_params(v), edit=edit)
