@@ -52,7 +52,6 @@ from attngen.plan.schedule import (
     variant_smem_layout,
     variant_tile,
     wgmma_regs,
-    wide_head_dims,
 )
 
 
@@ -428,8 +427,7 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX) -> OpPlan:
         tile=tile,
         smem=variant_smem_layout(v, tile, arch),
         min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
-        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores), v.layout == Layout.VARLEN,
-                        wide_head_dims(v.head_dim, v.value_head_dim) and v.value_head_dim <= 128) if eng == Engine.WGMMA else None,
+        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores), v.layout == Layout.VARLEN) if eng == Engine.WGMMA else None,
     )
     if v.layout == Layout.VARLEN:
         attention = dataclasses.replace(attention, varlen=True)
@@ -598,7 +596,8 @@ def _kv_bounds_ctx(v: Variant, elem: ElementEmitter, engine: Engine) -> dict:
     """C++ for the mask's key upper bound at a global query position `q` ('' where the mask states
     none, or off the wgmma engine, whose producer alone walks key tiles downwards)."""
     code = ""
-    for e in (kv_upper_bounds(v.mask) if engine == Engine.WGMMA else ()):
+    walks = engine == Engine.WGMMA and max(v.head_dim, v.value_head_dim) <= 128  # wide rows keep the stateless scan
+    for e in (kv_upper_bounds(v.mask) if walks else ()):
         c = elem.emit(e)
         code = c if not code else f"min({code}, {c})"
     return dict(kv_hi_code=code)

@@ -166,8 +166,7 @@ def wgmma_head_dims(head_dim: int, value_head_dim: int) -> bool:
     return (head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS) or wide_head_dims(head_dim, value_head_dim)
 
 
-def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = False, varlen: bool = False,
-               wide: bool = False) -> tuple[int, int]:
+def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = False, varlen: bool = False) -> tuple[int, int]:
     """setmaxnreg split of the registers of one CTA an SM (launched with 168 a thread: 64512)
     between producer and consumer threads. The producer classifies every key tile (interval
     arithmetic of the mask, and the tensor reads of a data mask) besides copying; the consumers'
@@ -180,13 +179,12 @@ def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = 
     registers instead of reading kernel parameters at each use: it spills 12 bytes at 40 to 72
     producer registers (causal, D 128; even with the copy's fields unchanged), none at 128 x 80 +
     256 x 208. Since the producer keeps a walk state over windows of 32 key tiles (ag_tile_walk),
-    varlen and `wide` (head dims 192 with value 128: 12 bytes of spills at 40 and at 56, none at 80)
-    take 128 x 88 + 256 x 208, the whole register file; 256 / 256 keeps 40 / 232 (its consumers
-    spill at 208). Index-only masks with score mods take 128 x 48 + 256 x 224 (gemma2_local, a
-    window and softcap, spills 4 bytes at 40 / 232 and 8 at 56 / 224, none at 48 / 224)."""
+    varlen takes 128 x 88 + 256 x 208 (the whole register file; 12 bytes of spills at 80), and
+    index-only masks with score mods 128 x 48 + 256 x 224 (gemma2_local, a window and softcap,
+    spills 4 bytes at 40 / 232 and 8 at 56 / 224, none at 48 / 224)."""
     if tile.warps != 8:
         return (32, 160)
-    if varlen or wide:
+    if varlen:
         return (88, 208)
     if mask_lookups:
         return (56, 224) if score_mods else (64, 216)
