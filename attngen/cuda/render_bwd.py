@@ -14,7 +14,7 @@ from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan.bwd import PRE_THREADS, THREADS, BwdEngine, BwdPlan, plan
-from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, kernel_name
+from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
 
@@ -26,6 +26,10 @@ def _header(v: Variant, bp: BwdPlan) -> str:
         "",
         f"Variant {v.name}, backward: dtype {v.dtype.value}, D={v.head_dim}, Dv={v.value_head_dim}, H={v.heads}, "
         f"Hkv={v.kv_heads}, layout {v.layout.value}, scale {v.effective_scale!r}",
+        *([f"Varlen (packed) batch: B sequences; sequence b owns q/o rows {v.cu_seqlens_names[0]}[b] .. {v.cu_seqlens_names[0]}[b+1] - 1 "
+           f"and k/v rows {v.cu_seqlens_names[1]}[b] .. {v.cu_seqlens_names[1]}[b+1] - 1",
+           "(positions from 0 in each); Lq = total_q, Lk = total_k, the LSE [H, total_q]. The tile kernels run tile slots",
+           "(total / tile + B along x) and find their sequence by a binary search over the cu_seqlens."] if bp.varlen else []),
         "Gradients of sum(dO * O): dq, dk, dv in the shapes (and layouts) of q, k, v. The forward's LSE is",
         *(["read, P recomputed from it; every product and accumulation in fp32 (FFMA engine)."] if bp.engine == BwdEngine.FFMA else
           ["read, P recomputed from it. dK/dV (and the atomic dQ) on tensor cores: mma.sync m16n8k16,",
@@ -118,6 +122,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         param_grads=_param_grads(v, elem),
         residual=v.residual,
         **_norm_ctx(v),
+        **_varlen_ctx(v),
+        row_batches="1LL" if bp.varlen else "(long long)p.B",
         deterministic=deterministic,
         tc=bp.engine == BwdEngine.MMA,
         tc_block_m=bp.tc_block_m,

@@ -79,6 +79,10 @@ class BwdPlan:
     tc_block_m: int = 0  # the tensor-core dK/dV kernel's tile (0 on FFMA)
     tc_block_n: int = 0
     tc_rotate: bool = False  # the tensor-core kernel's rotated walk (TC_ROTATE)
+    # `layout varlen`: B packed sequences of Lq = total_q (Lk = total_k) rows. The per-row kernels
+    # run the packed rows as one sequence; the tile kernels run tile slots of the sequences
+    # (total / tile + B of them along x, the forward's rule) and find theirs by a binary search.
+    varlen: bool = False
 
     @property
     def launcher(self) -> str:
@@ -88,19 +92,21 @@ class BwdPlan:
         return next(k for k in self.kernels if k.func == func)
 
     def grid(self, func: str, B: int, Lq: int, Lk: int, heads: int, kv_heads: int, head_dim: int) -> tuple[int, int, int]:
-        """The launch grid of one kernel (the launcher's formula, in Python)."""
+        """The launch grid of one kernel (the launcher's formula, in Python). Varlen: B sequences,
+        Lq and Lk the packed totals."""
+        nb = 1 if self.varlen else B  # the per-row kernels' batch: the packed rows are one sequence
         if func == "ag_bwd_pre":
-            return (min(B * heads * Lq // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
+            return (min(nb * heads * Lq // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
         if func == "ag_bwd_dkdv":
             bn = self.tc_block_n if self.engine == BwdEngine.MMA else self.block_n
-            return ((Lk + bn - 1) // bn, kv_heads, B)
+            return (Lk // bn + B, kv_heads, 1) if self.varlen else ((Lk + bn - 1) // bn, kv_heads, B)
         if func == "ag_bwd_dq":
-            return ((Lq + self.block_m - 1) // self.block_m, heads, B)
+            return (Lq // self.block_m + B, heads, 1) if self.varlen else ((Lq + self.block_m - 1) // self.block_m, heads, B)
         if func == "ag_bwd_prep":
-            rows = (B * heads * Lq if self.q_norm else 0) + (B * kv_heads * Lk if self.k_norm else 0)
+            rows = (nb * heads * Lq if self.q_norm else 0) + (nb * kv_heads * Lk if self.k_norm else 0)
             return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
         # ag_bwd_finish: a warp a row of dq (and of dk with a k norm)
-        rows = B * heads * Lq + (B * kv_heads * Lk if self.k_norm else 0)
+        rows = nb * heads * Lq + (nb * kv_heads * Lk if self.k_norm else 0)
         return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
 
 
@@ -121,9 +127,6 @@ def unsupported(v: Variant) -> list[Diagnostic]:
     if v.page_size is not None:
         out.append(Diagnostic("--pass backward: `kv_cache paged` is inference state; the backward takes contiguous K/V",
                               v.span, "compile the same variant without `kv_cache paged` for training"))
-    if v.layout == Layout.VARLEN:
-        out.append(Diagnostic("--pass backward: `layout varlen` is not supported by the backward kernels yet",
-                              v.span, "the forward (with `output lse`) runs packed batches; for the backward use `layout bshd` (padded) for now"))
     return out
 
 
@@ -184,7 +187,7 @@ def _fields(v: Variant) -> tuple[Field, ...]:
         Field(e, "v", "values"),
         Field(e, "o", "the forward's output"),
         Field(e, "dO", "gradient at the output (o's shape)"),
-        Field("const float* __restrict__", "lse", "the forward's log-sum-exp [B, H, Lq], contiguous, natural log"),
+        Field("const float* __restrict__", "lse", "the forward's log-sum-exp " + ("[H, total_q]" if v.layout == Layout.VARLEN else "[B, H, Lq]") + ", contiguous, natural log"),
         Field(w, "dq", "gradient of q (q's shape)"),
         Field(w, "dk", "gradient of k (k's shape)"),
         Field(w, "dv", "gradient of v (v's shape)"),
@@ -205,6 +208,8 @@ def _fields(v: Variant) -> tuple[Field, ...]:
         Field("int", "kv_offset", "global position of key row 0 (0)"),
         Field("int", "Lq_total", "global query length the mask sees (Lq)"),
         Field("int", "Lk_total", "global key length the mask sees (Lk)"),
+        *([Field("int", "total_q", "varlen: the packed query rows (= Lq; the LSE is [H, total_q])"),
+           Field("int", "total_k", "varlen: the packed key rows (= Lk)")] if v.layout == Layout.VARLEN else []),
     ]
     for t in ("q", "k", "v", "o", "dO", "dq", "dk", "dv"):
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
@@ -255,8 +260,14 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
     def rows_grid(rows: str) -> str:
         return f"(unsigned)({rows} / {PRE_THREADS // 32} + 1 < {PRE_MAX_BLOCKS} ? {rows} / {PRE_THREADS // 32} + 1 : {PRE_MAX_BLOCKS})"
 
-    q_rows = f"(long long)p.B * {v.heads} * p.Lq"
-    k_rows = f"(long long)p.B * {v.kv_heads} * p.Lk"
+    varlen = v.layout == Layout.VARLEN
+    nb = "1LL" if varlen else "(long long)p.B"  # varlen: the per-row kernels run the packed rows as one sequence
+    q_rows = f"{nb} * {v.heads} * p.Lq"
+    k_rows = f"{nb} * {v.kv_heads} * p.Lk"
+
+    def tiles(L: str, t: int, heads: int) -> str:
+        return f"{L} / {t} + p.B, {heads}, 1" if varlen else f"({L} + {t - 1}) / {t}, {heads}, p.B"
+
     kernels = [
         BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 0, rows_grid(q_rows),
                   "delta = rowsum(dO * O') per query row" + ("" if deterministic else "; zero the dQ accumulator")),
@@ -270,23 +281,23 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
     bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
     if bn is not None:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
-                                 f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
+                                 tiles("p.Lk", bn, v.kv_heads),
                                  "tensor cores (mma.sync m16n8k16, fp32 accumulators): dK, dV per key tile over the visible "
                                  "query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
     else:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, False),
-                                 f"(p.Lk + {t - 1}) / {t}, {v.kv_heads}, p.B",
+                                 tiles("p.Lk", t, v.kv_heads),
                                  "dK, dV per key tile over the visible query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
     if deterministic:
         kernels.append(BwdKernel(f"{base}_dq", "ag_bwd_dq", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True),
-                                 f"(p.Lq + {t - 1}) / {t}, {v.heads}, p.B", "dQ' per query tile over the visible key tiles, no atomics"))
+                                 tiles("p.Lq", t, v.heads), "dQ' per query tile over the visible key tiles, no atomics"))
     finish_rows = q_rows + (f" + {k_rows}" if kn else "")
     kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 0, rows_grid(f"({finish_rows})"),
                              "dq from dQ'" + (" through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
                              + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"))
     mma = engine == BwdEngine.MMA
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, kn, engine, reason,
-                   TC_BLOCK_M if mma else 0, bn or 0, mma and TC_ROTATE)
+                   TC_BLOCK_M if mma else 0, bn or 0, mma and TC_ROTATE, varlen)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:

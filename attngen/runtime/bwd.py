@@ -160,19 +160,23 @@ def backward(
     runtime._check_dtype(ao, var.dtype, "o")
     if ao.shape != o_shape:
         raise ValueError(f"o: expected shape {o_shape}, got {ao.shape}")
-    if al.dtype != "float32" or al.shape != (B, var.heads, Lq) or al.strides != (var.heads * Lq, Lq, 1):
-        raise ValueError(f"lse: expected a contiguous float32 array of shape {(B, var.heads, Lq)}, got {al.dtype} {al.shape} strides {al.strides}")
+    lse_shape = tuple(abi.lse_shape(var, B, Lq))  # [B, H, Lq]; varlen [H, total_q]
+    lse_strides = tuple(int(x) for x in reversed(np.cumprod((1, *reversed(lse_shape[1:])))))
+    if al.dtype != "float32" or al.shape != lse_shape or al.strides != lse_strides:
+        raise ValueError(f"lse: expected a contiguous float32 array of shape {lse_shape}, got {al.dtype} {al.shape} strides {al.strides}")
     adl = None
     if dlse is not None:
         adl = runtime._view(dlse, "dlse")
-        if adl.dtype != "float32" or adl.shape != (B, var.heads, Lq) or adl.strides != (var.heads * Lq, Lq, 1):
-            raise ValueError(f"dlse: expected a contiguous float32 array of shape {(B, var.heads, Lq)}, got {adl.dtype} {adl.shape} strides {adl.strides}")
+        if adl.dtype != "float32" or adl.shape != lse_shape or adl.strides != lse_strides:
+            raise ValueError(f"dlse: expected a contiguous float32 array of shape {lse_shape}, got {adl.dtype} {adl.shape} strides {adl.strides}")
         if adl.is_torch != aq.is_torch or adl.device != dev:
             raise ValueError(f"dlse: expected a {'torch tensor' if aq.is_torch else 'CuPy array'} on cuda:{dev} like q")
 
     def strides3(a, name: str) -> tuple[int, int, int]:
         if a.strides[-1] != 1:
             raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got strides {a.strides}")
+        if var.layout == Layout.VARLEN:  # packed [total, heads, D]: no batch stride (the kernels move to each sequence's rows)
+            return 0, a.strides[1], a.strides[0]
         if len(a.shape) != 4:
             raise ValueError(f"{name}: expected a 4-dimensional array, got shape {a.shape}")
         if var.layout == Layout.BHSD:
@@ -203,6 +207,8 @@ def backward(
     agq, agk, agv = (runtime._view(g, n) for g, n in zip(grads, ("dq", "dk", "dv")))
     bp = bk.plan
     elem = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[var.dtype]
+    # Rows of the per-row workspaces: B * H * Lq; varlen H * total_q (the packed rows, [H, total_q] like the LSE).
+    nb = 1 if bp.varlen else B
     # Workspaces in the launch stream's order (they grow with B*L, never Lq*Lk), from the caller's
     # library: torch's caching allocator is CUDA-graph aware, so a captured backward allocates
     # from the graph's pool instead of calling cudaMalloc inside the capture.
@@ -215,18 +221,18 @@ def backward(
                 dt = torch.float32 if fp32 else {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}[var.dtype]
                 return torch.empty(n, dtype=dt, device=tdev)
 
-            delta = alloc(B * var.heads * Lq, True)
-            ws_dq = alloc(B * var.heads * Lq * var.head_dim, True)
-            ws = {"ws_q": alloc(B * var.heads * Lq * var.head_dim, False) if bp.q_norm else None,
-                  "ws_k": alloc(B * var.kv_heads * Lk * var.head_dim, False) if bp.k_norm else None,
-                  "ws_dk": alloc(B * var.kv_heads * Lk * var.head_dim, True) if bp.k_norm else None}
+            delta = alloc(nb * var.heads * Lq, True)
+            ws_dq = alloc(nb * var.heads * Lq * var.head_dim, True)
+            ws = {"ws_q": alloc(nb * var.heads * Lq * var.head_dim, False) if bp.q_norm else None,
+                  "ws_k": alloc(nb * var.kv_heads * Lk * var.head_dim, False) if bp.k_norm else None,
+                  "ws_dk": alloc(nb * var.kv_heads * Lk * var.head_dim, True) if bp.k_norm else None}
     else:
         with stream:
-            delta = cupy.empty(B * var.heads * Lq, dtype=cupy.float32)
-            ws_dq = cupy.empty(B * var.heads * Lq * var.head_dim, dtype=cupy.float32)
-            ws = {"ws_q": cupy.empty(B * var.heads * Lq * var.head_dim, dtype=elem) if bp.q_norm else None,
-                  "ws_k": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=elem) if bp.k_norm else None,
-                  "ws_dk": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=cupy.float32) if bp.k_norm else None}
+            delta = cupy.empty(nb * var.heads * Lq, dtype=cupy.float32)
+            ws_dq = cupy.empty(nb * var.heads * Lq * var.head_dim, dtype=cupy.float32)
+            ws = {"ws_q": cupy.empty(nb * var.heads * Lq * var.head_dim, dtype=elem) if bp.q_norm else None,
+                  "ws_k": cupy.empty(nb * var.kv_heads * Lk * var.head_dim, dtype=elem) if bp.k_norm else None,
+                  "ws_dk": cupy.empty(nb * var.kv_heads * Lk * var.head_dim, dtype=cupy.float32) if bp.k_norm else None}
 
     def ptr(a: Any) -> np.uint64:
         return np.uint64(a.data_ptr() if aq.is_torch else a.data.ptr)
@@ -236,6 +242,8 @@ def backward(
     args += [ptr(ws[f.name]) for f in bp.fields if f.name in ws]
     args += [np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(pos.q_offset), np.int32(pos.kv_offset),
              np.int32(pos.Lq_total), np.int32(pos.Lk_total)]
+    if bp.varlen:
+        args += [np.int32(Lq), np.int32(Lk)]  # total_q, total_k
     for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ao, "o"), (ado, "dO"), (agq, "dq"), (agk, "dk"), (agv, "dv")):
         args += [np.int64(s) for s in strides3(a, n)]
     for d in var.runtime_inputs():

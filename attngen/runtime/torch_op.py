@@ -277,12 +277,17 @@ class AttnOp:
         if var.residual:
             oa = oa - q.to(torch.float32)
         d = (do.to(torch.float32) * oa).sum(-1)
-        if var.layout != Layout.BHSD:
+        if var.layout == Layout.VARLEN:
+            d = d.transpose(0, 1)  # [H, total_q], as the LSE
+        elif var.layout != Layout.BHSD:
             d = d.transpose(1, 2)  # [B, H, Lq], as the LSE
-        p = torch.exp(sink.to(torch.float32).view(1, -1, 1) - lse)
+        heads_dim = 0 if var.layout == Layout.VARLEN else 1
+        shape = [1] * lse.dim()
+        shape[heads_dim] = -1
+        p = torch.exp(sink.to(torch.float32).view(shape) - lse)
         p = torch.where(torch.isfinite(lse), p, torch.zeros_like(p))  # (a row the forward left at -inf)
         g = -d if dlse is None else dlse - d
-        return (p * g).sum(dim=(0, 2))
+        return (p * g).sum(dim=tuple(i for i in range(lse.dim()) if i != heads_dim))
 
     # ------------------------------------------------------------------------------------------
     # attngen::<name>_bwd

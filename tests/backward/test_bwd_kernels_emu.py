@@ -142,3 +142,60 @@ def test_head_scope_qk_norms_with_weight_gradients(qkind, kkind, deterministic):
         scale = float(np.abs(want[n]).max())
         err = float(np.abs(got[n] - want[n]).max())
         assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+
+
+# ---- layout varlen: packed [total, H, D] rows split by cu_seqlens; each sequence on its own.
+
+def _run_varlen(v, seq_q, seq_k=None, seed=0, deterministic=False, wrt_norms=False):
+    from attngen.plan import bwd as plan_bwd
+
+    rng = np.random.default_rng(seed)
+    seq_k = seq_q if seq_k is None else seq_k
+    arrays = workload.make_inputs(v, len(seq_q), sum(seq_q), sum(seq_k), rng)
+    cu_q, cu_k = v.cu_seqlens_names
+    arrays[cu_q] = workload.cu_seqlens_of(seq_q)
+    arrays[cu_k] = workload.cu_seqlens_of(seq_k)
+    wrt = plan_bwd.norm_params(v) if wrt_norms else ()
+    for n in wrt:
+        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    assert lse.shape == (v.heads, sum(seq_q))
+    dO = rng.normal(size=o.shape).astype(o.dtype)
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
+    assert bp.varlen
+    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        assert np.all(np.isfinite(got[n])), f"{n}: not every element written"
+        scale = max(1e-6, float(np.abs(want[n]).max()))
+        err = float(np.abs(got[n] - want[n]).max())
+        assert err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+    return got, want, bp
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen_fp32_causal_gqa_empty_and_one_row_sequences(deterministic):
+    # FFMA engine: odd lengths, an empty sequence, a one-row one, several tiles in the longest.
+    v = T.variant(T.causal(), (T.softcap(4.0),), D=16, heads=4, kv_heads=2, layout=Layout.VARLEN, scale=0.4)
+    got, want, bp = _run_varlen(v, [37, 0, 1, 70, 5], seed=20, deterministic=deterministic)
+    assert bp.engine.value == "ffma" and bp.block_n < 70
+    # Each sequence on its own: the gradient of a one-row sequence's only key is that row's alone.
+    assert np.any(got["dv"][37]) and np.any(got["dq"][38:108])
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen_bf16_tensor_cores_window_gqa(deterministic):
+    v = T.variant(T.window(24, 2), (), D=16, heads=4, kv_heads=1, dtype=DType.BF16, layout=Layout.VARLEN)
+    got, want, bp = _run_varlen(v, [1, 90, 0, 33, 130], seed=21, deterministic=deterministic)
+    assert bp.engine.value == "mma" and bp.tc_block_n < 130  # several key tiles of one sequence
+
+
+def test_varlen_cross_keyless_and_queryless_sequences_with_norms_and_residual():
+    # kind cross: q and k split differently; sequence 1 has queries but no keys (its rows see
+    # nothing: dq is the residual's dO alone), sequence 2 keys but no queries (dk = dv = 0).
+    v = T.variant(T.TRUE, (), D=16, heads=2, kv_heads=2, dtype=DType.FP16, layout=Layout.VARLEN, kind=AttnKind.CROSS,
+                  residual=True, norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.HEAD, 1e-5),
+                                        Norm(NormTarget.K, NormKind.RMSNORM, NormScope.HEAD, 1e-6)))
+    got, want, _ = _run_varlen(v, [20, 7, 0, 41], [33, 0, 9, 70], seed=22, wrt_norms=True)
+    assert not np.any(got["dk"][33:42]) and not np.any(got["dv"][33:42])
