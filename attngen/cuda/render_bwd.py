@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from attngen import __version__
 from attngen.analysis import derivative
-from attngen.ir.nodes import DType, NormKind, NormTarget, SizeSym, Variant
+from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan.bwd import PRE_THREADS, THREADS, BwdEngine, BwdPlan, plan
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
@@ -49,15 +49,17 @@ def _header(v: Variant, bp: BwdPlan) -> str:
 
 
 def _norm_ctx(v: Variant) -> dict:
-    """Flags and constants of the q/k pre-norms (head scope; the plan refuses the others)."""
+    """Flags and constants of the q/k pre-norms (head scope; q also token scope) and the o post-norm."""
     ctx: dict = {}
-    for t in (NormTarget.Q, NormTarget.K):
+    for t in (NormTarget.Q, NormTarget.K, NormTarget.O):
         n = v.norm(t)
         key = t.value
         ctx[f"{key}_norm"] = n is not None
         ctx[f"{key}_norm_layernorm"] = n is not None and n.kind == NormKind.LAYERNORM
         ctx[f"{key}_norm_affine"] = n is not None and n.affine
         ctx[f"{key}_norm_eps"] = float_literal(n.eps) if n is not None else "0.0f"
+    qn = v.norm(NormTarget.Q)
+    ctx["q_norm_token"] = qn is not None and qn.scope == NormScope.TOKEN
     return ctx
 
 

@@ -72,7 +72,9 @@ class BwdPlan:
     deterministic: bool
     arch: Arch
     kernels: tuple[BwdKernel, ...]
-    q_norm: bool = False  # head-scope q pre-norm: Q' in ws_q, a norm backward for dq
+    q_norm: bool = False  # q pre-norm: Q' in ws_q, a norm backward for dq
+    q_norm_token: bool = False  # ... at token scope: the prep and finish kernels take a token (H*D) a row
+    o_norm: bool = False  # o post-norm: `o` is O' (before the norm); the pre kernel writes dO' into ws_do
     k_norm: bool = False  # k pre-norm: K' in ws_k, dK' in ws_dk, a norm backward for dk
     engine: BwdEngine = BwdEngine.FFMA
     engine_reason: str = ""  # why this engine (for explain)
@@ -102,31 +104,32 @@ class BwdPlan:
             return (Lk // bn + B, kv_heads, 1) if self.varlen else ((Lk + bn - 1) // bn, kv_heads, B)
         if func == "ag_bwd_dq":
             return (Lq // self.block_m + B, heads, 1) if self.varlen else ((Lq + self.block_m - 1) // self.block_m, heads, B)
+        q_rows = nb * Lq * (1 if self.q_norm_token else heads)
         if func == "ag_bwd_prep":
-            rows = (nb * heads * Lq if self.q_norm else 0) + (nb * kv_heads * Lk if self.k_norm else 0)
+            rows = (q_rows if self.q_norm else 0) + (nb * kv_heads * Lk if self.k_norm else 0)
             return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
-        # ag_bwd_finish: a warp a row of dq (and of dk with a k norm)
-        rows = nb * heads * Lq + (nb * kv_heads * Lk if self.k_norm else 0)
+        # ag_bwd_finish: a warp a row of dq (a token with a token-scope q norm), and of dk with a k norm
+        rows = q_rows + (nb * kv_heads * Lk if self.k_norm else 0)
         return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
 
 
 def unsupported(v: Variant) -> list[Diagnostic]:
-    """What the backward kernels cannot differentiate yet, located at the construct (the NumPy
-    reference, `attngen.reference.attention_backward`, covers all of it): the o post-norm and the
-    token-scope q norm. Head-scope q/k pre-norms are supported."""
+    """What the backward kernels do not differentiate, located at the construct: a paged KV cache
+    (decode-time inference state, not a training workload) and a `sink` under the o post-norm.
+    Everything else trains: masks, scores, GQA, varlen, q/k pre-norms (head scope, q also token
+    scope), the o post-norm and the residual."""
     out = []
-    for n in v.norms:
-        if n.target != NormTarget.O and n.scope == NormScope.HEAD:
-            continue
+    on = v.norm(NormTarget.O)
+    if on is not None and v.sink is not None:
         out.append(Diagnostic(
-            f"--pass backward: `norm {n.target.value}`{' scope token' if n.scope == NormScope.TOKEN else ''} is not supported by the backward kernels yet",
-            n.span or v.span,
-            "the float64 reference (attngen.reference.attention_backward) differentiates it; the kernels "
-            "cover masks, scores, GQA, head-scope q/k pre-norms and the residual",
-        ))
+            "--pass backward: `sink` with `norm o` is not supported by the backward kernels yet",
+            on.span or v.span, "the sink's gradient is taken from the output before the post-norm; drop one of the two to train"))
     if v.page_size is not None:
-        out.append(Diagnostic("--pass backward: `kv_cache paged` is inference state; the backward takes contiguous K/V",
-                              v.span, "compile the same variant without `kv_cache paged` for training"))
+        out.append(Diagnostic(
+            "--pass backward: `kv_cache paged` is decode-time inference state, not a training workload; the backward "
+            "takes contiguous K/V",
+            v.span, "train the same attention without `kv_cache paged` (contiguous K/V, layout bshd/bhsd/varlen); "
+                    "the paged cache is filled from the trained weights at inference"))
     return out
 
 
@@ -185,8 +188,10 @@ def _fields(v: Variant) -> tuple[Field, ...]:
         Field(e, "q", "query (the forward's input)"),
         Field(e, "k", "keys"),
         Field(e, "v", "values"),
-        Field(e, "o", "the forward's output"),
-        Field(e, "dO", "gradient at the output (o's shape)"),
+        *([Field(e, "o", "O', the attention output before the o post-norm and the residual (the training forward's output)"),
+           Field(e, "dO", "gradient at the output y = norm(O') (+ x) (o's shape)")] if v.norm(NormTarget.O) else
+          [Field(e, "o", "the forward's output"),
+           Field(e, "dO", "gradient at the output (o's shape)")]),
         Field("const float* __restrict__", "lse", "the forward's log-sum-exp " + ("[H, total_q]" if v.layout == Layout.VARLEN else "[B, H, Lq]") + ", contiguous, natural log"),
         Field(w, "dq", "gradient of q (q's shape)"),
         Field(w, "dk", "gradient of k (k's shape)"),
@@ -198,6 +203,8 @@ def _fields(v: Variant) -> tuple[Field, ...]:
         *([Field(w, "ws_k", "workspace, B*Hkv*Lk*D elements: the pre-normalised keys, written by the prep kernel"),
            Field("float* __restrict__", "ws_dk", "workspace, B*Hkv*Lk*D floats: dK' (of the normalised k) in fp32")]
           if v.norm(NormTarget.K) else []),
+        *([Field(w, "ws_do", "workspace, B*H*Lq*Dv elements: dO' (the gradient at the o post-norm's input), written by the pre kernel")]
+          if v.norm(NormTarget.O) else []),
         Field("int", "B", "batch"),
         Field("int", "Lq", "query length"),
         Field("int", "Lk", "key length"),
@@ -227,10 +234,10 @@ def _fields(v: Variant) -> tuple[Field, ...]:
 
 
 def norm_params(v: Variant) -> tuple[str, ...]:
-    """The affine weights (and layernorm biases) of the q/k pre-norms, which the backward kernels
-    can return gradients for."""
+    """The affine weights (and layernorm biases) of the q/k pre-norms and the o post-norm, which the
+    backward kernels can return gradients for."""
     out: list[str] = []
-    for t in (NormTarget.Q, NormTarget.K):
+    for t in (NormTarget.Q, NormTarget.K, NormTarget.O):
         n = v.norm(t)
         if n is not None and n.affine:
             out.append(norm_weight_name(t))
@@ -256,6 +263,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
     t = choose_tile(v, arch)
     base = kernel_name(v) + "_bwd"
     qn, kn = v.norm(NormTarget.Q) is not None, v.norm(NormTarget.K) is not None
+    q_token = qn and v.norm(NormTarget.Q).scope == NormScope.TOKEN
 
     def rows_grid(rows: str) -> str:
         return f"(unsigned)({rows} / {PRE_THREADS // 32} + 1 < {PRE_MAX_BLOCKS} ? {rows} / {PRE_THREADS // 32} + 1 : {PRE_MAX_BLOCKS})"
@@ -264,19 +272,22 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
     nb = "1LL" if varlen else "(long long)p.B"  # varlen: the per-row kernels run the packed rows as one sequence
     q_rows = f"{nb} * {v.heads} * p.Lq"
     k_rows = f"{nb} * {v.kv_heads} * p.Lk"
+    tok_rows = f"{nb} * p.Lq"  # token-scope q norm: the prep and finish kernels take a token a row
 
     def tiles(L: str, t: int, heads: int) -> str:
         return f"{L} / {t} + p.B, {heads}, 1" if varlen else f"({L} + {t - 1}) / {t}, {heads}, p.B"
 
+    on = v.norm(NormTarget.O) is not None
     kernels = [
         BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 0, rows_grid(q_rows),
-                  "delta = rowsum(dO * O') per query row" + ("" if deterministic else "; zero the dQ accumulator")),
+                  ("the o post-norm's backward: dO' (ws_do) from dO and O', dgamma/dbeta; " if on else "")
+                  + "delta = rowsum(dO' * O') per query row" + ("" if deterministic else "; zero the dQ accumulator")),
     ]
     if qn or kn:
-        rows = " + ".join(r for r, on in ((q_rows, qn), (k_rows, kn)) if on)
+        rows = " + ".join(r for r, on in ((tok_rows if q_token else q_rows, qn), (k_rows, kn)) if on)
         kernels.append(BwdKernel(f"{base}_prep", "ag_bwd_prep", PRE_THREADS, 0, rows_grid(f"({rows})"),
                                  "the pre-normalised " + " and ".join(n for n, on in (("queries (ws_q)", qn), ("keys (ws_k)", kn)) if on)
-                                 + ", rounded as the forward rounds them"))
+                                 + ", rounded as the forward rounds them" + (" (q: a warp a token, statistics over its H*D row)" if q_token else "")))
     engine, reason = choose_engine(v, arch)
     bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
     if bn is not None:
@@ -291,12 +302,13 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
     if deterministic:
         kernels.append(BwdKernel(f"{base}_dq", "ag_bwd_dq", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True),
                                  tiles("p.Lq", t, v.heads), "dQ' per query tile over the visible key tiles, no atomics"))
-    finish_rows = q_rows + (f" + {k_rows}" if kn else "")
+    finish_rows = (tok_rows if q_token else q_rows) + (f" + {k_rows}" if kn else "")
     kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 0, rows_grid(f"({finish_rows})"),
-                             "dq from dQ'" + (" through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
+                             "dq from dQ'" + (" through the token-scope q norm's backward (a warp a token: dX over its H*D row, dgamma, dbeta)"
+                                              if q_token else " through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
                              + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"))
     mma = engine == BwdEngine.MMA
-    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, kn, engine, reason,
+    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
                    TC_BLOCK_M if mma else 0, bn or 0, mma and TC_ROTATE, varlen)
 
 

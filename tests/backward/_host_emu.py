@@ -192,7 +192,8 @@ def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wante
 def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray, dO: np.ndarray, o: np.ndarray,
         workdir: str | None = None, wrt: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Compile `src` for the host and run its kernels on the arrays (numpy, spec dtypes, the
-    variant's layout, contiguous); returns dq, dk, dv (and the gradients of the score inputs named
+    variant's layout, contiguous; with `norm o`, `o` is the output before the post-norm and the
+    residual, as the training forward saves it); returns dq, dk, dv (and the gradients of the score inputs named
     in `wrt`) as float64 in their inputs' shapes."""
     from attngen.check.reference import dtype_of
 
@@ -218,6 +219,7 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
         "ws_q": np.zeros(nb * v.heads * Lq * v.head_dim, et) + np.array(np.nan, et),
         "ws_k": np.zeros(nb * v.kv_heads * Lk * v.head_dim, et) + np.array(np.nan, et),
         "ws_dk": np.full(nb * v.kv_heads * Lk * v.head_dim, np.nan, np.float32),
+        "ws_do": np.zeros(nb * v.heads * Lq * v.value_head_dim, et) + np.array(np.nan, et),
     }
     for n in wrt:
         outs[n] = bufs[f"grad_{n}"] = np.zeros(arrays[n].shape, np.float32)

@@ -193,9 +193,87 @@ def test_varlen_bf16_tensor_cores_window_gqa(deterministic):
 
 def test_varlen_cross_keyless_and_queryless_sequences_with_norms_and_residual():
     # kind cross: q and k split differently; sequence 1 has queries but no keys (its rows see
-    # nothing: dq is the residual's dO alone), sequence 2 keys but no queries (dk = dv = 0).
+    # nothing: dq is the residual's dO alone), sequence 2 keys but no queries (dk = dv = 0). (The
+    # language refuses fused norms with `layout varlen` today; the IR-level variant checks that a
+    # sequence's view moves the norm workspaces too.)
     v = T.variant(T.TRUE, (), D=16, heads=2, kv_heads=2, dtype=DType.FP16, layout=Layout.VARLEN, kind=AttnKind.CROSS,
                   residual=True, norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.HEAD, 1e-5),
                                         Norm(NormTarget.K, NormKind.RMSNORM, NormScope.HEAD, 1e-6)))
     got, want, _ = _run_varlen(v, [20, 7, 0, 41], [33, 0, 9, 70], seed=22, wrt_norms=True)
     assert not np.any(got["dk"][33:42]) and not np.any(got["dv"][33:42])
+
+
+# ---- token-scope q norm (pre-LN block): statistics over each token's H*D row, dgamma/dbeta [H*D].
+
+@pytest.mark.parametrize("dtype,kind,deterministic", [(DType.FP32, NormKind.LAYERNORM, False), (DType.BF16, NormKind.LAYERNORM, True),
+                                                      (DType.FP16, NormKind.RMSNORM, False)])
+def test_token_scope_q_norm_with_weight_gradients(dtype, kind, deterministic):
+    from attngen.plan import bwd as plan_bwd
+
+    v = T.variant(T.causal(), (T.softcap(6.0),), D=16, heads=4, kv_heads=2, dtype=dtype, layout=Layout.BSHD, kind=AttnKind.CROSS,
+                  residual=True, norms=(Norm(NormTarget.Q, kind, NormScope.TOKEN, 1e-5),))
+    rng = np.random.default_rng(40)
+    arrays = workload.make_inputs(v, 2, 67, 90, rng)
+    wrt = plan_bwd.norm_params(v)
+    assert all(arrays[n].shape == (4 * 16,) for n in wrt)
+    for n in wrt:
+        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
+    arrays["q"] = (arrays["q"] + 0.5).astype(arrays["q"].dtype)  # a mean the layernorm removes
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    dO = rng.normal(size=o.shape).astype(o.dtype)
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
+    assert bp.q_norm_token and "ag_tok_norm_bwd" in src
+    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        assert np.all(np.isfinite(got[n]))
+        scale = float(np.abs(want[n]).max())
+        err = float(np.abs(got[n] - want[n]).max())
+        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+
+
+# ---- the o post-norm: the training forward saves O' (before the norm and the residual); the pre
+# kernel maps dY to dO' (and dgamma/dbeta) before delta = rowsum(dO' * O').
+
+def _pre_norm_forward(v, arrays):
+    import dataclasses
+
+    from attngen.ir.nodes import norm_bias_name, norm_weight_name
+
+    pre = dataclasses.replace(v, norms=tuple(n for n in v.norms if n.target != NormTarget.O), residual=False)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v", norm_weight_name(NormTarget.O), norm_bias_name(NormTarget.O))}
+    return reference.attention(pre, arrays["q"], arrays["k"], arrays["v"], rest)
+
+
+@pytest.mark.parametrize("dtype,kind,residual,layout,deterministic", [
+    (DType.FP32, NormKind.LAYERNORM, True, Layout.BHSD, False),
+    (DType.BF16, NormKind.RMSNORM, False, Layout.BSHD, True),
+    (DType.FP16, NormKind.LAYERNORM, True, Layout.VARLEN, False),  # (IR level: the language refuses norms with varlen today)
+])
+def test_o_post_norm_with_weight_gradients(dtype, kind, residual, layout, deterministic):
+    from attngen.plan import bwd as plan_bwd
+
+    v = T.variant(T.causal(), (T.softcap(6.0),), D=16, heads=4, kv_heads=2, dtype=dtype, layout=layout, residual=residual,
+                  norms=(Norm(NormTarget.O, kind, NormScope.HEAD, 1e-5),))
+    rng = np.random.default_rng(50)
+    arrays = workload.make_inputs(v, 3, 70, 70, rng)
+    if layout == Layout.VARLEN:
+        arrays["cu_seqlens"] = workload.cu_seqlens_of([33, 0, 37])
+    wrt = plan_bwd.norm_params(v)
+    assert wrt == (("o_norm_weight", "o_norm_bias") if kind == NormKind.LAYERNORM else ("o_norm_weight",))
+    for n in wrt:
+        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    y, _ = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    o_pre, lse = _pre_norm_forward(v, arrays)
+    dY = rng.normal(size=y.shape).astype(y.dtype)
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dY.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
+    assert bp.o_norm and "ag_onorm_bwd" in src
+    got = _host_emu.run(src, bp, v, arrays, lse, dY, o_pre, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        assert np.all(np.isfinite(got[n]))
+        scale = float(np.abs(want[n]).max())
+        err = float(np.abs(got[n] - want[n]).max())
+        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"

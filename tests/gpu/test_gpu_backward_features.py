@@ -23,8 +23,13 @@ SPECS = {
     "vl_bf16_causal_gqa": "dtype bf16; head_dim 128; heads 8 kv 2; layout varlen; mask causal; output lse",
     "vl_fp16_window_softcap": "dtype fp16; head_dim 64; heads 4; layout varlen; mask causal && window(40, 0); score softcap(20.0)",
     "vl_fp32_cross_alibi": "dtype fp32; head_dim 32; heads 4 kv 1; kind cross; layout varlen; score alibi",
-    "vl_fp16_d72_qknorm_residual": ("dtype fp16; head_dim 72; heads 2; layout varlen; mask causal; residual; "
-                                    "norm q rmsnorm(1e-6) scope head; norm k layernorm(1e-5) scope head"),
+    "vl_fp16_d72_residual": "dtype fp16; head_dim 72; heads 2; layout varlen; mask causal; residual",
+    # the token-scope q norm (pre-LN block: statistics over each token's H*D row)
+    "tok_bf16_preln_cross_gqa": "dtype bf16; head_dim 64; heads 8 kv 2; kind cross; layout bshd; residual; norm q layernorm(1e-5) scope token",
+    "tok_fp32_rms_causal": "dtype fp32; head_dim 32; heads 4; layout bshd; mask causal; norm q rmsnorm(1e-6) scope token",
+    # the o post-norm (dY -> dO' in the pre kernel)
+    "on_bf16_rms_gqa": "dtype bf16; head_dim 64; heads 4 kv 2; mask causal; norm o rmsnorm(1e-5)",
+    "on_fp16_ln_residual_window": "dtype fp16; head_dim 128; heads 2; layout bshd; residual; mask window(30, 0); norm o layernorm(1e-5)",
 }
 
 # (B, sequence lengths of q, of k (None: as q)): empty and one-row sequences, tile boundaries.
@@ -85,7 +90,7 @@ def test_varlen_engines_are_the_ones_meant():
 
     assert plan_bwd.plan(_variant("vl_bf16_causal_gqa"), Arch.SM90A).engine == plan_bwd.BwdEngine.MMA
     assert plan_bwd.plan(_variant("vl_fp32_cross_alibi"), Arch.SM90A).engine == plan_bwd.BwdEngine.FFMA
-    assert plan_bwd.plan(_variant("vl_fp16_d72_qknorm_residual"), Arch.SM90A).engine == plan_bwd.BwdEngine.FFMA
+    assert plan_bwd.plan(_variant("vl_fp16_d72_residual"), Arch.SM90A).engine == plan_bwd.BwdEngine.FFMA
 
 
 @pytest.mark.gpu
@@ -128,3 +133,47 @@ def test_every_training_example_runs_its_backward(path):
             case = fuzz.Case(B=2, Lq=130, Lk=130 if v.kind.value == "self" else 97, seed=3)
         for det in (False, True):
             _check(v, case, det)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(n for n in SPECS if n.startswith(("tok_", "on_"))))
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_norm_backward_matches_reference(name, deterministic):
+    """dq, dk, dv and dgamma/dbeta through the token-scope q norm and the o post-norm."""
+    v = _variant(name)
+    for i, (B, Lq, Lk) in enumerate([(2, 130, 97), (1, 1, 1), (3, 64, 200)]):
+        _check(v, fuzz.Case(B=B, Lq=Lq, Lk=Lq if v.kind.value == "self" else Lk, seed=60 + i), deterministic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tok_bf16_preln_cross_gqa", "on_fp16_ln_residual_window"])
+def test_norm_autograd_through_the_torch_op(name):
+    """Training through the registered op: the token-scope norm from a flat [B, L, H*D] hidden
+    state, the o post-norm from the saved pre-norm output; y matches the fused inference output."""
+    torch = pytest.importorskip("torch", reason="the autograd test needs torch")
+    import attngen.runtime.torch as at
+    from attngen.check import reference_bwd
+
+    v = _variant(name)
+    case = fuzz.Case(B=2, Lq=90, Lk=90 if v.kind.value == "self" else 75, seed=80)
+    arrays, dO = fuzz_bwd.backward_inputs(v, case)
+    op = at.register(v)
+    ts = {n: fuzz.to_device(a).clone() for n, a in arrays.items()}
+    flat = name.startswith("tok_")
+    if flat:
+        ts["q"] = ts["q"].reshape(case.B, case.Lq, -1).contiguous()
+    for n in ("q", "k", "v", *op.grad_names):
+        ts[n].requires_grad_(True)
+    args = [ts["q"], ts["k"], ts["v"], *(ts[n] for n in op.input_names)]
+    y = op(*args)
+    with torch.no_grad():
+        y_inf = op(*(a.detach() for a in args))  # the fused kernel (inference path)
+    tol = 2e-2 if v.dtype.value != "fp32" else 1e-5
+    assert float((y.float() - y_inf.float()).abs().max()) <= tol * max(1.0, float(y_inf.float().abs().max()))
+    (y.float() * fuzz.to_device(dO).float()).sum().backward()
+    got = {"dq": fuzz.to_host(ts["q"].grad.reshape(arrays["q"].shape)).astype(np.float64),
+           "dk": fuzz.to_host(ts["k"].grad).astype(np.float64), "dv": fuzz.to_host(ts["v"].grad).astype(np.float64)}
+    got.update({n: fuzz.to_host(ts[n].grad).astype(np.float64) for n in op.grad_names})
+    assert set(op.grad_names) <= set(reference_bwd.learnable_inputs(v))
+    bad = [r.summary() for r in fuzz_bwd.compare_backward(v, arrays, dO, got, op.grad_names) if not r.ok]
+    assert not bad, "\n".join(bad)
