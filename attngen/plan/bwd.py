@@ -3,13 +3,20 @@ shared memory, kernels, launch grids and ABI.
 
 The backward is three to five launches on one stream (see `backends/cuda/bwd/backward.cu.j2`):
 
-    <name>_bwd_pre      delta = rowsum(dO * O') per query row; zeroes the fp32 dQ accumulator
-    <name>_bwd_prep     with q/k pre-norms: the normalised rows Q', K' into workspaces
+    <name>_bwd_pre      with an o post-norm: dO' from dY and the saved pre-norm O' (and
+                        dgamma/dbeta); delta = rowsum(dO' * O') per query row; zeroes the fp32
+                        dQ accumulator
+    <name>_bwd_prep     with q/k pre-norms: the normalised rows Q', K' into workspaces (a
+                        token-scope q norm: a token, H*D wide, a row)
     <name>_bwd_dkdv     per (key tile, kv head, batch): walks the visible query tiles of every head
                         of the group; dK, dV (no atomics), dQ' by fp32 atomics (default)
     <name>_bwd_dq       deterministic: per (query tile, head, batch), dQ' without atomics
-    <name>_bwd_finish   dq from dQ' (through the q norm's backward, + dO for a residual); dk from
-                        dK' through the k norm's backward
+    <name>_bwd_finish   dq from dQ' (through the q norm's backward, head or token scope, + dO for a
+                        residual); dk from dK' through the k norm's backward
+
+`layout varlen`: the per-row kernels run the packed rows as one sequence; the tile kernels run
+tile slots of the sequences (total / tile + B along x, the forward's rule) and find their sequence
+by a binary search over cu_seqlens.
 
 Engines (`choose_engine`): the dK/dV kernel runs on mma.sync tensor cores (m16n8k16, fp16/bf16
 inputs, fp32 accumulators; FlashAttention-2's structure) for fp16/bf16 on sm_80 and newer at head
@@ -280,8 +287,8 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False) 
     on = v.norm(NormTarget.O) is not None
     kernels = [
         BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 0, rows_grid(q_rows),
-                  ("the o post-norm's backward: dO' (ws_do) from dO and O', dgamma/dbeta; " if on else "")
-                  + "delta = rowsum(dO' * O') per query row" + ("" if deterministic else "; zero the dQ accumulator")),
+                  ("the o post-norm's backward: dO' (ws_do) from dO and O', dgamma/dbeta; delta = rowsum(dO' * O')" if on
+                   else "delta = rowsum(dO * O')") + " per query row" + ("" if deterministic else "; zero the dQ accumulator")),
     ]
     if qn or kn:
         rows = " + ".join(r for r, on in ((tok_rows if q_token else q_rows, qn), (k_rows, kn)) if on)
@@ -338,6 +345,10 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
     else:
         out.append(f"  on {arch.value}: FFMA engine (fp32 products), tile {bp.block_m} x {bp.block_n}, not tensor cores: {bp.engine_reason}; "
                    "P recomputed from the forward's LSE")
+    if bp.varlen:
+        out.append("  layout varlen: the per-row kernels run the packed rows as one sequence; dK/dV (and the deterministic dQ) "
+                   "run tile slots, total / tile + B along x, each finding its sequence by a binary search over cu_seqlens "
+                   "and walking only that sequence's visible tiles")
     for k in bp.kernels:
         out.append(f"  {k.name}: {k.threads} threads, {k.smem} bytes of shared memory; {k.doc}")
     if bp.engine == BwdEngine.MMA:

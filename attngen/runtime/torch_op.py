@@ -29,9 +29,12 @@ inputs the backward differentiates (`bias`, `alibi` slopes, `rel_bias` tables, f
 custom scores), the q/k pre-norms' weights and biases, and `sink` logits, each in its input's
 dtype when that input requires grad. Other runtime inputs get None (integers; a float input read
 only by the mask is piecewise constant: its gradient is zero). A loss that reads the declared LSE
-output gets that path too. Constructs the backward kernels refuse (`plan.bwd.unsupported`: the o
-post-norm, a token-scope q norm, a paged cache) raise ValueError at the forward call when an input
-requires grad, never a silently wrong or missing gradient. `deterministic=True` (the callable,
+output gets that path too. With `norm o`, the training forward is the variant without the
+post-norm and the residual (`runtime.bwd.training_variant`): the op saves its output O' and
+applies y = norm(O') w + b (+ x) itself (`apply_o_norm`), and the backward maps dY through the
+norm. Constructs the backward kernels refuse (`plan.bwd.unsupported`: a paged cache, which is
+inference state, and a sink under the o post-norm) raise ValueError at the forward call when an
+input requires grad, never a silently wrong or missing gradient. `deterministic=True` (the callable,
 `Attention`) gives a bitwise reproducible dQ.
 """
 
