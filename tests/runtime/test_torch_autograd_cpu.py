@@ -372,3 +372,35 @@ def test_varlen_trains_with_the_packed_lse(monkeypatch):
     (args, _), = spy.calls
     assert args[6] is not None and args[6].shape == (16, 300)  # the declared LSE's gradient, [H, total_q]
     assert q.grad.shape == q.shape
+
+
+def test_compile_fullgraph_traces_the_o_post_norm_step():
+    # The o-norm's training forward has three outputs (y, lse, O'); torch.compile traces it and
+    # its backward without a graph break.
+    op = at.register(ONORM)
+    fw, bw = [], []
+
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def fw_compiler(gm, _):
+        fw.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def bw_compiler(gm, _):
+        bw.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def step(q, k, b, w):
+        return (op(q, k, k, b, w).float() ** 2).sum()
+
+    q = meta(2, 40, 4, 64, dtype=torch.bfloat16, grad=True)
+    k = meta(2, 40, 2, 64, dtype=torch.bfloat16, grad=True)
+    b, w = meta(64, dtype=torch.float32, grad=True), meta(64, dtype=torch.float32, grad=True)
+    torch._dynamo.reset()
+    loss = torch.compile(step, fullgraph=True, backend=aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler))(q, k, b, w)
+    loss.backward()
+    assert len(fw) == 1 and len(bw) == 1
+    assert any("attngen.tg_onorm_fwd" in str(n.target) for n in fw[0].graph.nodes if n.op == "call_function")
+    assert any("attngen.tg_onorm_bwd" in str(n.target) for n in bw[0].graph.nodes if n.op == "call_function")
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and b.grad.shape == (64,) and w.grad.shape == (64,)
