@@ -1,7 +1,9 @@
 """The generated backward kernels, run on the CPU under an emulation of the CUDA execution model
 (tests/backward/_host_emu.py), against the float64 reference backward: masks with skipped tiles,
 score derivatives, GQA sums, fully masked rows, residual, the deterministic dQ kernel, every dtype,
-odd lengths and Lq != Lk, several tiles per axis."""
+odd lengths and Lq != Lk, several tiles per axis; layout varlen (empty, one-row, keyless and
+queryless sequences, both engines), the token-scope q norm and the o post-norm with their
+dgamma/dbeta."""
 
 from __future__ import annotations
 
