@@ -170,7 +170,9 @@ def _run_varlen(v, seq_q, seq_k=None, seed=0, deterministic=False, wrt_norms=Fal
     got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
     for n in ("dq", "dk", "dv", *wrt):
         assert np.all(np.isfinite(got[n])), f"{n}: not every element written"
-        scale = max(1e-6, float(np.abs(want[n]).max()))
+        # (A floor from dv's magnitude: with one key per sequence dq and dk cancel to 0 exactly in
+        # the reference, and to fp32 roundoff of delta in the kernels.)
+        scale = max(1e-6, float(np.abs(want[n]).max()), 1e-2 * float(np.abs(want["dv"]).max()))
         err = float(np.abs(got[n] - want[n]).max())
         assert err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
     return got, want, bp
@@ -279,3 +281,25 @@ def test_o_post_norm_with_weight_gradients(dtype, kind, residual, layout, determ
         scale = float(np.abs(want[n]).max())
         err = float(np.abs(got[n] - want[n]).max())
         assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+
+
+@pytest.mark.parametrize("dtype", [DType.FP32, DType.BF16])  # FFMA, tensor cores (sm_80)
+def test_varlen_random_splits(dtype):
+    # Random packings: the slot search must give every key tile of every sequence to exactly one
+    # CTA (dk, dv NaN-poisoned: every row written once, right), whatever the lengths.
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    v = T.variant(T.causal(), (), D=16, heads=2, kv_heads=1, dtype=dtype, layout=Layout.VARLEN)
+    seen: list[list[int]] = []
+
+    @settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.one_of(st.sampled_from([0, 1, 63, 64, 65]), st.integers(0, 140)), min_size=1, max_size=5), st.booleans())
+    def check(lens, det):
+        if sum(lens) == 0:
+            lens = lens[:-1] + [1]
+        seen.append(lens)
+        _run_varlen(v, lens, seed=sum(lens), deterministic=det)
+
+    check()
+    assert len(seen) >= 3, seen  # several packings ran
