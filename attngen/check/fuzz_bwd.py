@@ -82,12 +82,20 @@ def run_backward(kernel: Any, v: Variant, arrays: Mapping[str, np.ndarray], dO: 
 
 
 def _masked_rows(v: Variant, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
-    """[B, H, Lq] booleans: the query rows with nothing visible (reference LSE -inf)."""
+    """[B, H, Lq] booleans: the query rows with nothing visible (reference LSE -inf); varlen
+    [H, total_q]."""
     from attngen.check import reference
 
     q, k, vv, rest = fuzz.split_inputs(arrays)
     lse = reference.attention(dataclasses.replace(v, lse=True), q, k, vv, rest)[1]
     return np.isneginf(lse)
+
+
+def _rows_by_head(v: Variant, dq: np.ndarray) -> np.ndarray:
+    """dq with its axes in the LSE's order ([B, H, Lq, D]; varlen [H, total_q, D])."""
+    if v.layout == Layout.VARLEN:
+        return np.swapaxes(dq, 0, 1)
+    return dq if v.layout == Layout.BHSD else np.swapaxes(dq, 1, 2)
 
 
 def compare_backward(v: Variant, arrays: Mapping[str, np.ndarray], dO: np.ndarray, got: Mapping[str, np.ndarray],
@@ -102,7 +110,7 @@ def compare_backward(v: Variant, arrays: Mapping[str, np.ndarray], dO: np.ndarra
     amax = lambda a: float(np.abs(np.asarray(a, dtype=np.float64)).max()) if np.size(a) else 0.0  # noqa: E731
     atol = tolerance.grad_atol(v.dtype, q_max=amax(q), k_max=amax(k), v_max=amax(vv), do_max=amax(dO.astype(np.float64)),
                                value_head_dim=v.value_head_dim, scale=v.effective_scale, residual=v.residual)
-    B = np.shape(q)[0]
+    B = 1 if v.layout == Layout.VARLEN else np.shape(q)[0]  # (varlen: the packed rows as one sequence)
     Lq, Lk = want["dq"].size // (B * v.heads * v.head_dim), want["dk"].size // (B * v.kv_heads * v.head_dim)
     o_max = amax(vv) + (amax(q) if v.residual else 0.0)
 
@@ -123,8 +131,7 @@ def compare_backward(v: Variant, arrays: Mapping[str, np.ndarray], dO: np.ndarra
     reps = [tolerance.check_grad(got[n], want[n], v.dtype, n, atol=floor(n)) for n in ("dq", "dk", "dv", *wrt)]
     masked = _masked_rows(v, arrays)
     if masked.any() and not v.residual:
-        dq = got["dq"] if v.layout == Layout.BHSD else np.swapaxes(got["dq"], 1, 2)
-        leak = dq[masked]
+        leak = _rows_by_head(v, got["dq"])[masked]
         if np.any(leak != 0):
             reps.append(tolerance.Report("dq (fully masked rows)", v.dtype.value, False, float("inf"), float(np.abs(leak).max()),
                                          0.0, 0.0, int(leak.size), int(np.isnan(leak).sum()), int((leak != 0).sum()), None,
@@ -150,8 +157,7 @@ def reference_problems(v: Variant, arrays: Mapping[str, np.ndarray], dO: np.ndar
     if probs:
         return probs
     masked = _masked_rows(v, arrays)
-    dq = want["dq"] if v.layout == Layout.BHSD else np.swapaxes(want["dq"], 1, 2)
-    if masked.any() and not v.residual and np.any(dq[masked] != 0):
+    if masked.any() and not v.residual and np.any(_rows_by_head(v, want["dq"])[masked] != 0):
         probs.append("dq: rows with nothing visible are not zero")
     # Central differences of f(x) = sum(dO * O(x)) along a random direction, fp32 twin (not for
     # scores as large as the `large` distribution draws, |s| <= 150 by Cauchy-Schwarz: a saturated

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from attngen import __version__
 from attngen.analysis import derivative
-from attngen.ir.nodes import DType, NormKind, NormTarget, SizeSym, Variant
+from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan.bwd import PRE_THREADS, THREADS, BwdEngine, BwdPlan, plan
-from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, kernel_name
+from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
 
@@ -26,6 +26,10 @@ def _header(v: Variant, bp: BwdPlan) -> str:
         "",
         f"Variant {v.name}, backward: dtype {v.dtype.value}, D={v.head_dim}, Dv={v.value_head_dim}, H={v.heads}, "
         f"Hkv={v.kv_heads}, layout {v.layout.value}, scale {v.effective_scale!r}",
+        *([f"Varlen (packed) batch: B sequences; sequence b owns q/o rows {v.cu_seqlens_names[0]}[b] .. {v.cu_seqlens_names[0]}[b+1] - 1 "
+           f"and k/v rows {v.cu_seqlens_names[1]}[b] .. {v.cu_seqlens_names[1]}[b+1] - 1",
+           "(positions from 0 in each); Lq = total_q, Lk = total_k, the LSE [H, total_q]. The tile kernels run tile slots",
+           "(total / tile + B along x) and find their sequence by a binary search over the cu_seqlens."] if bp.varlen else []),
         "Gradients of sum(dO * O): dq, dk, dv in the shapes (and layouts) of q, k, v. The forward's LSE is",
         *(["read, P recomputed from it; every product and accumulation in fp32 (FFMA engine)."] if bp.engine == BwdEngine.FFMA else
           ["read, P recomputed from it. dK/dV (and the atomic dQ) on tensor cores: mma.sync m16n8k16,",
@@ -48,15 +52,17 @@ def _header(v: Variant, bp: BwdPlan) -> str:
 
 
 def _norm_ctx(v: Variant) -> dict:
-    """Flags and constants of the q/k pre-norms (head scope; the plan refuses the others)."""
+    """Flags and constants of the q/k pre-norms (head scope; q also token scope) and the o post-norm."""
     ctx: dict = {}
-    for t in (NormTarget.Q, NormTarget.K):
+    for t in (NormTarget.Q, NormTarget.K, NormTarget.O):
         n = v.norm(t)
         key = t.value
         ctx[f"{key}_norm"] = n is not None
         ctx[f"{key}_norm_layernorm"] = n is not None and n.kind == NormKind.LAYERNORM
         ctx[f"{key}_norm_affine"] = n is not None and n.affine
         ctx[f"{key}_norm_eps"] = float_literal(n.eps) if n is not None else "0.0f"
+    qn = v.norm(NormTarget.Q)
+    ctx["q_norm_token"] = qn is not None and qn.scope == NormScope.TOKEN
     return ctx
 
 
@@ -141,6 +147,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         param_grads=_param_grads(v, elem),
         residual=v.residual,
         **_norm_ctx(v),
+        **_varlen_ctx(v),
+        row_batches="1LL" if bp.varlen else "(long long)p.B",
         deterministic=deterministic,
         tc=bp.engine == BwdEngine.MMA,
         wg=bp.engine == BwdEngine.WGMMA,

@@ -3,13 +3,20 @@ shared memory, kernels, launch grids and ABI.
 
 The backward is three to five launches on one stream (see `backends/cuda/bwd/backward.cu.j2`):
 
-    <name>_bwd_pre      delta = rowsum(dO * O') per query row; zeroes the fp32 dQ accumulator
-    <name>_bwd_prep     with q/k pre-norms: the normalised rows Q', K' into workspaces
+    <name>_bwd_pre      with an o post-norm: dO' from dY and the saved pre-norm O' (and
+                        dgamma/dbeta); delta = rowsum(dO' * O') per query row; zeroes the fp32
+                        dQ accumulator
+    <name>_bwd_prep     with q/k pre-norms: the normalised rows Q', K' into workspaces (a
+                        token-scope q norm: a token, H*D wide, a row)
     <name>_bwd_dkdv     per (key tile, kv head, batch): walks the visible query tiles of every head
                         of the group; dK, dV (no atomics), dQ' by fp32 atomics (default)
     <name>_bwd_dq       deterministic: per (query tile, head, batch), dQ' without atomics
-    <name>_bwd_finish   dq from dQ' (through the q norm's backward, + dO for a residual); dk from
-                        dK' through the k norm's backward
+    <name>_bwd_finish   dq from dQ' (through the q norm's backward, head or token scope, + dO for a
+                        residual); dk from dK' through the k norm's backward
+
+`layout varlen`: the per-row kernels run the packed rows as one sequence; the tile kernels run
+tile slots of the sequences (total / tile + B along x, the forward's rule) and find their sequence
+by a binary search over cu_seqlens.
 
 Engines (`choose_engine`): the dK/dV kernel runs on warpgroup MMA (wgmma, sm_90a: Hopper's
 asynchronous tensor cores, operands from 128-byte swizzled shared memory; FlashAttention-3's
@@ -86,13 +93,19 @@ class BwdPlan:
     deterministic: bool
     arch: Arch
     kernels: tuple[BwdKernel, ...]
-    q_norm: bool = False  # head-scope q pre-norm: Q' in ws_q, a norm backward for dq
+    q_norm: bool = False  # q pre-norm: Q' in ws_q, a norm backward for dq
+    q_norm_token: bool = False  # ... at token scope: the prep and finish kernels take a token (H*D) a row
+    o_norm: bool = False  # o post-norm: `o` is O' (before the norm); the pre kernel writes dO' into ws_do
     k_norm: bool = False  # k pre-norm: K' in ws_k, dK' in ws_dk, a norm backward for dk
     engine: BwdEngine = BwdEngine.FFMA
     engine_reason: str = ""  # why this engine (for explain)
     tc_block_m: int = 0  # the tensor-core dK/dV kernel's tile (0 on FFMA)
     tc_block_n: int = 0
     tc_rotate: bool = False  # the tensor-core kernel's rotated walk (TC_ROTATE)
+    # `layout varlen`: B packed sequences of Lq = total_q (Lk = total_k) rows. The per-row kernels
+    # run the packed rows as one sequence; the tile kernels run tile slots of the sequences
+    # (total / tile + B of them along x, the forward's rule) and find theirs by a binary search.
+    varlen: bool = False
 
     @property
     def launcher(self) -> str:
@@ -102,42 +115,42 @@ class BwdPlan:
         return next(k for k in self.kernels if k.func == func)
 
     def grid(self, func: str, B: int, Lq: int, Lk: int, heads: int, kv_heads: int, head_dim: int) -> tuple[int, int, int]:
-        """The launch grid of one kernel (the launcher's formula, in Python)."""
+        """The launch grid of one kernel (the launcher's formula, in Python). Varlen: B sequences,
+        Lq and Lk the packed totals."""
+        nb = 1 if self.varlen else B  # the per-row kernels' batch: the packed rows are one sequence
         if func == "ag_bwd_pre":
-            return (min(B * heads * Lq // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
+            return (min(nb * heads * Lq // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
         if func == "ag_bwd_dkdv":
             bn = self.tc_block_n if self.engine != BwdEngine.FFMA else self.block_n
-            return ((Lk + bn - 1) // bn, kv_heads, B)
+            return (Lk // bn + B, kv_heads, 1) if self.varlen else ((Lk + bn - 1) // bn, kv_heads, B)
         if func == "ag_bwd_dq":
-            return ((Lq + self.block_m - 1) // self.block_m, heads, B)
+            return (Lq // self.block_m + B, heads, 1) if self.varlen else ((Lq + self.block_m - 1) // self.block_m, heads, B)
+        q_rows = nb * Lq * (1 if self.q_norm_token else heads)
         if func == "ag_bwd_prep":
-            rows = (B * heads * Lq if self.q_norm else 0) + (B * kv_heads * Lk if self.k_norm else 0)
+            rows = (q_rows if self.q_norm else 0) + (nb * kv_heads * Lk if self.k_norm else 0)
             return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
-        # ag_bwd_finish: a warp a row of dq (and of dk with a k norm)
-        rows = B * heads * Lq + (B * kv_heads * Lk if self.k_norm else 0)
+        # ag_bwd_finish: a warp a row of dq (a token with a token-scope q norm), and of dk with a k norm
+        rows = q_rows + (nb * kv_heads * Lk if self.k_norm else 0)
         return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
 
 
 def unsupported(v: Variant) -> list[Diagnostic]:
-    """What the backward kernels cannot differentiate yet, located at the construct (the NumPy
-    reference, `attngen.reference.attention_backward`, covers all of it): the o post-norm and the
-    token-scope q norm. Head-scope q/k pre-norms are supported."""
+    """What the backward kernels do not differentiate, located at the construct: a paged KV cache
+    (decode-time inference state, not a training workload) and a `sink` under the o post-norm.
+    Everything else trains: masks, scores, GQA, varlen, q/k pre-norms (head scope, q also token
+    scope), the o post-norm and the residual."""
     out = []
-    for n in v.norms:
-        if n.target != NormTarget.O and n.scope == NormScope.HEAD:
-            continue
+    on = v.norm(NormTarget.O)
+    if on is not None and v.sink is not None:
         out.append(Diagnostic(
-            f"--pass backward: `norm {n.target.value}`{' scope token' if n.scope == NormScope.TOKEN else ''} is not supported by the backward kernels yet",
-            n.span or v.span,
-            "the float64 reference (attngen.reference.attention_backward) differentiates it; the kernels "
-            "cover masks, scores, GQA, head-scope q/k pre-norms and the residual",
-        ))
+            "--pass backward: `sink` with `norm o` is not supported by the backward kernels yet",
+            on.span or v.span, "the sink's gradient is taken from the output before the post-norm; drop one of the two to train"))
     if v.page_size is not None:
-        out.append(Diagnostic("--pass backward: `kv_cache paged` is inference state; the backward takes contiguous K/V",
-                              v.span, "compile the same variant without `kv_cache paged` for training"))
-    if v.layout == Layout.VARLEN:
-        out.append(Diagnostic("--pass backward: `layout varlen` is not supported by the backward kernels yet",
-                              v.span, "the forward (with `output lse`) runs packed batches; for the backward use `layout bshd` (padded) for now"))
+        out.append(Diagnostic(
+            "--pass backward: `kv_cache paged` is decode-time inference state, not a training workload; the backward "
+            "takes contiguous K/V",
+            v.span, "train the same attention without `kv_cache paged` (contiguous K/V, layout bshd/bhsd/varlen); "
+                    "the paged cache is filled from the trained weights at inference"))
     return out
 
 
@@ -190,6 +203,13 @@ def wgmma_fits(v: Variant, arch: Arch) -> str | None:
         return "fp32 inputs"
     if v.layout == Layout.VARLEN or v.page_size is not None:
         return "packed (varlen) or paged layouts"
+    # Its kernel reads dO, the LSE/delta rows and the dQ'/dK' workspaces in the dense layout; the
+    # o post-norm (dO' in ws_do) and the token-scope q norm run on the mma.sync engine.
+    if v.norm(NormTarget.O) is not None:
+        return "an o post-norm"
+    qn = v.norm(NormTarget.Q)
+    if qn is not None and qn.scope == NormScope.TOKEN:
+        return "a token-scope q norm"
     for name, d in (("head_dim", v.head_dim), ("value head dim", v.value_head_dim)):
         if d not in WG_DIMS:
             return f"{name} {d}: the wgmma engine takes {' and '.join(map(str, WG_DIMS))}"
@@ -234,9 +254,11 @@ def _fields(v: Variant) -> tuple[Field, ...]:
         Field(e, "q", "query (the forward's input)"),
         Field(e, "k", "keys"),
         Field(e, "v", "values"),
-        Field(e, "o", "the forward's output"),
-        Field(e, "dO", "gradient at the output (o's shape)"),
-        Field("const float* __restrict__", "lse", "the forward's log-sum-exp [B, H, Lq], contiguous, natural log"),
+        *([Field(e, "o", "O', the attention output before the o post-norm and the residual (the training forward's output)"),
+           Field(e, "dO", "gradient at the output y = norm(O') (+ x) (o's shape)")] if v.norm(NormTarget.O) else
+          [Field(e, "o", "the forward's output"),
+           Field(e, "dO", "gradient at the output (o's shape)")]),
+        Field("const float* __restrict__", "lse", "the forward's log-sum-exp " + ("[H, total_q]" if v.layout == Layout.VARLEN else "[B, H, Lq]") + ", contiguous, natural log"),
         Field(w, "dq", "gradient of q (q's shape)"),
         Field(w, "dk", "gradient of k (k's shape)"),
         Field(w, "dv", "gradient of v (v's shape)"),
@@ -247,6 +269,8 @@ def _fields(v: Variant) -> tuple[Field, ...]:
         *([Field(w, "ws_k", "workspace, B*Hkv*Lk*D elements: the pre-normalised keys, written by the prep kernel"),
            Field("float* __restrict__", "ws_dk", "workspace, B*Hkv*Lk*D floats: dK' (of the normalised k) in fp32")]
           if v.norm(NormTarget.K) else []),
+        *([Field(w, "ws_do", "workspace, B*H*Lq*Dv elements: dO' (the gradient at the o post-norm's input), written by the pre kernel")]
+          if v.norm(NormTarget.O) else []),
         Field("int", "B", "batch"),
         Field("int", "Lq", "query length"),
         Field("int", "Lk", "key length"),
@@ -257,6 +281,8 @@ def _fields(v: Variant) -> tuple[Field, ...]:
         Field("int", "kv_offset", "global position of key row 0 (0)"),
         Field("int", "Lq_total", "global query length the mask sees (Lq)"),
         Field("int", "Lk_total", "global key length the mask sees (Lk)"),
+        *([Field("int", "total_q", "varlen: the packed query rows (= Lq; the LSE is [H, total_q])"),
+           Field("int", "total_k", "varlen: the packed key rows (= Lk)")] if v.layout == Layout.VARLEN else []),
     ]
     for t in ("q", "k", "v", "o", "dO", "dq", "dk", "dv"):
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
@@ -274,10 +300,10 @@ def _fields(v: Variant) -> tuple[Field, ...]:
 
 
 def norm_params(v: Variant) -> tuple[str, ...]:
-    """The affine weights (and layernorm biases) of the q/k pre-norms, which the backward kernels
-    can return gradients for."""
+    """The affine weights (and layernorm biases) of the q/k pre-norms and the o post-norm, which the
+    backward kernels can return gradients for."""
     out: list[str] = []
-    for t in (NormTarget.Q, NormTarget.K):
+    for t in (NormTarget.Q, NormTarget.K, NormTarget.O):
         n = v.norm(t)
         if n is not None and n.affine:
             out.append(norm_weight_name(t))
@@ -304,21 +330,31 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     t = choose_tile(v, arch)
     base = kernel_name(v) + "_bwd"
     qn, kn = v.norm(NormTarget.Q) is not None, v.norm(NormTarget.K) is not None
+    q_token = qn and v.norm(NormTarget.Q).scope == NormScope.TOKEN
 
     def rows_grid(rows: str) -> str:
         return f"(unsigned)({rows} / {PRE_THREADS // 32} + 1 < {PRE_MAX_BLOCKS} ? {rows} / {PRE_THREADS // 32} + 1 : {PRE_MAX_BLOCKS})"
 
-    q_rows = f"(long long)p.B * {v.heads} * p.Lq"
-    k_rows = f"(long long)p.B * {v.kv_heads} * p.Lk"
+    varlen = v.layout == Layout.VARLEN
+    nb = "1LL" if varlen else "(long long)p.B"  # varlen: the per-row kernels run the packed rows as one sequence
+    q_rows = f"{nb} * {v.heads} * p.Lq"
+    k_rows = f"{nb} * {v.kv_heads} * p.Lk"
+    tok_rows = f"{nb} * p.Lq"  # token-scope q norm: the prep and finish kernels take a token a row
+
+    def tiles(L: str, t: int, heads: int) -> str:
+        return f"{L} / {t} + p.B, {heads}, 1" if varlen else f"({L} + {t - 1}) / {t}, {heads}, p.B"
+
+    on = v.norm(NormTarget.O) is not None
     kernels = [
         BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 0, rows_grid(q_rows),
-                  "delta = rowsum(dO * O') per query row" + ("" if deterministic else "; zero the dQ accumulator")),
+                  ("the o post-norm's backward: dO' (ws_do) from dO and O', dgamma/dbeta; delta = rowsum(dO' * O')" if on
+                   else "delta = rowsum(dO * O')") + " per query row" + ("" if deterministic else "; zero the dQ accumulator")),
     ]
     if qn or kn:
-        rows = " + ".join(r for r, on in ((q_rows, qn), (k_rows, kn)) if on)
+        rows = " + ".join(r for r, on in ((tok_rows if q_token else q_rows, qn), (k_rows, kn)) if on)
         kernels.append(BwdKernel(f"{base}_prep", "ag_bwd_prep", PRE_THREADS, 0, rows_grid(f"({rows})"),
                                  "the pre-normalised " + " and ".join(n for n, on in (("queries (ws_q)", qn), ("keys (ws_k)", kn)) if on)
-                                 + ", rounded as the forward rounds them"))
+                                 + ", rounded as the forward rounds them" + (" (q: a warp a token, statistics over its H*D row)" if q_token else "")))
     engine, reason = choose_engine(v, arch, engine)
     bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
     if engine == BwdEngine.WGMMA:
@@ -329,23 +365,24 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
                                  "query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
     elif bn is not None:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
-                                 f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
+                                 tiles("p.Lk", bn, v.kv_heads),
                                  "tensor cores (mma.sync m16n8k16, fp32 accumulators): dK, dV per key tile over the visible "
                                  "query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
     else:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, False),
-                                 f"(p.Lk + {t - 1}) / {t}, {v.kv_heads}, p.B",
+                                 tiles("p.Lk", t, v.kv_heads),
                                  "dK, dV per key tile over the visible query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
     if deterministic:
         kernels.append(BwdKernel(f"{base}_dq", "ag_bwd_dq", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True),
-                                 f"(p.Lq + {t - 1}) / {t}, {v.heads}, p.B", "dQ' per query tile over the visible key tiles, no atomics"))
-    finish_rows = q_rows + (f" + {k_rows}" if kn else "")
+                                 tiles("p.Lq", t, v.heads), "dQ' per query tile over the visible key tiles, no atomics"))
+    finish_rows = (tok_rows if q_token else q_rows) + (f" + {k_rows}" if kn else "")
     kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 0, rows_grid(f"({finish_rows})"),
-                             "dq from dQ'" + (" through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
+                             "dq from dQ'" + (" through the token-scope q norm's backward (a warp a token: dX over its H*D row, dgamma, dbeta)"
+                                              if q_token else " through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
                              + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"))
     tc = engine != BwdEngine.FFMA
-    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, kn, engine, reason,
-                   (WG_BLOCK_M if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE)
+    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
+                   (WG_BLOCK_M if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
@@ -378,6 +415,10 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
     else:
         out.append(f"  on {arch.value}: FFMA engine (fp32 products), tile {bp.block_m} x {bp.block_n}, not tensor cores: {bp.engine_reason}; "
                    "P recomputed from the forward's LSE")
+    if bp.varlen:
+        out.append("  layout varlen: the per-row kernels run the packed rows as one sequence; dK/dV (and the deterministic dQ) "
+                   "run tile slots, total / tile + B along x, each finding its sequence by a binary search over cu_seqlens "
+                   "and walking only that sequence's visible tiles")
     for k in bp.kernels:
         out.append(f"  {k.name}: {k.threads} threads, {k.smem} bytes of shared memory; {k.doc}")
     if bp.engine != BwdEngine.FFMA:

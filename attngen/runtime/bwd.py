@@ -6,7 +6,11 @@
     dq, dk, dv = attngen.runtime_bwd.backward(kern, q, k, v, dO, o=o, lse=lse)  # with the forward's saved ones
 
 The forward's O and LSE are what the backward reads (P is recomputed from the LSE); without them the
-forward of the same variant with `output lse` runs first. Arrays are checked before any launch, as
+forward of the same variant with `output lse` runs first (`training_variant`). With `norm o`, `o`
+is O', the attention output before the post-norm and the residual (the output of
+`training_variant(v)`'s forward; `apply_o_norm` gives y from it), and dO the gradient at y: the
+backward's pre kernel maps it through the norm. `layout varlen`: q, k, v, dO packed [total, H, D]
+with the cu_seqlens inputs, the LSE [H, total_q]. Arrays are checked before any launch, as
 the forward checks them: wrong shapes, dtypes, devices or layouts are a ValueError saying what was
 expected. Arrays are CuPy arrays (bf16 as uint16 bit patterns) or torch CUDA tensors; the
 gradients come back in the library of q, contiguous, in the shapes of q, k, v. With torch tensors
@@ -26,7 +30,7 @@ from typing import Any
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.runtime.kernel import load_functions
-from attngen.ir.nodes import DType, Layout, Variant
+from attngen.ir.nodes import DType, Layout, NormKind, NormTarget, Variant, norm_bias_name, norm_weight_name
 from attngen.plan.bwd import BwdEngine, BwdPlan, choose_engine, learnable, norm_params, unsupported
 from attngen.cuda.render_bwd import render_with_plan
 from attngen.plan.schedule import Arch
@@ -71,14 +75,63 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
         return _CACHE.setdefault(key, bk)
 
 
+def training_variant(v: Variant) -> Variant:
+    """The forward whose outputs the backward reads: `v` writing the LSE; with `norm o`, also
+    without the post-norm and the residual, so that its output is O', the attention output the
+    norm normalises (the backward's pre kernel maps dY to dO' through the norm with it; the
+    caller applies y = norm(O') (+ x), `apply_o_norm`)."""
+    v = dataclasses.replace(v, lse=True, nan_check=False)
+    if v.norm(NormTarget.O) is None:
+        return v
+    return dataclasses.replace(v, norms=tuple(n for n in v.norms if n.target != NormTarget.O), residual=False)
+
+
+def o_norm_inputs(v: Variant) -> tuple[str, ...]:
+    """The runtime inputs of the o post-norm (read by `apply_o_norm`, not by `training_variant`'s forward)."""
+    n = v.norm(NormTarget.O)
+    if n is None or not n.affine:
+        return ()
+    return (norm_weight_name(NormTarget.O),) + ((norm_bias_name(NormTarget.O),) if n.kind == NormKind.LAYERNORM else ())
+
+
+def apply_o_norm(v: Variant, o_pre: Any, x: Any, weight: Any = None, bias: Any = None) -> Any:
+    """y = norm(O') w + bias (+ x with a residual) in fp32, rounded to the element type, as the
+    fused epilogue computes it (torch tensors or CuPy arrays; x in O's shape or flat [B, L, H*D])."""
+    n = v.norm(NormTarget.O)
+    assert n is not None
+    is_torch = type(o_pre).__module__.startswith("torch")
+    if is_torch:
+        import torch as xp
+
+        f = o_pre.float()
+        mean = f.mean(-1, keepdim=True) if n.kind == NormKind.LAYERNORM else 0.0
+        c = f - mean
+        y = c * xp.rsqrt((c * c).mean(-1, keepdim=True) + n.eps)
+    else:
+        import cupy as xp
+
+        f = o_pre.astype(xp.float32)
+        mean = f.mean(-1, keepdims=True) if n.kind == NormKind.LAYERNORM else 0.0
+        c = f - mean
+        y = c / xp.sqrt((c * c).mean(-1, keepdims=True) + n.eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    if v.residual:
+        y = y + (x.float() if is_torch else x.astype(xp.float32)).reshape(y.shape)
+    return y.to(o_pre.dtype) if is_torch else y.astype(o_pre.dtype)
+
+
 def _forward_with_lse(kernel: Any):
-    """The forward kernel of the same variant that saves the LSE (the kernel itself if it does)."""
+    """The forward kernel of `training_variant` (the kernel itself when it is that variant)."""
     from attngen.runtime import kernel as runtime
 
     v = kernel.variant
-    if v.lse and not v.nan_check:
+    tv = training_variant(v)
+    if tv == v:
         return kernel
-    return runtime.compile(dataclasses.replace(v, lse=True, nan_check=False), arch=kernel.plan.arch)
+    return runtime.compile(tv, arch=kernel.plan.arch)
 
 
 def _torch_stream(ptr: int, device: Any) -> Any:
@@ -111,23 +164,27 @@ def backward(
     Lq_total: int | None = None,
     Lk_total: int | None = None,
     engine: BwdEngine | None = None,
+    variant: Variant | None = None,
     **inputs: Any,
 ) -> tuple[Any, ...]:
     """(dq, dk, dv) for a compiled forward `kernel` (attngen.compile); see the module doc. With
     `wrt` naming score inputs (`plan_bwd.learnable`: bias, alibi slopes, rel_bias tables, float
     lookups), (dq, dk, dv, {name: gradient}) with each gradient fp32 in its input's shape.
 
-    `dlse` (fp32 [B, H, Lq], contiguous): a gradient at the LSE output as well, for a loss that
+    `dlse` (fp32 [B, H, Lq], varlen [H, total_q], contiguous): a gradient at the LSE output as well, for a loss that
     reads the LSE (d LSE/d s = P, so it enters as delta - dlse). `q_offset`, `kv_offset`,
     `Lq_total`, `Lk_total` place the call in a longer sequence exactly as in the forward call
     (`abi.Positions`); pass the same values the forward got. `engine` asks for a dK/dV engine
-    (`plan_bwd.BwdEngine`; None: the plan's default for the arch)."""
+    (`plan_bwd.BwdEngine`; None: the plan's default for the arch). `variant`: the variant to
+    differentiate when `kernel` is its `training_variant`'s forward (default: kernel.variant)."""
     import cupy
     import numpy as np
 
     from attngen.runtime import kernel as runtime
 
-    var = kernel.variant
+    var = kernel.variant if variant is None else variant
+    if variant is not None and training_variant(variant) != training_variant(kernel.variant):
+        raise ValueError(f"variant: expected {variant.name}'s own forward or its training forward, got a kernel of {kernel.variant.name}")
     arch = kernel.plan.arch
     bk = compile_backward(var, arch, deterministic=deterministic, engine=engine)  # refuses unsupported constructs first
     wrt = tuple(wrt)
@@ -159,24 +216,31 @@ def backward(
         raise ValueError("o, lse: expected both (the forward's saved output and LSE) or neither, got one")
     if o is None:
         where = {} if placed.is_plain else dict(q_offset=q_offset, kv_offset=kv_offset, Lq_total=Lq_total, Lk_total=Lk_total)
-        o, lse = _forward_with_lse(kernel)(q, k, v, stream=stream, **where, **inputs)
+        fwd_inputs = {n: a for n, a in inputs.items() if n not in o_norm_inputs(var)}
+        o, lse = _forward_with_lse(kernel)(q, k, v, stream=stream, **where, **fwd_inputs)
     ao, al = runtime._view(o, "o"), runtime._view(lse, "lse")
     runtime._check_dtype(ao, var.dtype, "o")
     if ao.shape != o_shape:
         raise ValueError(f"o: expected shape {o_shape}, got {ao.shape}")
-    if al.dtype != "float32" or al.shape != (B, var.heads, Lq) or al.strides != (var.heads * Lq, Lq, 1):
-        raise ValueError(f"lse: expected a contiguous float32 array of shape {(B, var.heads, Lq)}, got {al.dtype} {al.shape} strides {al.strides}")
+    lse_shape = tuple(abi.lse_shape(var, B, Lq))  # [B, H, Lq]; varlen [H, total_q]
+    lse_strides = tuple(int(x) for x in reversed(np.cumprod((1, *reversed(lse_shape[1:])))))
+    if al.dtype != "float32" or al.shape != lse_shape or al.strides != lse_strides:
+        raise ValueError(f"lse: expected a contiguous float32 array of shape {lse_shape}, got {al.dtype} {al.shape} strides {al.strides}")
     adl = None
     if dlse is not None:
         adl = runtime._view(dlse, "dlse")
-        if adl.dtype != "float32" or adl.shape != (B, var.heads, Lq) or adl.strides != (var.heads * Lq, Lq, 1):
-            raise ValueError(f"dlse: expected a contiguous float32 array of shape {(B, var.heads, Lq)}, got {adl.dtype} {adl.shape} strides {adl.strides}")
+        if adl.dtype != "float32" or adl.shape != lse_shape or adl.strides != lse_strides:
+            raise ValueError(f"dlse: expected a contiguous float32 array of shape {lse_shape}, got {adl.dtype} {adl.shape} strides {adl.strides}")
         if adl.is_torch != aq.is_torch or adl.device != dev:
             raise ValueError(f"dlse: expected a {'torch tensor' if aq.is_torch else 'CuPy array'} on cuda:{dev} like q")
 
     def strides3(a, name: str) -> tuple[int, int, int]:
         if a.strides[-1] != 1:
             raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got strides {a.strides}")
+        if var.layout == Layout.VARLEN:  # packed [total, heads, D]: no batch stride (the kernels move to each sequence's rows)
+            return 0, a.strides[1], a.strides[0]
+        if len(a.shape) == 3 and abi.q_token_flat(var):  # q (and dq) as a flat [B, L, H*D] hidden state
+            return a.strides[0], var.head_dim, a.strides[1]
         if len(a.shape) != 4:
             raise ValueError(f"{name}: expected a 4-dimensional array, got shape {a.shape}")
         if var.layout == Layout.BHSD:
@@ -185,7 +249,7 @@ def backward(
 
     if bk.plan.engine != BwdEngine.FFMA:
         # The tensor-core kernels copy rows of these with 16-byte cp.async.
-        for a, n, read in ((aq, "q", not bk.plan.q_norm), (ak, "k", not bk.plan.k_norm), (av, "v", True), (ado, "dO", True)):
+        for a, n, read in ((aq, "q", not bk.plan.q_norm), (ak, "k", not bk.plan.k_norm), (av, "v", True), (ado, "dO", not bk.plan.o_norm)):
             if not read:
                 continue
             bad = [s for s in strides3(a, n) if s % 8]
@@ -207,6 +271,8 @@ def backward(
     agq, agk, agv = (runtime._view(g, n) for g, n in zip(grads, ("dq", "dk", "dv")))
     bp = bk.plan
     elem = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[var.dtype]
+    # Rows of the per-row workspaces: B * H * Lq; varlen H * total_q (the packed rows, [H, total_q] like the LSE).
+    nb = 1 if bp.varlen else B
     # Workspaces in the launch stream's order (they grow with B*L, never Lq*Lk), from the caller's
     # library: torch's caching allocator is CUDA-graph aware, so a captured backward allocates
     # from the graph's pool instead of calling cudaMalloc inside the capture.
@@ -219,18 +285,20 @@ def backward(
                 dt = torch.float32 if fp32 else {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}[var.dtype]
                 return torch.empty(n, dtype=dt, device=tdev)
 
-            delta = alloc(B * var.heads * Lq, True)
-            ws_dq = alloc(B * var.heads * Lq * var.head_dim, True)
-            ws = {"ws_q": alloc(B * var.heads * Lq * var.head_dim, False) if bp.q_norm else None,
-                  "ws_k": alloc(B * var.kv_heads * Lk * var.head_dim, False) if bp.k_norm else None,
-                  "ws_dk": alloc(B * var.kv_heads * Lk * var.head_dim, True) if bp.k_norm else None}
+            delta = alloc(nb * var.heads * Lq, True)
+            ws_dq = alloc(nb * var.heads * Lq * var.head_dim, True)
+            ws = {"ws_q": alloc(nb * var.heads * Lq * var.head_dim, False) if bp.q_norm else None,
+                  "ws_k": alloc(nb * var.kv_heads * Lk * var.head_dim, False) if bp.k_norm else None,
+                  "ws_dk": alloc(nb * var.kv_heads * Lk * var.head_dim, True) if bp.k_norm else None,
+                  "ws_do": alloc(nb * var.heads * Lq * var.value_head_dim, False) if bp.o_norm else None}
     else:
         with stream:
-            delta = cupy.empty(B * var.heads * Lq, dtype=cupy.float32)
-            ws_dq = cupy.empty(B * var.heads * Lq * var.head_dim, dtype=cupy.float32)
-            ws = {"ws_q": cupy.empty(B * var.heads * Lq * var.head_dim, dtype=elem) if bp.q_norm else None,
-                  "ws_k": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=elem) if bp.k_norm else None,
-                  "ws_dk": cupy.empty(B * var.kv_heads * Lk * var.head_dim, dtype=cupy.float32) if bp.k_norm else None}
+            delta = cupy.empty(nb * var.heads * Lq, dtype=cupy.float32)
+            ws_dq = cupy.empty(nb * var.heads * Lq * var.head_dim, dtype=cupy.float32)
+            ws = {"ws_q": cupy.empty(nb * var.heads * Lq * var.head_dim, dtype=elem) if bp.q_norm else None,
+                  "ws_k": cupy.empty(nb * var.kv_heads * Lk * var.head_dim, dtype=elem) if bp.k_norm else None,
+                  "ws_dk": cupy.empty(nb * var.kv_heads * Lk * var.head_dim, dtype=cupy.float32) if bp.k_norm else None,
+                  "ws_do": cupy.empty(nb * var.heads * Lq * var.value_head_dim, dtype=elem) if bp.o_norm else None}
 
     def ptr(a: Any) -> np.uint64:
         return np.uint64(a.data_ptr() if aq.is_torch else a.data.ptr)
@@ -240,6 +308,8 @@ def backward(
     args += [ptr(ws[f.name]) for f in bp.fields if f.name in ws]
     args += [np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(pos.q_offset), np.int32(pos.kv_offset),
              np.int32(pos.Lq_total), np.int32(pos.Lk_total)]
+    if bp.varlen:
+        args += [np.int32(Lq), np.int32(Lk)]  # total_q, total_k
     for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ao, "o"), (ado, "dO"), (agq, "dq"), (agk, "dk"), (agv, "dv")):
         args += [np.int64(s) for s in strides3(a, n)]
     for d in var.runtime_inputs():
@@ -282,4 +352,4 @@ def backward(
     return grads[0], grads[1], grads[2]
 
 
-__all__ = ["BackwardKernels", "backward", "compile_backward"]
+__all__ = ["BackwardKernels", "apply_o_norm", "backward", "compile_backward", "o_norm_inputs", "training_variant"]

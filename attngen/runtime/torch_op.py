@@ -29,9 +29,12 @@ inputs the backward differentiates (`bias`, `alibi` slopes, `rel_bias` tables, f
 custom scores), the q/k pre-norms' weights and biases, and `sink` logits, each in its input's
 dtype when that input requires grad. Other runtime inputs get None (integers; a float input read
 only by the mask is piecewise constant: its gradient is zero). A loss that reads the declared LSE
-output gets that path too. Constructs the backward kernels refuse (`plan.bwd.unsupported`: the o
-post-norm, a token-scope q norm, a paged cache) raise ValueError at the forward call when an input
-requires grad, never a silently wrong or missing gradient. `deterministic=True` (the callable,
+output gets that path too. With `norm o`, the training forward is the variant without the
+post-norm and the residual (`runtime.bwd.training_variant`): the op saves its output O' and
+applies y = norm(O') w + b (+ x) itself (`apply_o_norm`), and the backward maps dY through the
+norm. Constructs the backward kernels refuse (`plan.bwd.unsupported`: a paged cache, which is
+inference state, and a sink under the o post-norm) raise ValueError at the forward call when an
+input requires grad, never a silently wrong or missing gradient. `deterministic=True` (the callable,
 `Attention`) gives a bitwise reproducible dQ.
 """
 
@@ -46,7 +49,8 @@ import torch
 
 from attngen.ir import abi
 from attngen.runtime import kernel as runtime
-from attngen.ir.nodes import DType, Layout, Variant
+from attngen.ir.nodes import DType, Layout, NormTarget, Variant, norm_bias_name, norm_weight_name
+from attngen.runtime.bwd import apply_o_norm, o_norm_inputs, training_variant
 
 _LOCK = threading.Lock()
 _OPS: dict[tuple[Variant, str], "AttnOp"] = {}
@@ -107,7 +111,11 @@ class AttnOp:
         self.refusal = backward_refusal(v)
         # The forward that saves the LSE for the backward: the variant itself when it declares
         # `output lse`, else the same variant built to write it (the user's outputs unchanged).
-        self.train_variant = v if v.lse else dataclasses.replace(v, lse=True)
+        # With `norm o`: the forward without the post-norm and the residual, whose output O' the
+        # backward reads; the op applies y = norm(O') (+ x) itself and saves O'.
+        self.o_norm = v.norm(NormTarget.O) is not None
+        self.train_variant = training_variant(v) if self.o_norm else (v if v.lse else dataclasses.replace(v, lse=True))
+        self.train_input_names = tuple(n for n in self.input_names if n not in o_norm_inputs(v))
         self.name = _op_name(v, arch or "")
         self._kernel: Any = None
         self._train_kernel: Any = None
@@ -122,7 +130,8 @@ class AttnOp:
         # attngen::<name>_fwd: o and the LSE, always; `deterministic` only rides along to the backward.
         self.fwd_def = torch.library.custom_op(
             f"{qualname}_fwd", self._impl_fwd, mutates_args=(),
-            schema=f"(Tensor q, Tensor k, Tensor v{ins}, bool check_inputs=True, bool deterministic=False) -> (Tensor, Tensor)")
+            schema=f"(Tensor q, Tensor k, Tensor v{ins}, bool check_inputs=True, bool deterministic=False) -> "
+                   + ("(Tensor, Tensor, Tensor)" if self.o_norm else "(Tensor, Tensor)"))
         self.fwd_def.register_fake(self._fake_fwd)
         self.fwd_def.register_autograd(self._backward_fwd, setup_context=self._setup_fwd)
         self.fwd_op = getattr(torch.ops.attngen, f"{self.name}_fwd").default
@@ -198,23 +207,24 @@ class AttnOp:
         self._refuse(inputs)
         n = len(self.input_names)
         q, k, v, arrays = inputs[0], inputs[1], inputs[2], inputs[3:3 + n]
-        if self.variant.lse:
+        if self.variant.lse and not self.o_norm:
             o, lse = output
             ctx.save_for_backward(q, k, v, o, lse, *arrays)
-        else:  # no LSE to save: the backward reruns the LSE-saving forward
+        else:  # no LSE (or no O' before the post-norm) to save: the backward reruns the training forward
             ctx.save_for_backward(q, k, v, *arrays)
         ctx.check_inputs = bool(inputs[3 + n]) if len(inputs) > 3 + n else True
 
     def _backward_public(self, ctx: Any, *grads: Any) -> tuple[Any, ...]:
         n = len(self.input_names)
-        if self.variant.lse:
+        if self.variant.lse and not self.o_norm:
             q, k, v, o, lse, *arrays = ctx.saved_tensors
             do, dlse = grads
         else:
             q, k, v, *arrays = ctx.saved_tensors
             with torch.no_grad():
-                o, lse = self.fwd_op(q, k, v, *arrays, check_inputs=ctx.check_inputs)
-            do, dlse = grads[0], None
+                out = self.fwd_op(q, k, v, *arrays, check_inputs=ctx.check_inputs)
+            o, lse = (out[2], out[1]) if self.o_norm else out
+            do, dlse = grads[0], (grads[1] if self.variant.lse else None)
         out = self._grads(ctx.needs_input_grad[:3 + n], q, k, v, o, lse, do, dlse, arrays, False)
         return (*out, None)
 
@@ -224,20 +234,28 @@ class AttnOp:
     def _impl_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
         arrays, (check_inputs, _deterministic) = _trailing(rest, kw, len(self.input_names),
                                                            {"check_inputs": True, "deterministic": False})
-        o, lse = self._launch(self.train_kernel(), q, k, v, arrays, self.input_names, check_inputs)
-        return o, lse
+        if not self.o_norm:
+            o, lse = self._launch(self.train_kernel(), q, k, v, arrays, self.input_names, check_inputs)
+            return o, lse
+        # (o, lse, O'): O' from the forward without the post-norm, y = norm(O') (+ x) here.
+        by_name = dict(zip(self.input_names, arrays))
+        o_pre, lse = self._launch(self.train_kernel(), q, k, v, [by_name[n] for n in self.train_input_names],
+                                  self.train_input_names, check_inputs)
+        w, b = (by_name.get(n) for n in (norm_weight_name(NormTarget.O), norm_bias_name(NormTarget.O)))
+        return apply_o_norm(self.variant, o_pre, q, w, b), lse, o_pre
 
     def _fake_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
-        return self._fake_outputs(q, True)
+        o, lse = self._fake_outputs(q, True)
+        return (o, lse, torch.empty_like(o)) if self.o_norm else (o, lse)
 
     def _setup_fwd(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         self._refuse(inputs)
         n = len(self.input_names)
-        o, lse = output
+        o, lse = (output[2], output[1]) if self.o_norm else output  # with `norm o` the backward reads O'
         ctx.save_for_backward(inputs[0], inputs[1], inputs[2], o, lse, *inputs[3:3 + n])
         ctx.deterministic = bool(inputs[4 + n]) if len(inputs) > 4 + n else False
 
-    def _backward_fwd(self, ctx: Any, do: Any, dlse: Any) -> tuple[Any, ...]:
+    def _backward_fwd(self, ctx: Any, do: Any, dlse: Any, *_o_pre: Any) -> tuple[Any, ...]:
         n = len(self.input_names)
         q, k, v, o, lse, *arrays = ctx.saved_tensors
         # The LSE reaches the user only when the spec declares it; otherwise its gradient is zero.
@@ -277,12 +295,17 @@ class AttnOp:
         if var.residual:
             oa = oa - q.to(torch.float32)
         d = (do.to(torch.float32) * oa).sum(-1)
-        if var.layout != Layout.BHSD:
+        if var.layout == Layout.VARLEN:
+            d = d.transpose(0, 1)  # [H, total_q], as the LSE
+        elif var.layout != Layout.BHSD:
             d = d.transpose(1, 2)  # [B, H, Lq], as the LSE
-        p = torch.exp(sink.to(torch.float32).view(1, -1, 1) - lse)
+        heads_dim = 0 if var.layout == Layout.VARLEN else 1
+        shape = [1] * lse.dim()
+        shape[heads_dim] = -1
+        p = torch.exp(sink.to(torch.float32).view(shape) - lse)
         p = torch.where(torch.isfinite(lse), p, torch.zeros_like(p))  # (a row the forward left at -inf)
         g = -d if dlse is None else dlse - d
-        return (p * g).sum(dim=(0, 2))
+        return (p * g).sum(dim=tuple(i for i in range(lse.dim()) if i != heads_dim))
 
     # ------------------------------------------------------------------------------------------
     # attngen::<name>_bwd
@@ -295,7 +318,7 @@ class AttnOp:
         names = [nm for i, nm in enumerate(self.grad_names) if wrt >> i & 1]
         inputs = dict(zip(self.input_names, arrays))
         res = backward(self.train_kernel(), q, k, v, do, o=o, lse=lse, dlse=dlse, deterministic=deterministic,
-                       wrt=tuple(names), **inputs)
+                       wrt=tuple(names), variant=self.variant, **inputs)
         out = list(res[:3])
         if names:
             out += [res[3][nm] for nm in names]
@@ -318,7 +341,7 @@ class AttnOp:
         LSE-saving forward, so that the backward reads the saved LSE."""
         if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *inputs)):
             self._refuse((q, k, v, *inputs))
-            o, lse = self.fwd_op(q, k, v, *inputs, check_inputs=check_inputs, deterministic=deterministic)
+            o, lse = self.fwd_op(q, k, v, *inputs, check_inputs=check_inputs, deterministic=deterministic)[:2]
             return (o, lse) if self.variant.lse else o
         return self.op(q, k, v, *inputs, check_inputs=check_inputs)
 

@@ -61,6 +61,7 @@ inline float __shfl_xor_sync(unsigned, float x, int o) {
 }
 inline float __fdividef(float a, float b) { return a / b; }  // (declared for ag_tanh_fast, unused here)
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+template <class T> inline T __ldg(const T* p) { return *p; }
 inline float atomicAdd(float* a, float v) { return std::atomic_ref<float>(*a).fetch_add(v); }
 template <class A, class B> inline std::common_type_t<A, B> min(A a, B b) { return a < b ? a : b; }
 template <class A, class B> inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
@@ -256,27 +257,34 @@ def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wante
 def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray, dO: np.ndarray, o: np.ndarray,
         workdir: str | None = None, wrt: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Compile `src` for the host and run its kernels on the arrays (numpy, spec dtypes, the
-    variant's layout, contiguous); returns dq, dk, dv (and the gradients of the score inputs named
+    variant's layout, contiguous; with `norm o`, `o` is the output before the post-norm and the
+    residual, as the training forward saves it); returns dq, dk, dv (and the gradients of the score inputs named
     in `wrt`) as float64 in their inputs' shapes."""
     from attngen.check.reference import dtype_of
 
     ns = f"{bp.base_name}_impl"
     body = src.split("#ifndef __CUDACC_RTC__\n// Host launcher")[0]
-    B = arrays["q"].shape[0]
     layout = v.layout.value
-    Lq = arrays["q"].shape[2] if layout == "bhsd" else arrays["q"].shape[1]
-    Lk = arrays["k"].shape[2] if layout == "bhsd" else arrays["k"].shape[1]
+    if layout == "varlen":  # packed [total, heads, D]; B from cu_seqlens; the per-row kernels see one sequence
+        B = int(np.shape(arrays[v.cu_seqlens_names[0]])[0]) - 1
+        Lq, Lk, nb = arrays["q"].shape[0], arrays["k"].shape[0], 1
+    else:
+        B = nb = arrays["q"].shape[0]
+        Lq = arrays["q"].shape[2] if layout == "bhsd" else arrays["q"].shape[1]
+        Lk = arrays["k"].shape[2] if layout == "bhsd" else arrays["k"].shape[1]
     et = dtype_of(v.dtype)
-    outs = {n: np.zeros(arrays[src_].shape, dtype=et) for n, src_ in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
+    # NaN poison: the kernels must write every element of dq, dk and dv.
+    outs = {n: np.zeros(arrays[src_].shape, dtype=et) + np.array(np.nan, et) for n, src_ in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
     bufs = {
         "q": arrays["q"], "k": arrays["k"], "v": arrays["v"], "o": o, "dO": dO.astype(et), "lse": lse.astype(np.float32),
         "dq": outs["dq"], "dk": outs["dk"], "dv": outs["dv"],
-        "ws_delta": np.zeros(B * v.heads * Lq, np.float32),
+        "ws_delta": np.zeros(nb * v.heads * Lq, np.float32),
         # NaN poison: every element the kernels read must have been written first.
-        "ws_dq": np.full(B * v.heads * Lq * v.head_dim, np.nan, np.float32),
-        "ws_q": np.zeros(B * v.heads * Lq * v.head_dim, et) + np.array(np.nan, et),
-        "ws_k": np.zeros(B * v.kv_heads * Lk * v.head_dim, et) + np.array(np.nan, et),
-        "ws_dk": np.full(B * v.kv_heads * Lk * v.head_dim, np.nan, np.float32),
+        "ws_dq": np.full(nb * v.heads * Lq * v.head_dim, np.nan, np.float32),
+        "ws_q": np.zeros(nb * v.heads * Lq * v.head_dim, et) + np.array(np.nan, et),
+        "ws_k": np.zeros(nb * v.kv_heads * Lk * v.head_dim, et) + np.array(np.nan, et),
+        "ws_dk": np.full(nb * v.kv_heads * Lk * v.head_dim, np.nan, np.float32),
+        "ws_do": np.zeros(nb * v.heads * Lq * v.value_head_dim, et) + np.array(np.nan, et),
     }
     for n in wrt:
         outs[n] = bufs[f"grad_{n}"] = np.zeros(arrays[n].shape, np.float32)
@@ -286,6 +294,8 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
 
     def strides(a):
         s = [x // a.itemsize for x in a.strides]
+        if layout == "varlen":
+            return (0, s[1], s[0])
         return (s[0], s[1], s[2]) if layout == "bhsd" else (s[0], s[2], s[1])
 
     blob = bytearray()
@@ -302,8 +312,9 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
                 a = a.astype(dtype_of(decl.dtype))
             raw = a.tobytes()
             blob += np.int64(len(raw)).tobytes() + raw
-        elif n in ("B", "Lq", "Lk", "q_offset", "kv_offset", "Lq_total", "Lk_total"):
-            blob += np.int32({"B": B, "Lq": Lq, "Lk": Lk, "q_offset": 0, "kv_offset": 0, "Lq_total": Lq, "Lk_total": Lk}[n]).tobytes()
+        elif n in ("B", "Lq", "Lk", "q_offset", "kv_offset", "Lq_total", "Lk_total", "total_q", "total_k"):
+            blob += np.int32({"B": B, "Lq": Lq, "Lk": Lk, "q_offset": 0, "kv_offset": 0, "Lq_total": Lq, "Lk_total": Lk,
+                              "total_q": Lq, "total_k": Lk}[n]).tobytes()
         elif n.startswith("in_"):
             base, kind, i = n[3:].rsplit("_", 1)[0], n.rsplit("_", 1)[1][0], int(n.rsplit("_", 1)[1][1:])
             a = np.ascontiguousarray(arrays[base])

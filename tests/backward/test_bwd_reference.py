@@ -87,8 +87,8 @@ def test_every_example_matches_finite_differences(path, exact):
     for v in prog.variants:
         Lq, Lk = (6, 6) if v.kind == AttnKind.SELF else (5, 8)
         arrays = workload.make_inputs(v, 2, Lq, Lk, rng)
-        if v.page_size is not None or v.layout == Layout.VARLEN:  # refused, not differentiated (paged: inference state)
-            with pytest.raises(ValueError, match="kv_cache paged|layout varlen"):
+        if v.page_size is not None:  # refused, not differentiated: a paged cache is inference state
+            with pytest.raises(ValueError, match="kv_cache paged"):
                 reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"],
                                              {n: a for n, a in arrays.items() if n not in ("q", "k", "v")},
                                              np.ones(np.shape(reference.attention(v, arrays["q"], arrays["k"], arrays["v"], {n: a for n, a in arrays.items() if n not in ("q", "k", "v")})[0])))
@@ -188,9 +188,7 @@ def test_flat_hidden_state_q():
 @settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(spec_strategy(), st.integers(1, 9), st.integers(1, 9), st.integers(0, 2**31))
 def test_random_specs_match_finite_differences(exact, text, Lq, Lk, seed):
-    # The backward refuses packed batches (test_every_example_matches_finite_differences checks the
-    # refusal): a drawn varlen spec is differentiated as the same spec on a padded batch.
-    v = frontend.loads(text.replace("layout varlen", "layout bshd")).get()
+    v = frontend.loads(text).get()  # (a drawn varlen spec: B = 1 packed sequence)
     if v.kind == AttnKind.SELF:
         Lk = Lq
     rng = np.random.default_rng(seed)
@@ -260,3 +258,28 @@ def test_against_torch_autograd(case):
     np.testing.assert_allclose(got["dv"], tv.grad.numpy(), rtol=1e-9, atol=1e-11)
     for n in names:
         np.testing.assert_allclose(got[n], tx[n].grad.numpy(), rtol=1e-9, atol=1e-11)
+
+
+def test_varlen_is_each_sequence_on_its_own(exact):
+    # The packed backward equals the padded backward of each sequence alone (empty and one-row
+    # sequences included), and matches finite differences.
+    import dataclasses
+
+    v = T.variant(T.causal(), (T.softcap(4.0),), D=8, heads=4, kv_heads=2, layout=Layout.VARLEN, residual=True)
+    rng = np.random.default_rng(30)
+    lens = [6, 0, 1, 9]
+    a = workload.make_inputs(v, len(lens), sum(lens), sum(lens), rng)
+    a["cu_seqlens"] = workload.cu_seqlens_of(lens)
+    rest = {"cu_seqlens": a["cu_seqlens"]}
+    dO = rng.normal(size=(sum(lens), 4, 8))
+    g = reference.attention_backward(v, a["q"], a["k"], a["v"], rest, dO)
+    dense = dataclasses.replace(v, layout=Layout.BSHD)
+    cu = a["cu_seqlens"]
+    for s0, s1 in zip(cu[:-1], cu[1:]):
+        if s1 == s0:
+            continue
+        gd = reference.attention_backward(dense, a["q"][None, s0:s1], a["k"][None, s0:s1], a["v"][None, s0:s1], {}, dO[None, s0:s1])
+        for n in ("dq", "dk", "dv"):
+            np.testing.assert_allclose(g[n][s0:s1], gd[n][0], rtol=0, atol=0)
+    seen = check_directional(v, a, rng)
+    assert all(abs(x) > 0 for x in seen.values())

@@ -25,10 +25,10 @@ def test_check_and_explain(capsys) -> None:
     assert "query tile slots (total_q / 128 + B" in out
 
 
-def test_backward_pass_is_refused_with_a_location(capsys) -> None:
-    rc, _, err = _run(capsys, "compile", str(EXAMPLE), "--pass", "backward", "-o", "-")
-    assert rc != 0
-    assert "varlen_causal_training.attn:6:1: error: --pass backward: `layout varlen` is not supported" in err
+def test_backward_pass_renders_the_packed_backward(capsys) -> None:
+    rc, out, _ = _run(capsys, "compile", str(EXAMPLE), "--pass", "backward", "-o", "-")
+    assert rc == 0
+    assert "Varlen (packed) batch: B sequences" in out and "ag_varlen_view<true>" in out
 
 
 def test_bench_points_to_the_varlen_benchmark(capsys) -> None:

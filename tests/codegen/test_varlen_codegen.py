@@ -98,11 +98,17 @@ def test_render_is_stable_and_carries_the_varlen_abi() -> None:
     assert "in_cu_seqlens" in self_fields and "in_cu_seqlens_q" not in self_fields  # kind self: one array
 
 
-def test_decode_and_backward_refuse_varlen() -> None:
+def test_decode_refuses_varlen_and_the_backward_runs_tile_slots() -> None:
     v = PROGRAM.get("vs")
     assert "layout varlen" in (plan_decode.decode_unsupported(v) or "")
-    diags = plan_bwd.unsupported(v)
-    assert any("`layout varlen` is not supported by the backward kernels" in d.message for d in diags)
+    assert not plan_bwd.unsupported(v)
+    bp = plan_bwd.plan(v, Arch.SM90A)
+    assert bp.varlen and all(f in {x.name for x in bp.fields} for f in ("total_q", "total_k", "in_cu_seqlens"))
+    # Key tile slots along x (total_k / tile + B), one sequence's tile each; the per-row kernels
+    # run the packed rows as one sequence.
+    bn = bp.tc_block_n or bp.block_n
+    assert bp.grid("ag_bwd_dkdv", 3, 500, 500, v.heads, v.kv_heads, v.head_dim) == (500 // bn + 3, v.kv_heads, 1)
+    assert bp.grid("ag_bwd_pre", 3, 500, 500, v.heads, v.kv_heads, v.head_dim)[0] == v.heads * 500 // 8 + 1
 
 
 @pytest.mark.nvcc

@@ -34,9 +34,18 @@ def test_file_mode_backward_runs_the_reference_checks(tmp_path):
 
 
 def test_refused_variant_is_a_failure_that_says_why(tmp_path):
-    r = _cli("examples/diff_transformer_subln.attn", "--pass", "backward", "--max-examples", "2", "--out", str(tmp_path))
+    r = _cli("examples/paged_decode_llama3.attn", "--pass", "backward", "--max-examples", "2", "--out", str(tmp_path))
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert "the backward kernels refuse this variant: `norm o` is not supported" in r.stderr
+    assert "the backward kernels refuse this variant: `kv_cache paged` is decode-time inference state, not a training workload" in r.stderr
+
+
+@pytest.mark.parametrize("example", ["diff_transformer_subln", "whisper_preln_cross", "varlen_causal_training"])
+def test_issue14_constructs_fuzz_on_the_cpu(example, tmp_path):
+    # The o post-norm, the token-scope q norm and layout varlen: rendered in both dQ modes, the
+    # reference backward against central differences on drawn cases.
+    r = _cli(f"examples/{example}.attn", "--pass", "backward", "--max-examples", "6", "--seed", "2", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "0 failing" in r.stdout + r.stderr
 
 
 def test_bad_pass_is_a_usage_error():

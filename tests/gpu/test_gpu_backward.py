@@ -145,9 +145,9 @@ def test_backward_refuses_bad_arguments_before_launch():
         backward(kern, q, k, vv, fuzz.to_device(np.zeros((1, 4, 16, 64), np.float16)))
     with pytest.raises(ValueError, match="o, lse"):
         backward(kern, q, k, vv, fuzz.to_device(np.zeros((1, 4, 16, 64), np.float32)), o=q)
-    normed = runtime.compile(variant_of("attention b_normed { dtype fp16; head_dim 64; heads 2; norm o rmsnorm(1e-6) }"))
-    with pytest.raises(ValueError, match="not supported by the backward kernels yet"):
-        backward(normed, q, k, vv, q)
+    paged = runtime.compile(variant_of("attention b_paged { dtype fp16; head_dim 64; heads 2; kind cross; kv_cache paged(16) }"))
+    with pytest.raises(ValueError, match="not a training workload"):
+        backward(paged, q, k, vv, q)
 
 
 @pytest.mark.gpu

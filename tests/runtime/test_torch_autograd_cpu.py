@@ -117,8 +117,9 @@ def test_direct_op_call_is_trainable(monkeypatch):
 
 
 @pytest.mark.parametrize("spec, variant, match", [
-    (EX / "diff_transformer_subln.attn", None, r"`norm o` is not supported by the backward kernels"),
-    (EX / "whisper_preln_cross.attn", None, r"`norm q` scope token is not supported"),
+    (EX / "paged_decode_llama3.attn", None, r"`kv_cache paged` is decode-time inference state, not a training workload"),
+    ("attention tg_sink_onorm { dtype bf16; head_dim 64; heads 2; layout bshd; input sk: fp32[H]; sink sk; norm o rmsnorm(1e-6) }",
+     None, r"`sink` with `norm o` is not supported"),
 ])
 def test_unsupported_constructs_are_refused_at_the_forward(spec, variant, match):
     op = at.register(spec, variant)
@@ -289,3 +290,117 @@ def test_sink_gradient_formula_matches_the_reference_backward(variant):
     got2 = op._sink_grad(t(q), t(o), t(lse), t(dO), t(dl), t(arrays["sinks"]))
     psink = np.exp(arrays["sinks"].astype(np.float64)[None, :, None] - lse)
     np.testing.assert_allclose((got2 - got).numpy(), (psink * dl).sum(axis=(0, 2)), rtol=1e-9)
+
+
+# ---- issue 14: the o post-norm, the token-scope q norm and layout varlen train through the op
+
+
+ONORM = "attention tg_onorm { dtype bf16; head_dim 64; heads 4 kv 2; layout bshd; mask causal; residual; norm o layernorm(1e-5) }"
+
+
+def test_o_post_norm_trains_from_the_pre_norm_output(monkeypatch):
+    op = at.register(ONORM)
+    assert op.o_norm and set(op.grad_names) == {"o_norm_weight", "o_norm_bias"}
+    # The training forward is the variant without the post-norm and the residual: its output is O'.
+    assert not op.train_variant.norms and not op.train_variant.residual and op.train_variant.lse
+    assert op.train_input_names == ()
+    assert str(op.fwd_op._schema).endswith("-> (Tensor, Tensor, Tensor)")
+    spy = Spy(op, "bwd_op", monkeypatch)
+    q = meta(2, 33, 4, 64, dtype=torch.bfloat16, grad=True)
+    k = meta(2, 33, 2, 64, dtype=torch.bfloat16, grad=True)
+    w, b = meta(64, dtype=torch.float32, grad=True), meta(64, dtype=torch.float32)
+    assert op.input_names == ("o_norm_bias", "o_norm_weight")
+    y = op(q, k, k, b, w)
+    assert y.shape == (2, 33, 4, 64) and y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    (args, kw), = spy.calls
+    assert kw["wrt"] == 1 << op.grad_names.index("o_norm_weight")  # not the bias's (it does not require grad)
+    assert args[3].shape == y.shape  # the saved O', the backward's `o`
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and w.grad.shape == (64,) and b.grad is None
+    # A direct op call reruns the training forward in its backward (to get O').
+    fwd = Spy(op, "fwd_op", monkeypatch)
+    y = op.op(q, k, k, b, w)
+    y.float().sum().backward()
+    assert len(fwd.calls) == 1
+
+
+def test_apply_o_norm_is_the_fused_forward():
+    import numpy as np
+
+    from attngen.check import reference, workload
+    from attngen.lang import frontend
+    from attngen.runtime.bwd import apply_o_norm, training_variant
+
+    v = frontend.loads(ONORM.replace("bf16", "fp32")).get()
+    rng = np.random.default_rng(3)
+    a = workload.make_inputs(v, 2, 19, 19, rng)
+    a["o_norm_weight"] = (1 + 0.3 * rng.normal(size=64)).astype(np.float32)
+    a["o_norm_bias"] = (0.3 * rng.normal(size=64)).astype(np.float32)
+    rest = {n: x for n, x in a.items() if n not in ("q", "k", "v")}
+    y, _ = reference.attention(v, a["q"], a["k"], a["v"], rest)
+    o_pre, _ = reference.attention(training_variant(v), a["q"], a["k"], a["v"], {})
+    got = apply_o_norm(v, torch.from_numpy(o_pre), torch.from_numpy(a["q"]), torch.from_numpy(a["o_norm_weight"]),
+                       torch.from_numpy(a["o_norm_bias"]))
+    np.testing.assert_allclose(got.numpy(), y, rtol=1e-5, atol=1e-5)
+
+
+def test_token_scope_q_norm_flat_hidden_state_trains(monkeypatch):
+    op = at.register(EX / "whisper_preln_cross.attn")
+    assert op.refusal is None and set(op.grad_names) == {"q_norm_weight", "q_norm_bias"}
+    spy = Spy(op, "bwd_op", monkeypatch)
+    x = meta(2, 9, 16 * 64, dtype=torch.bfloat16, grad=True)  # the decoder hidden state [B, Lq, H*D]
+    kv = meta(2, 13, 16, 64, dtype=torch.bfloat16, grad=True)
+    w, b = meta(1024, dtype=torch.float32, grad=True), meta(1024, dtype=torch.float32, grad=True)
+    assert op.input_names == ("q_norm_bias", "q_norm_weight")
+    y = op(x, kv, kv, b, w)
+    assert y.shape == (2, 9, 16, 64)
+    y.float().sum().backward()
+    (_, kw), = spy.calls
+    assert kw["wrt"] == 0b11
+    assert x.grad.shape == x.shape and kv.grad.shape == kv.shape and w.grad.shape == (1024,) and b.grad.shape == (1024,)
+
+
+def test_varlen_trains_with_the_packed_lse(monkeypatch):
+    op = at.register(EX / "varlen_causal_training.attn")
+    assert op.refusal is None
+    spy = Spy(op, "bwd_op", monkeypatch)
+    q = meta(300, 16, 128, dtype=torch.bfloat16, grad=True)
+    cu = torch.empty(4, dtype=torch.int32, device="meta")
+    o, lse = op(q, q, q, cu)
+    assert o.shape == (300, 16, 128) and lse.shape == (16, 300)
+    (o.float().sum() + lse.sum()).backward()
+    (args, _), = spy.calls
+    assert args[6] is not None and args[6].shape == (16, 300)  # the declared LSE's gradient, [H, total_q]
+    assert q.grad.shape == q.shape
+
+
+def test_compile_fullgraph_traces_the_o_post_norm_step():
+    # The o-norm's training forward has three outputs (y, lse, O'); torch.compile traces it and
+    # its backward without a graph break.
+    op = at.register(ONORM)
+    fw, bw = [], []
+
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def fw_compiler(gm, _):
+        fw.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def bw_compiler(gm, _):
+        bw.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def step(q, k, b, w):
+        return (op(q, k, k, b, w).float() ** 2).sum()
+
+    q = meta(2, 40, 4, 64, dtype=torch.bfloat16, grad=True)
+    k = meta(2, 40, 2, 64, dtype=torch.bfloat16, grad=True)
+    b, w = meta(64, dtype=torch.float32, grad=True), meta(64, dtype=torch.float32, grad=True)
+    torch._dynamo.reset()
+    loss = torch.compile(step, fullgraph=True, backend=aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler))(q, k, b, w)
+    loss.backward()
+    assert len(fw) == 1 and len(bw) == 1
+    assert any("attngen.tg_onorm_fwd" in str(n.target) for n in fw[0].graph.nodes if n.op == "call_function")
+    assert any("attngen.tg_onorm_bwd" in str(n.target) for n in bw[0].graph.nodes if n.op == "call_function")
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and b.grad.shape == (64,) and w.grad.shape == (64,)
