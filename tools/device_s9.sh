@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The ninth session's device check, one call on the two-GPU kind (nvidia-h200-x2):
 #   source .whl/env.sh; bash tools/device_s9.sh
-# GPU 0: the GPU test suite, then sanitizers (forward memcheck/racecheck on odd shapes, backward
-# memcheck, decode memcheck) and a fuzz pass. GPU 1: timing only (suite, sweep, decode bench,
+# GPU 0: the GPU test suite, then sanitizers (forward memcheck on odd shapes, backward memcheck, decode
+# memcheck) and a backward fuzz pass. GPU 1: timing only (suite, training blocks, decode bench,
 # backward bench) so that tests never share a GPU with a clock. Results under $OUT; summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache
@@ -14,26 +14,26 @@ S="$OUT/summary.txt"
 # Warm the NVRTC cache for the suite's kernels is not needed: each side compiles what it runs.
 (
   export CUDA_VISIBLE_DEVICES=0
-  HYPOTHESIS_PROFILE=ci timeout 330 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 14 -rfE --tb=short \
+  HYPOTHESIS_PROFILE=ci timeout 320 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 14 -rfE --tb=short \
     > "$LOGS/pytest_gpu.txt" 2>&1
   echo "gpu pytest rc=$?: $(tail -n 1 "$LOGS/pytest_gpu.txt")" >> "$S"
   grep -E "^(FAILED|ERROR)" "$LOGS/pytest_gpu.txt" | head -n 30 >> "$S"
-  for tool in memcheck racecheck; do
-    timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_cases.py > "$LOGS/san_$tool.txt" 2>&1
-    echo "compute-sanitizer forward $tool rc=$? ($(tail -n 1 "$LOGS/san_$tool.txt"))" >> "$S"
-  done
-  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_bwd_cases.py > "$LOGS/san_bwd.txt" 2>&1
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_cases.py > "$LOGS/san_memcheck.txt" 2>&1
+  echo "compute-sanitizer forward memcheck rc=$? ($(tail -n 1 "$LOGS/san_memcheck.txt"))" >> "$S"
+  timeout 50 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_bwd_cases.py > "$LOGS/san_bwd.txt" 2>&1
   echo "compute-sanitizer backward memcheck rc=$? ($(tail -n 1 "$LOGS/san_bwd.txt"))" >> "$S"
-  timeout 45 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu/decode_smoke.py --quick \
+  timeout 40 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu/decode_smoke.py --quick \
     --only d_cache_bf16_d128_g8 d_paged8_fp16_d64_g8 d_sink_bf16_d64_g8 > "$LOGS/decode_memcheck.txt" 2>&1
   echo "decode memcheck rc=$? ($(tail -n 1 "$LOGS/decode_memcheck.txt"))" >> "$S"
+  OUT="$LOGS" timeout 60 bash tests/gpu/bwd_features_gpu.sh 4 > "$LOGS/fuzz_bwd.txt" 2>&1
+  echo "fuzz --pass backward rc=$?: $(grep -cE 'fail' "$LOGS/fuzz_bwd.txt") lines with 'fail'" >> "$S"; tail -n 6 "$LOGS/fuzz_bwd.txt" >> "$S"
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
-  timeout 200 python3 benchmarks/suite.py --out "$OUT/h200.jsonl" > "$LOGS/suite.txt" 2>&1
+  timeout 170 python3 benchmarks/suite.py --out "$OUT/h200.jsonl" > "$LOGS/suite.txt" 2>&1
   echo "suite rc=$?" >> "$S"
-  timeout 130 python3 benchmarks/sweep.py --out "$OUT/h200_sweep.jsonl" --peers cudnn,flash > "$LOGS/sweep.txt" 2>&1
-  echo "sweep rc=$?" >> "$S"
+  timeout 110 python3 benchmarks/train_block_bench.py --out "$OUT/h200_train_block.json" > "$LOGS/train_block.txt" 2>&1
+  echo "train block bench rc=$?" >> "$S"
   timeout 80 python3 benchmarks/decode_bench.py --quick --out "$OUT/h200_decode_shares.json" > "$LOGS/decode_bench.txt" 2>&1
   echo "decode bench rc=$?" >> "$S"
   timeout 100 python3 benchmarks/bwd_bench.py --iters 3 --also-engine mma --out "$OUT/h200_bwd_wgmma.json" > "$LOGS/bwd_bench.txt" 2>&1
@@ -41,6 +41,6 @@ S="$OUT/summary.txt"
 ) &
 wait
 tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
-{ echo "== suite"; tail -n 25 "$LOGS/suite.txt"; echo "== sweep"; tail -n 30 "$LOGS/sweep.txt"; echo "== decode"; tail -n 14 "$LOGS/decode_bench.txt";
-  echo "== bwd"; tail -n 12 "$LOGS/bwd_bench.txt"; } >> "$S"
+{ echo "== suite"; tail -n 25 "$LOGS/suite.txt"; echo "== decode"; tail -n 14 "$LOGS/decode_bench.txt";
+  echo "== bwd"; tail -n 12 "$LOGS/bwd_bench.txt"; echo "== train block"; tail -n 12 "$LOGS/train_block.txt"; } >> "$S"
 cat "$S"

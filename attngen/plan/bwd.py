@@ -226,9 +226,12 @@ def choose_engine(v: Variant, arch: Arch, prefer: BwdEngine | None = None) -> tu
         if why is not None:
             raise ValueError(f"variant {v.name}: the wgmma backward engine cannot run it: {why}")
         return BwdEngine.WGMMA, "requested; fp16/bf16 on sm_90a at head dims 64 / 128"
-    if prefer is None and WGMMA_DEFAULT and wgmma_fits(v, arch) is None:
+    why_not = wgmma_fits(v, arch)
+    if prefer is None and WGMMA_DEFAULT and why_not is None:
         return BwdEngine.WGMMA, "fp16/bf16 on sm_90a at head dims 64 / 128"
     engine, reason = _choose_engine_sm80(v, arch)
+    if arch == Arch.SM90A and why_not is not None and prefer is None:
+        reason += f"; not wgmma: {why_not}"
     if prefer is not None and prefer != engine:
         raise ValueError(f"variant {v.name}: the {prefer.value} backward engine cannot run it on {arch.value} ({engine.value}: {reason})")
     return engine, reason
