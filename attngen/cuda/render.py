@@ -43,6 +43,7 @@ from attngen.plan.schedule import (
     Arch,
     Engine,
     engine,
+    head_dims_problem,
     min_blocks_per_sm,
     SmemLayout,
     persistent,
@@ -409,6 +410,9 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX)
 def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX) -> OpPlan:
     if v.page_size is not None:  # the forward kernels read contiguous K/V only
         raise ValueError(f"variant {v.name}: `kv_cache paged` runs on the decode family (render_decode), not the forward kernel")
+    bad_dims = head_dims_problem(v.dtype, v.head_dim, v.value_head_dim)
+    if bad_dims:
+        raise ValueError(f"variant {v.name}: {bad_dims}")
     tile = resolve_tile(v, arch)
     preps = _preps(v, prefix)
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)

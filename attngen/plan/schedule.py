@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, NormScope, NormTarget, TileConfig, Variant
+from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, NormScope, NormTarget, TileConfig, Variant, walk
 
 
 class Arch(enum.Enum):
@@ -139,6 +139,18 @@ def describe_head_dims() -> str:
     """The implemented head dims in words, for diagnostics."""
     wide = ", ".join(f"{d}" if d == dv else f"{d} with value {dv}" for d, dv in WIDE_HEAD_DIMS)
     return f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (any pairing), and for fp16/bf16 also {wide}"
+
+
+def head_dims_problem(dtype: DType, head_dim: int, value_head_dim: int) -> str | None:
+    """Why the kernels cannot take these head dims (None when they can). Lowering checks this for
+    specs read with a target; the plan checks it again for variants built without one, which
+    would otherwise render a kernel whose tiles do not cover the rows."""
+    if head_dim in SUPPORTED_HEAD_DIMS and value_head_dim in SUPPORTED_HEAD_DIMS:
+        return None
+    if (head_dim, value_head_dim) in WIDE_HEAD_DIMS and dtype in (DType.FP16, DType.BF16):
+        return None
+    what = f"head_dim {head_dim}" + (f" with value {value_head_dim}" if value_head_dim != head_dim else "")
+    return f"{what} ({dtype.value}) is not supported: the CUDA backend implements {describe_head_dims()}"
 SUPPORTED_WARPS = (1, 2, 4, 8)
 # FFMA register tiles: a thread's output accumulators and scores per tile, at most.
 FFMA_MAX_O_REGS = 64
@@ -525,10 +537,15 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
                 t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
         elif v.value_head_dim == 256 and t.block_n > 32:
             t = TileConfig(t.block_m, 32, t.warps, t.stages)
-    # Document masks keep the 128 x 128 tiles: the sixth session's 128 x 64 (194 against 189
-    # TFLOP/s, document-causal 16) lost its edge once the producer kept each window's ballot (H200,
-    # D128 L16k, ninth session: 16 random documents 197 vs 194, 16 of 1024 tokens 254 vs 273, one
-    # document 451 vs 569 for 128 x 64 vs 128 x 128).
+    if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA and v.head_dim == 128 and any(
+            isinstance(n, Builtin) and n.name == BuiltinName.DOCUMENT for n in walk(v.mask)):
+        # Document masks: a query tile sees a few key tiles of its own document, many of them
+        # partial; 64-key tiles halve the per-element mask work at document edges and leave room
+        # for two Q buffers. H200, D128 L16k, 128 x 64 against 128 x 128 (ninth session, the walk
+        # that keeps each window's ballot): 16 random documents (the suite's row) 195-197 against
+        # 190-194 TFLOP/s over three runs; but 16 documents of 1024 tokens 254-263 against 266-273,
+        # and one document 451-476 against 547-569: long documents would want 128 x 128.
+        t = TileConfig(block_m=128, block_n=64, warps=8, stages=3)
     if t.warps == 12 and (v.scores or v.runtime_inputs()):
         # Three consumer warpgroups leave 160 registers a thread: lookups in the mask or score
         # mods spill there (ptxas, sm_90a: t5_relative_bias 1020 bytes), so two warpgroups.

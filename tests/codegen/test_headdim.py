@@ -210,3 +210,16 @@ def test_wide_kernels_compile_without_spills(body: str, arch: Arch) -> None:
             assert code not in log, log
     else:
         assert res.registers <= 255, res
+
+
+def test_unsupported_head_dims_refused_without_a_target() -> None:
+    """A variant built without the backend's target (frontend.loads alone, as tests and library
+    callers do) still cannot render a kernel for head dims it does not implement: the GPU ran
+    head_dim 72 through the forward and returned wrong rows before the plan checked (regression)."""
+    from attngen.lang import frontend
+
+    for body in ("dtype fp16; head_dim 72; heads 2; layout varlen; mask causal",
+                 "dtype fp32; head_dim 256; heads 2", "dtype fp32; head_dim 192 value 128; heads 2"):
+        v = frontend.loads(f"attention t {{ {body} }}", "<t>").get()
+        with pytest.raises(ValueError, match="is not supported: the CUDA backend implements"):
+            render_cuda.render(v, Arch.SM90A)

@@ -23,7 +23,7 @@ SPECS = {
     "vl_bf16_causal_gqa": "dtype bf16; head_dim 128; heads 8 kv 2; layout varlen; mask causal; output lse",
     "vl_fp16_window_softcap": "dtype fp16; head_dim 64; heads 4; layout varlen; mask causal && window(40, 0); score softcap(20.0)",
     "vl_fp32_cross_alibi": "dtype fp32; head_dim 32; heads 4 kv 1; kind cross; layout varlen; score alibi",
-    "vl_fp16_d72_residual": "dtype fp16; head_dim 72; heads 2; layout varlen; mask causal; residual",
+    "vl_fp16_d96_residual": "dtype fp16; head_dim 96; heads 2; layout varlen; mask causal; residual",
     # the token-scope q norm (pre-LN block: statistics over each token's H*D row)
     "tok_bf16_preln_cross_gqa": "dtype bf16; head_dim 64; heads 8 kv 2; kind cross; layout bshd; residual; norm q layernorm(1e-5) scope token",
     "tok_fp32_rms_causal": "dtype fp32; head_dim 32; heads 4; layout bshd; mask causal; norm q rmsnorm(1e-6) scope token",
@@ -90,7 +90,7 @@ def test_varlen_engines_are_the_ones_meant():
 
     assert plan_bwd.plan(_variant("vl_bf16_causal_gqa"), Arch.SM90A).engine == plan_bwd.BwdEngine.MMA
     assert plan_bwd.plan(_variant("vl_fp32_cross_alibi"), Arch.SM90A).engine == plan_bwd.BwdEngine.FFMA
-    assert plan_bwd.plan(_variant("vl_fp16_d72_residual"), Arch.SM90A).engine == plan_bwd.BwdEngine.FFMA
+    assert plan_bwd.plan(_variant("vl_fp16_d96_residual"), Arch.SM90A).engine == plan_bwd.BwdEngine.MMA
 
 
 @pytest.mark.gpu
