@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, NormScope, NormTarget, TileConfig, Variant, walk
+from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, NormScope, NormTarget, TileConfig, Variant
 
 
 class Arch(enum.Enum):
@@ -537,15 +537,11 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
                 t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
         elif v.value_head_dim == 256 and t.block_n > 32:
             t = TileConfig(t.block_m, 32, t.warps, t.stages)
-    if engine(v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA and v.head_dim == 128 and any(
-            isinstance(n, Builtin) and n.name == BuiltinName.DOCUMENT for n in walk(v.mask)):
-        # Document masks: a query tile sees a few key tiles of its own document, many of them
-        # partial; 64-key tiles halve the per-element mask work at document edges and leave room
-        # for two Q buffers. H200, D128 L16k, 128 x 64 against 128 x 128 (ninth session, the walk
-        # that keeps each window's ballot): 16 random documents (the suite's row) 195-197 against
-        # 190-194 TFLOP/s over three runs; but 16 documents of 1024 tokens 254-263 against 266-273,
-        # and one document 451-476 against 547-569: long documents would want 128 x 128.
-        t = TileConfig(block_m=128, block_n=64, warps=8, stages=3)
+    # Document masks take the 128 x 128 tiles too. The sixth session chose 128 x 64 for them (194
+    # against 189 TFLOP/s); with the producer's walk of this session (H200, D128 L16k, 128 x 64
+    # against 128 x 128): 16 random documents (the suite's row) 195-197 against 186-194, 16
+    # documents of 1024 tokens 254-263 against 266-273, one document 451-476 against 547-569. The
+    # 128 x 128 tiles are the ones the final GPU suite ran; a length-aware choice is open.
     if t.warps == 12 and (v.scores or v.runtime_inputs()):
         # Three consumer warpgroups leave 160 registers a thread: lookups in the mask or score
         # mods spill there (ptxas, sm_90a: t5_relative_bias 1020 bytes), so two warpgroups.
