@@ -151,6 +151,8 @@ def head_dims_problem(dtype: DType, head_dim: int, value_head_dim: int) -> str |
         return None
     what = f"head_dim {head_dim}" + (f" with value {value_head_dim}" if value_head_dim != head_dim else "")
     return f"{what} ({dtype.value}) is not supported: the CUDA backend implements {describe_head_dims()}"
+
+
 SUPPORTED_WARPS = (1, 2, 4, 8)
 # FFMA register tiles: a thread's output accumulators and scores per tile, at most.
 FFMA_MAX_O_REGS = 64
