@@ -147,6 +147,9 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         param_grads=_param_grads(v, elem),
         residual=v.residual,
         **_norm_ctx(v),
+        # norm weight gradients summed per block in shared memory (the plan gave the kernel the room)
+        pre_grad_sums=bp.kernel("ag_bwd_pre").smem > 0,
+        finish_grad_sums=bp.kernel("ag_bwd_finish").smem > 0,
         **_varlen_ctx(v),
         row_batches="1LL" if bp.varlen else "(long long)p.B",
         deterministic=deterministic,

@@ -41,6 +41,11 @@ from attngen.plan.schedule import DEFAULT_ARCH, Arch
 THREADS = 256  # per CTA of the dK/dV and dQ kernels
 PRE_THREADS = 256  # per CTA of the grid-stride pre / convert kernels (8 warps, a row each)
 PRE_MAX_BLOCKS = 4096
+# Kernels that sum norm weight gradients (dgamma, dbeta over every row) add each block's rows in
+# shared memory first and then once into the global sums: at most this many blocks, so the global
+# fp32 atomics are at most this many per element (a row each made e.g. 65536 a weight element in
+# the pre-LN block's token norm, all on the same few thousand addresses).
+NORM_GRAD_MAX_BLOCKS = 1024
 TILE_CHOICES = (64, 32, 16)  # square tiles, the largest whose shared memory fits the arch
 TC_BLOCK_M = 64  # tensor-core dK/dV kernel: query rows a step
 # Key rows a CTA (16 a warp), the largest that fits: 128 halves the Q/dO traffic and dQ atomics
@@ -80,6 +85,7 @@ class BwdKernel:
     smem: int  # dynamic shared memory, bytes
     grid_code: str  # the launch grid as C++ over Params `p` (the launcher's formula)
     doc: str
+    max_blocks: int = PRE_MAX_BLOCKS  # the grid-stride row kernels' cap (grid())
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +125,7 @@ class BwdPlan:
         Lq and Lk the packed totals."""
         nb = 1 if self.varlen else B  # the per-row kernels' batch: the packed rows are one sequence
         if func == "ag_bwd_pre":
-            return (min(nb * heads * Lq // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
+            return (min(nb * heads * Lq // (PRE_THREADS // 32) + 1, self.kernel(func).max_blocks), 1, 1)
         if func == "ag_bwd_dkdv":
             bn = self.tc_block_n if self.engine != BwdEngine.FFMA else self.block_n
             return (Lk // bn + B, kv_heads, 1) if self.varlen else ((Lk + bn - 1) // bn, kv_heads, B)
@@ -131,7 +137,7 @@ class BwdPlan:
             return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
         # ag_bwd_finish: a warp a row of dq (a token with a token-scope q norm), and of dk with a k norm
         rows = q_rows + (nb * kv_heads * Lk if self.k_norm else 0)
-        return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
+        return (min(rows // (PRE_THREADS // 32) + 1, self.kernel(func).max_blocks), 1, 1)
 
 
 def unsupported(v: Variant) -> list[Diagnostic]:
@@ -335,8 +341,19 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     qn, kn = v.norm(NormTarget.Q) is not None, v.norm(NormTarget.K) is not None
     q_token = qn and v.norm(NormTarget.Q).scope == NormScope.TOKEN
 
-    def rows_grid(rows: str) -> str:
-        return f"(unsigned)({rows} / {PRE_THREADS // 32} + 1 < {PRE_MAX_BLOCKS} ? {rows} / {PRE_THREADS // 32} + 1 : {PRE_MAX_BLOCKS})"
+    def rows_grid(rows: str, cap: int = PRE_MAX_BLOCKS) -> str:
+        return f"(unsigned)({rows} / {PRE_THREADS // 32} + 1 < {cap} ? {rows} / {PRE_THREADS // 32} + 1 : {cap})"
+
+    def grad_floats(target: NormTarget, n_elems: int) -> int:
+        """Shared floats a block sums a norm's weight (and bias) gradients in (0: none learnable)."""
+        n = v.norm(target)
+        if n is None or not n.affine:
+            return 0
+        return n_elems * (2 if n.kind == NormKind.LAYERNORM else 1)
+
+    def fits(floats: int) -> int:
+        """The block sums where they fit the arch's shared memory (else 0: global atomics a row)."""
+        return floats if 4 * floats <= min(arch.smem_budget, 48 * 1024) else 0
 
     varlen = v.layout == Layout.VARLEN
     nb = "1LL" if varlen else "(long long)p.B"  # varlen: the per-row kernels run the packed rows as one sequence
@@ -348,10 +365,14 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
         return f"{L} / {t} + p.B, {heads}, 1" if varlen else f"({L} + {t - 1}) / {t}, {heads}, p.B"
 
     on = v.norm(NormTarget.O) is not None
+    pre_grads = fits(grad_floats(NormTarget.O, v.value_head_dim))
+    pre_cap = NORM_GRAD_MAX_BLOCKS if pre_grads else PRE_MAX_BLOCKS
     kernels = [
-        BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 0, rows_grid(q_rows),
-                  ("the o post-norm's backward: dO' (ws_do) from dO and O', dgamma/dbeta; delta = rowsum(dO' * O')" if on
-                   else "delta = rowsum(dO * O')") + " per query row" + ("" if deterministic else "; zero the dQ accumulator")),
+        BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 4 * pre_grads, rows_grid(q_rows, pre_cap),
+                  ("the o post-norm's backward: dO' (ws_do) from dO and O', dgamma/dbeta (summed per block in shared memory); delta = rowsum(dO' * O')" if on and pre_grads
+                   else "the o post-norm's backward: dO' (ws_do) from dO and O'; delta = rowsum(dO' * O')" if on
+                   else "delta = rowsum(dO * O')") + " per query row" + ("" if deterministic else "; zero the dQ accumulator"),
+                  pre_cap),
     ]
     if qn or kn:
         rows = " + ".join(r for r, on in ((tok_rows if q_token else q_rows, qn), (k_rows, kn)) if on)
@@ -379,10 +400,13 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
         kernels.append(BwdKernel(f"{base}_dq", "ag_bwd_dq", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True),
                                  tiles("p.Lq", t, v.heads), "dQ' per query tile over the visible key tiles, no atomics"))
     finish_rows = (tok_rows if q_token else q_rows) + (f" + {k_rows}" if kn else "")
-    kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 0, rows_grid(f"({finish_rows})"),
+    fin_grads = fits(grad_floats(NormTarget.Q, v.heads * v.head_dim if q_token else v.head_dim) + grad_floats(NormTarget.K, v.head_dim))
+    fin_cap = NORM_GRAD_MAX_BLOCKS if fin_grads else PRE_MAX_BLOCKS
+    kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 4 * fin_grads, rows_grid(f"({finish_rows})", fin_cap),
                              "dq from dQ'" + (" through the token-scope q norm's backward (a warp a token: dX over its H*D row, dgamma, dbeta)"
                                               if q_token else " through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
-                             + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"))
+                             + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"
+                             + ("; weight gradients summed per block in shared memory" if fin_grads else ""), fin_cap))
     tc = engine != BwdEngine.FFMA
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
                    (WG_BLOCK_M if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen)
