@@ -30,7 +30,7 @@ S="$OUT/summary.txt"
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
-  timeout 170 python3 benchmarks/suite.py --out "$OUT/h200.jsonl" > "$LOGS/suite.txt" 2>&1
+  timeout 300 python3 benchmarks/suite.py --out "$OUT/h200.jsonl" > "$LOGS/suite.txt" 2>&1
   echo "suite rc=$?" >> "$S"
   timeout 110 python3 benchmarks/train_block_bench.py --out "$OUT/h200_train_block.json" > "$LOGS/train_block.txt" 2>&1
   echo "train block bench rc=$?" >> "$S"
