@@ -388,7 +388,6 @@ def validate_tile(
         errs.append(f"stages must be between 1 and {MAX_STAGES}, got {tile.stages}")
     if errs:
         return errs
-    n_threads = 32 * tile.warps
     if uses_tensor_cores(dtype):
         per_warp = tile.block_m / tile.warps
         limit = wgmma_max_block_n(value_head_dim, tile) if wg else 128

@@ -160,7 +160,7 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
 def cmd_explain(args: argparse.Namespace) -> int:
     """Describe a variant in plain words (every variant of the file without --variant)."""
     from attngen.tools import explain
-    from attngen.lang.diagnostics import Diagnostic, SpecError
+    from attngen.lang.diagnostics import SpecError
     from attngen.plan import validate
 
     arch = _parse_arch(args.arch)
