@@ -1,4 +1,4 @@
-"""Timing shared by the memory-bound benchmarks (decode_bench.py, varlen_bench.py): the GPU is held
+"""Timing shared by the benchmarks that queue launches (decode, varlen, backward, training blocks): the GPU is held
 busy by a spin kernel while every timed launch is queued behind it, so CUDA events measure
 back-to-back GPU time, not Python launch overhead."""
 
@@ -26,3 +26,8 @@ def queued_time(fn, sets, iters: int, repeats: int = 5) -> tuple[float, float]:
         torch.cuda.synchronize()
         out.append(e0.elapsed_time(e1) * 1000.0 / iters)
     return statistics.median(out), min(out)
+
+
+def queued_ms(fn, iters: int, repeats: int = 5) -> float:
+    """Median milliseconds per call of `fn()` over `repeats` rounds of `iters` queued calls."""
+    return queued_time(fn, [(), ()], iters, repeats)[0] / 1000.0

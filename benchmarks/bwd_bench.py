@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from _queued import queued_ms  # noqa: E402  (beside this script)
 
 ROWS = {
     "d128_b2_h16_l16k_dense": (128, 2, 16, 16384, False),
@@ -40,26 +41,6 @@ ROWS = {
 def _spec(D: int, H: int, causal: bool) -> str:
     mask = "\n  mask causal" if causal else ""
     return f"attention bwdbench {{\n  dtype bf16\n  head_dim {D}\n  heads {H}{mask}\n  output lse\n}}\n"
-
-
-def _time(fn, iters: int, repeats: int = 5) -> float:
-    """Median milliseconds per call over `repeats` rounds of `iters` queued calls."""
-    import torch
-
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(20_000_000)  # the CPU queues every launch behind ~10 ms of spin
-        e0.record()
-        for _ in range(iters):
-            fn()
-        e1.record()
-        torch.cuda.synchronize()
-        out.append(e0.elapsed_time(e1) / iters)
-    return statistics.median(out)
 
 
 def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = ()) -> dict:
@@ -100,13 +81,13 @@ def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = ()) -> dict:
                     res["max_rel_err_vs_cudnn"] = {
                         n: float((a.float() - b.float()).abs().max() / b.float().abs().max()) for n, a, b in zip(("dq", "dk", "dv"), got, want)}
                     del want, got
-                ms = _time(peer, iters)
+                ms = queued_ms(peer, iters)
             res[f"{label}_ms"] = ms
             res[f"{label}_tflops"] = bwd_flops / ms / 1e9
             del out
         except Exception as e:  # a backend that refuses the shape: recorded, not fatal
             res[f"{label}_error"] = f"{type(e).__name__}: {e}"[:300]
-    ms = _time(ours, iters)
+    ms = queued_ms(ours, iters)
     res["attngen_ms"] = ms
     res["attngen_tflops"] = bwd_flops / ms / 1e9
     for label in ("cudnn", "fa2"):
@@ -127,7 +108,7 @@ def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = ()) -> dict:
                 res[f"{eng}_max_rel_err_vs_cudnn"] = {
                     n: float((a.float() - b.float()).abs().max() / b.float().abs().max()) for n, a, b in zip(("dq", "dk", "dv"), got, want)}
                 del want, got, out
-            ms_e = _time(other, iters)
+            ms_e = queued_ms(other, iters)
             res[f"{eng}_ms"] = ms_e
             res[f"{eng}_tflops"] = bwd_flops / ms_e / 1e9
         except Exception as ex:  # an engine that refuses the variant: recorded, not fatal

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -32,30 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from _queued import queued_ms  # noqa: E402  (beside this script)
+
 ROWS = {
     "preln_cross": ("whisper_preln_cross.attn", dict(B=32, Lq=2048, Lk=512)),
     "qk_norm": ("qwen3_qk_norm.attn", dict(B=2, Lq=4096, Lk=4096)),
 }
-
-
-def _time(fn, iters: int, repeats: int = 5) -> float:
-    """Median milliseconds per call over `repeats` rounds of `iters` queued calls."""
-    import torch
-
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(20_000_000)  # the CPU queues every step behind ~10 ms of spin
-        e0.record()
-        for _ in range(iters):
-            fn()
-        e1.record()
-        torch.cuda.synchronize()
-        out.append(e0.elapsed_time(e1) / iters)
-    return statistics.median(out)
 
 
 def _inputs(name: str, v, B: int, Lq: int, Lk: int):
@@ -136,11 +117,11 @@ def _row(name: str, iters: int) -> dict:
         errors[n] = float((a - b).abs().max()) / max(1e-12, float(b.abs().max()))
     res = {"row": name, "spec": f"examples/{file}", **sizes, "H": v.heads, "Hkv": v.kv_heads, "D": v.head_dim,
            "grad_rel_error_vs_torch_compile": errors}
-    res["attngen_ms"] = _time(step_attngen, iters)
-    res["torch_compile_ms"] = _time(step_compiled, iters)
+    res["attngen_ms"] = queued_ms(step_attngen, iters)
+    res["torch_compile_ms"] = queued_ms(step_compiled, iters)
     for label, backend in (("torch_eager_cudnn_ms", SDPBackend.CUDNN_ATTENTION), ("torch_eager_flash_ms", SDPBackend.FLASH_ATTENTION)):
         try:
-            res[label] = _time(step_eager(backend), iters)
+            res[label] = queued_ms(step_eager(backend), iters)
         except RuntimeError as e:  # a backend that does not take this shape (recorded, not fatal)
             res[label] = None
             res[label.replace("_ms", "_error")] = str(e).splitlines()[0][:200]

@@ -65,3 +65,21 @@ def check_case(v: Variant, case: fuzz.Case) -> None:
     bad = [r.summary() for r in reports if not r.ok]
     assert not bad, f"{v.name} at {case.describe()}:\n" + "\n".join(bad)
     assert len(reports) == (2 if v.lse else 1)
+
+
+# Odd backward shapes (B, Lq, Lk): Lq != Lk, one row, tile multiples and remainders; self-attention
+# specs take Lk = Lq (backward_case).
+BACKWARD_SHAPES = [(2, 333, 333), (1, 1000, 517), (1, 1, 1), (3, 64, 64), (1, 257, 129), (1, 128, 1024)]
+
+
+def backward_case(spec: str, B: int, Lq: int, Lk: int, seed: int) -> "fuzz.Case":
+    """A backward test case for the variant of `spec` (its .attn body): Lk = Lq unless `kind cross`;
+    with a padding mask, batch 0 has no queries and batch 1 no keys (every row fully masked), the
+    rest partial."""
+    if "cross" not in spec:
+        Lk = Lq
+    q_lens = kv_lens = None
+    if "padding" in spec:
+        q_lens = tuple(0 if b == 0 else max(1, Lq - 3 * b) for b in range(B))
+        kv_lens = tuple(0 if b == 1 else max(1, Lk - 5 * b) for b in range(B))
+    return fuzz.Case(B=B, Lq=Lq, Lk=Lk, dist="normal", seed=seed, q_lens=q_lens, kv_lens=kv_lens)

@@ -8,7 +8,7 @@ that do not compile for sm_90a."""
 from __future__ import annotations
 
 import pytest
-from gpu_helpers import variant_of
+from gpu_helpers import BACKWARD_SHAPES, backward_case, variant_of
 from test_gpu_backward import _check
 
 from attngen.check import fuzz
@@ -27,7 +27,7 @@ SPECS = {
     "wg_bf16_d128_custom": "dtype bf16; head_dim 128; heads 2; score tanh(s / 4.0) * 4.0",
     "wg_bf16_d128_qk_rmsnorm": "dtype bf16; head_dim 128; heads 4 kv 2; mask causal; norm q rmsnorm(1e-6) scope head; norm k rmsnorm(1e-6) scope head",
 }
-SHAPES = [(2, 333, 333), (1, 1000, 517), (1, 1, 1), (3, 64, 64), (1, 257, 129), (1, 128, 1024)]
+SHAPES = BACKWARD_SHAPES
 
 
 @pytest.fixture(autouse=True)
@@ -41,14 +41,7 @@ def _variant(name: str):
 
 
 def _case(v, B, Lq, Lk, seed):
-    if "cross" not in SPECS[v.name]:
-        Lk = Lq
-    q_lens = kv_lens = None
-    if "padding" in SPECS[v.name]:
-        # Batch 0 has no queries, batch 1 no keys (every row fully masked), the rest partial.
-        q_lens = tuple(0 if b == 0 else max(1, Lq - 3 * b) for b in range(B))
-        kv_lens = tuple(0 if b == 1 else max(1, Lk - 5 * b) for b in range(B))
-    return fuzz.Case(B=B, Lq=Lq, Lk=Lk, dist="normal", seed=seed, q_lens=q_lens, kv_lens=kv_lens)
+    return backward_case(SPECS[v.name], B, Lq, Lk, seed)
 
 
 def _require_sm90a(v):
