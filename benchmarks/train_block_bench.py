@@ -2,7 +2,7 @@
 through the torch op, `attngen.runtime.torch`) against the same block unfused in torch under
 torch.compile, and eager with SDPA pinned to cuDNN and to FlashAttention-2, in one run, bf16.
 
-    python benchmarks/train_block_bench.py [--out PATH] [--iters N] [--only ROW]
+    python benchmarks/train_block_bench.py [--out PATH] [--iters N] [--only ROW] [--profile]
 
 Rows:
   preln_cross  examples/whisper_preln_cross.attn (pre-LN cross attention: q = LayerNorm(x) over
@@ -15,6 +15,8 @@ hidden state x), k, v and the norm weights (and bias). Inputs random normal (nev
 weights 1 + 0.1 N(0, 1). Before timing, attngen's gradients are compared with the compiled torch
 block's (max error over the largest magnitude, recorded). Every timed step is queued behind a spin
 kernel, events around them, median over rounds. The issue's bar: attngen >= 1.5x torch.compile.
+--profile adds each step's GPU kernels (torch.profiler, CUPTI: it sees CuPy's launches too), the
+microseconds a step per kernel name for attngen and torch.compile, so a miss says where the time goes.
 Results: JSON to PATH (default $OUT/train_block.json if $OUT is set, else
 benchmarks/results/h200_train_block.json) and a table on stdout.
 """
@@ -78,7 +80,28 @@ def _inputs(name: str, v, B: int, Lq: int, Lk: int):
     return leaves, block, dY
 
 
-def _row(name: str, iters: int) -> dict:
+def _kernel_times(step, steps: int = 3) -> list[dict]:
+    """GPU kernel time a step, per kernel name, heaviest first (after one untimed warm-up step)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            t = per.setdefault(e.name, [0.0, 0])
+            t[0] += e.time_range.elapsed_us()
+            t[1] += 1
+    rows = [{"kernel": n[:120], "us_per_step": round(t / steps, 1), "launches_per_step": c / steps} for n, (t, c) in per.items()]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def _row(name: str, iters: int, profile_kernels: bool = False) -> dict:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -125,6 +148,9 @@ def _row(name: str, iters: int) -> dict:
         except RuntimeError as e:  # a backend that does not take this shape (recorded, not fatal)
             res[label] = None
             res[label.replace("_ms", "_error")] = str(e).splitlines()[0][:200]
+    if profile_kernels:
+        res["attngen_kernels"] = _kernel_times(step_attngen)
+        res["torch_compile_kernels"] = _kernel_times(step_compiled)
     res["speedup_vs_torch_compile"] = res["torch_compile_ms"] / res["attngen_ms"]
     res["meets_issue_bar_1_5x"] = res["speedup_vs_torch_compile"] >= 1.5
     return res
@@ -137,11 +163,12 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--only", choices=sorted(ROWS), default=None)
+    ap.add_argument("--profile", action="store_true", help="record each step's kernels (torch.profiler)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("train_block_bench: needs a CUDA GPU", file=sys.stderr)
         return 2
-    rows = [_row(n, a.iters) for n in ([a.only] if a.only else ROWS)]
+    rows = [_row(n, a.iters, a.profile) for n in ([a.only] if a.only else ROWS)]
     out = Path(a.out) if a.out else (Path(os.environ["OUT"]) / "train_block.json" if os.environ.get("OUT")
                                      else ROOT / "benchmarks" / "results" / "h200_train_block.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -152,6 +179,12 @@ def main() -> int:
         fmt = lambda x: f"{x:9.3f}" if isinstance(x, float) else f"{'-':>9}"  # noqa: E731
         print(f"{r['row']:<12} {r['attngen_ms']:11.3f} {r['torch_compile_ms']:11.3f} {fmt(r['torch_eager_cudnn_ms'])} "
               f"{fmt(r['torch_eager_flash_ms'])} {r['speedup_vs_torch_compile']:9.2f}  {max(r['grad_rel_error_vs_torch_compile'].values()):.3g}")
+    for r in rows:
+        for side in ("attngen_kernels", "torch_compile_kernels"):
+            if side in r:
+                print(f"-- {r['row']} {side} (us a step, launches):")
+                for k in r[side][:10]:
+                    print(f"   {k['us_per_step']:9.1f} {k['launches_per_step']:5.1f}  {k['kernel'][:90]}")
     print(f"wrote {out}")
     return 0
 
