@@ -639,6 +639,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         wgmma_shapes=_wgmma_shapes(kp, v),
         wgmma_regs=dict(zip(("producer", "consumer"), kp.attention.regs or (0, 0))),  # read on the wgmma path only
         q_buffers=kp.smem.q_buffers,
+        kv_split=kp.smem.kv_split,
         wide_rows=max(v.head_dim, v.value_head_dim) > 128,
         smem_bytes=kp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],

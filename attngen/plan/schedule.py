@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, NormScope, NormTarget, TileConfig, Variant
+from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, Layout, NormScope, NormTarget, TileConfig, Variant
 
 
 class Arch(enum.Enum):
@@ -210,9 +210,11 @@ def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = 
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
     """Largest key tile whose registers fit a consumer thread: the S accumulators (block_n / 2),
     the packed P of the tile before (block_n / 4) and O (Dv / 2) within the setmaxnreg budget,
-    with ~30 registers to spare for addressing and the softmax, under the smallest consumer share
-    of any variant (so that a tile valid for one variant is valid for all)."""
-    consumer = min(wgmma_regs(tile, lookups, scores)[1] for lookups in (False, True) for scores in (False, True))
+    with ~30 registers to spare for addressing and the softmax, under the largest consumer share
+    (plain attention's: the auto tiles of dense D128, 176 keys, and D256, 80, reach it). A variant
+    with lookups or score mods has a smaller share, and a tile hint at this limit may spill there
+    (ptxas reports it; the kernel stays correct); their auto tiles stay narrower."""
+    consumer = max(wgmma_regs(tile, lookups, scores)[1] for lookups in (False, True) for scores in (False, True))
     budget = consumer - 30 - value_head_dim // 2
     return min(256, budget * 4 // 3 // 16 * 16)
 
@@ -242,11 +244,13 @@ def threads(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, 
 @dataclass(frozen=True, slots=True)
 class SmemLayout:
     """What a kernel keeps in dynamic shared memory: its size, and the wgmma engine's optional
-    parts (two Q buffers; the raw residual rows beside them)."""
+    parts (two Q buffers; the raw residual rows beside them; K and V rings with barriers of their
+    own, `wgmma_kv_split`)."""
 
     bytes: int
     q_buffers: int = 1
     residual_copy: bool = False
+    kv_split: bool = False
 
 
 def smem_layout(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
@@ -267,7 +271,8 @@ def smem_layout(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConf
     if engine(dtype, d, dv, tile, arch) == Engine.WGMMA:
         qb = wgmma_q_buffers(dtype, d, dv, tile, arch, token_norm=token_norm)
         res = wgmma_residual_smem(dtype, d, dv, tile, arch, token_norm=token_norm, residual=residual)
-        return SmemLayout(_wgmma_smem(dtype, d, dv, tile, qb, token_norm, res), qb, res)
+        split = wgmma_kv_split(tile)
+        return SmemLayout(_wgmma_smem(dtype, d, dv, tile, qb, token_norm, res, split), qb, res, split)
     if uses_tensor_cores(dtype):
         tiles = (bm * (d + 8) + tile.stages * bn * ((d + 8) + (dv + 8))) * dtype.itemsize
         return SmemLayout(max(tiles, bm * (dv + 8) * 4))
@@ -296,12 +301,25 @@ def wgmma_qside_bytes(head_dim: int, tile: TileConfig, token_norm: bool) -> int:
 
 
 def _wgmma_smem(dtype: DType, d: int, dv: int, tile: TileConfig, q_buffers: int, token_norm: bool = False,
-                res_copy: bool = False) -> int:
+                res_copy: bool = False, kv_split: bool = False) -> int:
     tiles = (q_buffers * tile.block_m * d + tile.stages * tile.block_n * (d + dv)) * dtype.itemsize
     tiles += q_buffers * wgmma_qside_bytes(d, tile, token_norm)
     if res_copy:
         tiles += tile.block_m * (d * dtype.itemsize + 16)
-    return (tiles + 7) // 8 * 8 + 8 * (2 * q_buffers + 2 * tile.stages) + 16 + 4 * tile.stages
+    bars = 2 * q_buffers + 2 * tile.stages * (2 if kv_split else 1)
+    return (tiles + 7) // 8 * 8 + 8 * bars + 16 + 4 * tile.stages
+
+
+def wgmma_kv_split(tile: TileConfig) -> bool:
+    """Whether the wgmma kernel hands K and V over through rings of their own (full/empty
+    barriers a K slot and a V slot) rather than one slot holding both: with two stages. The
+    consumers release a key tile's K as soon as its S product lands and its V after O += P.V, so
+    two stages keep the producer a slot ahead; with one shared slot they hold two at once and two
+    stages starve it (H200, bf16 D128 dense: 423 TFLOP/s at 128 x 128 x 2 shared, 542 at three
+    stages). Two stages of split rings free the shared memory for wider key tiles (the auto tiles
+    of `auto_tile` and `_wide_auto_tile`); three or more stages keep the shared slot, whose
+    renders predate the split (split at 128 x 128 x 3 measured the same, 557 against 555)."""
+    return tile.stages == 2
 
 
 def wgmma_residual_smem(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
@@ -313,7 +331,8 @@ def wgmma_residual_smem(dtype: DType, head_dim: int, value_head_dim: int, tile: 
     if not (token_norm and residual):
         return False
     qb = wgmma_q_buffers(dtype, head_dim, value_head_dim, tile, arch, token_norm=True)
-    return _wgmma_smem(dtype, head_dim, value_head_dim, tile, qb, True, True) <= arch.smem_budget
+    return _wgmma_smem(dtype, head_dim, value_head_dim, tile, qb, True, True,
+                       wgmma_kv_split(tile)) <= arch.smem_budget
 
 
 def wgmma_q_buffers(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
@@ -321,7 +340,8 @@ def wgmma_q_buffers(dtype: DType, head_dim: int, value_head_dim: int, tile: Tile
     """Q buffers of the wgmma kernel: two where they fit the shared-memory budget (the producer
     loads the next work tile's Q while the consumers finish the current one: short key loops,
     like cross attention over 512 keys, would otherwise wait for every Q), else one."""
-    return 2 if _wgmma_smem(dtype, head_dim, value_head_dim, tile, 2, token_norm) <= arch.smem_budget else 1
+    split = wgmma_kv_split(tile)
+    return 2 if _wgmma_smem(dtype, head_dim, value_head_dim, tile, 2, token_norm, False, split) <= arch.smem_budget else 1
 
 
 def ffma_accumulators(head_dim: int, value_head_dim: int, tile: TileConfig) -> int:
@@ -444,14 +464,19 @@ def auto_tile(
     variant runs best with 48-key tiles, a masked one with 64; for D <= 64, 128-key tiles
     unmasked, 64 masked. fp32 (FFMA): small tiles, many CTAs."""
     if uses_tensor_cores(dtype) and wide_head_dims(head_dim, value_head_dim):
-        return _wide_auto_tile(dtype, head_dim, value_head_dim, arch)
+        return _wide_auto_tile(dtype, head_dim, value_head_dim, arch, dense)
     if arch == Arch.SM90A and uses_tensor_cores(dtype) and head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS:
-        # Hopper: the wgmma engine with three stages: the consumers hold two slots at once (K of
-        # tile i, V of tile i - 1), so two stages starve the producer (H200, bf16 D128 dense: 3
-        # stages 542 TFLOP/s, 2 stages 423). 128 x 128 tiles (two consumer warpgroups); masked
-        # head-dim-64 variants run best with three (causal D64: 192 x 128 355, 128 x 128 323).
+        # Hopper: the wgmma engine, 128 x 128 x 3 stages on the shared K/V slot (two consumer
+        # warpgroups); masked head-dim-64 variants run best with three warpgroups (causal D64:
+        # 192 x 128 355, 128 x 128 323).
         if head_dim == value_head_dim == 64 and not dense:
             return TileConfig(block_m=192, block_n=128, warps=12, stages=3)
+        if head_dim == value_head_dim == 128 and dense:
+            # Unmasked D128: 176-key tiles on two stages of split K/V rings (`wgmma_kv_split`), as
+            # FlashAttention-3 does (H200, bf16, benchmarks/results/h200_kv_split_experiments.json:
+            # B2 L16k 581.9 TFLOP/s against 555.1 at 128 x 128 x 3, B32 L1k 453.4 against 448.4).
+            # Causal keeps 128 keys (176: 617 against 600 at L16k, but 411 against 419 at L2k).
+            return TileConfig(block_m=128, block_n=176, warps=8, stages=2)
         return TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     if not uses_tensor_cores(dtype):
         # Seed case on the H200 (fp32 B4 H8 L128 D64, CUDA-graph timing, FFMA register tiles):
@@ -471,20 +496,24 @@ def auto_tile(
     return t
 
 
-def _wide_auto_tile(dtype: DType, head_dim: int, value_head_dim: int, arch: Arch) -> TileConfig:
+def _wide_auto_tile(dtype: DType, head_dim: int, value_head_dim: int, arch: Arch, dense: bool = False) -> TileConfig:
     """`tile auto` for the WIDE_HEAD_DIMS pairs (FlashAttention-3's technique on Hopper: 128 query
     rows over two consumer warpgroups, narrow key tiles so that O (Dv / 2 registers a thread), S and
     the packed P fit the consumers' setmaxnreg share; FlashAttention-2's on mma.sync: 16 query
     rows a warp, 8 warps).
 
-    wgmma, D = Dv = 256: 128 x 48 x 3 stages (208 KiB; 64-key tiles fit only two stages, and the
-    consumers hold two ring slots at once, so two stages leave the producer no slot to fill ahead).
+    wgmma, D = Dv = 256: two stages of split K and V rings (`wgmma_kv_split`), 128 x 80 unmasked
+    (224 KiB) and 128 x 64 otherwise (H200, B4 H16 L8k, results/h200_kv_split_experiments.json:
+    dense 619.5 TFLOP/s at 80 keys, 596.6 at 64; causal 611.0 at 64, 550.6 at 80; the shared slot
+    at 48 x 3 stages, the earlier auto tile, 569.6 / 495.0). ptxas spills 8-24 bytes a consumer
+    thread at these widths (O takes 128 registers), and they still measure fastest.
     D = 192, Dv = 128: 128 x 80 x 3 stages (198 KiB). mma.sync: 128 x 64 x 8 warps x 2 stages where
     shared memory admits it, else the first smaller tile that fits, counting the fp32 staging of O
     in the epilogue (D256 on sm_80: 128 x 32; sm_86/89: 64 x 32 x 4 warps single-stage; sm_75:
     32 x 16 x 2 warps single-stage)."""
     if arch == Arch.SM90A:
-        t = TileConfig(block_m=128, block_n=48 if value_head_dim == 256 else 80, warps=8, stages=3)
+        t = (TileConfig(block_m=128, block_n=80 if dense else 64, warps=8, stages=2) if value_head_dim == 256
+             else TileConfig(block_m=128, block_n=80, warps=8, stages=3))
         if not validate_tile(dtype, head_dim, value_head_dim, t, arch):
             return t
     tiles = [TileConfig(128, 64, 8, 2), TileConfig(128, 32, 8, 2), TileConfig(128, 64, 8, 1), TileConfig(128, 32, 8, 1),
@@ -543,11 +572,23 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     # against 128 x 128): 16 random documents (the suite's row) 195-197 against 186-194, 16
     # documents of 1024 tokens 254-263 against 266-273, one document 451-476 against 547-569. The
     # 128 x 128 tiles are the ones the final GPU suite ran; a length-aware choice is open.
+    if t.block_n > 128 and not wgmma_wide_keys_ok(v):
+        # The 176-key tiles hold S, P and O in the whole plain consumer share: an epilogue or
+        # per-sequence extra would spill there, so such variants keep 128 x 128 x 3.
+        t = TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     if t.warps == 12 and (v.scores or v.runtime_inputs()):
         # Three consumer warpgroups leave 160 registers a thread: lookups in the mask or score
         # mods spill there (ptxas, sm_90a: t5_relative_bias 1020 bytes), so two warpgroups.
         t = TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     return t
+
+
+def wgmma_wide_keys_ok(v: Variant) -> bool:
+    """Whether a variant is plain enough for key tiles past 128 on the wgmma engine: no mask, score,
+    norm, LSE, sink, residual or NaN check, and dense (not packed or paged) K/V, so that its
+    consumers have plain attention's register share and nothing past it."""
+    extras = v.scores or v.norms or v.lse or v.sink is not None or v.residual or v.nan_check
+    return v.mask == TRUE and not extras and v.layout != Layout.VARLEN and v.page_size is None
 
 
 def _plain_wide(v: Variant) -> bool:

@@ -86,9 +86,9 @@ class DecodeKernel:
     _retired: list[Any] = field(default_factory=list)
 
     family = Family.DECODE
-    # Whether calls merge in the split kernel by default (False: the combine kernel merges). Off
-    # until the H200 times it: a lever that has not measured faster stays off (issue 15).
-    fused_default = False
+    # Whether calls merge in the split kernel by default (False: the combine kernel merges). On:
+    # the H200 measured it 0.6-9% faster wherever a row block splits (benchmarks/README.md).
+    fused_default = True
 
     def _counter_ptr(self, dev: int, stream: Any, n: int) -> int:
         """Device address of at least n zeroed int32 row-block counters for `stream`, or 0 when

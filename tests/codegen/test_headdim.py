@@ -42,10 +42,10 @@ D192 = "dtype bf16; head_dim 192 value 128; heads 16"
 @pytest.mark.parametrize(
     "body,arch,want",
     [
-        # Dense and causal: the widest key tiles that fit three stages (and, at Dv = 256, the
-        # consumers' registers): 128 x 48 at D256, 128 x 80 at D192/128.
-        (D256, Arch.SM90A, (Engine.WGMMA, 128, 48, 8, 3)),
-        (D256 + "; mask causal", Arch.SM90A, (Engine.WGMMA, 128, 48, 8, 3)),
+        # Dense and causal: at D256 two stages of split K/V rings, 80 keys dense and 64 causal
+        # (the H200's fastest); 128 x 80 x 3 at D192/128.
+        (D256, Arch.SM90A, (Engine.WGMMA, 128, 80, 8, 2)),
+        (D256 + "; mask causal", Arch.SM90A, (Engine.WGMMA, 128, 64, 8, 2)),
         (D192 + "; mask causal", Arch.SM90A, (Engine.WGMMA, 128, 80, 8, 3)),
         # Masks beyond causal, score mods or LSE: narrower key tiles (ptxas spills at the wide ones).
         (D256 + "; mask causal && window(1024, 0)", Arch.SM90A, (Engine.WGMMA, 128, 32, 8, 3)),
@@ -54,7 +54,7 @@ D192 = "dtype bf16; head_dim 192 value 128; heads 16"
         (D256 + "; mask causal; nan_check", Arch.SM90A, (Engine.WGMMA, 128, 32, 8, 3)),
         # Head-scope q/k pre-norms run in prep kernels: the dense tiles stay.
         (D256 + "; mask causal; norm q rmsnorm(1e-6) scope head; norm k rmsnorm(1e-6) scope head", Arch.SM90A,
-         (Engine.WGMMA, 128, 48, 8, 3)),
+         (Engine.WGMMA, 128, 64, 8, 2)),
         # An o post-norm at Dv = 256: mma.sync on Hopper too (the wgmma consumers spill).
         (D256 + "; norm o layernorm(1e-5); nan_check", Arch.SM90A, (Engine.MMA_SYNC, 64, 32, 4, 2)),
         (D192 + "; norm o layernorm(1e-5); nan_check", Arch.SM90A, (Engine.WGMMA, 128, 64, 8, 3)),
@@ -86,10 +86,11 @@ def test_wide_pairs_and_the_register_cap() -> None:
     assert min_blocks_per_sm(DType.BF16, 256, 256, TileConfig(128, 64, 8, 2), Arch.SM80) == 1
     assert min_blocks_per_sm(DType.BF16, 192, 128, TileConfig(128, 64, 8, 2), Arch.SM80) == 1
     assert min_blocks_per_sm(DType.BF16, 128, 128, TileConfig(64, 64, 4, 2), Arch.SM80) == 4
-    # The wgmma shared memory of the auto tiles: Q 128 x 256 + 3 x (K + V) 48 x 256 (one Q buffer).
+    # The wgmma shared memory of the auto tiles: Q 128 x 256 + 2 x (K + V) 80 x 256 (one Q buffer),
+    # then full/empty barriers of the Q buffer and of two K and two V slots.
     t = auto_tile(DType.BF16, 256, 256, Arch.SM90A, dense=True)
-    assert smem_bytes(DType.BF16, 256, 256, t, Arch.SM90A) == 2 * (128 * 256 + 3 * 48 * 512) + 8 * 8 + 16 + 4 * 3
-    assert wgmma_max_block_n(256, t) == 64
+    assert smem_bytes(DType.BF16, 256, 256, t, Arch.SM90A) == 2 * (128 * 256 + 2 * 80 * 512) + 8 * (2 + 8) + 16 + 4 * 2
+    assert wgmma_max_block_n(256, t) == 96
 
 
 def test_tile_hints_are_validated_with_located_errors() -> None:
@@ -98,7 +99,7 @@ def test_tile_hints_are_validated_with_located_errors() -> None:
     assert "spec.attn:5:3" in msg and "each warp owns 16 query rows (block_m = 16 * warps)" in msg
     # The wgmma register budget bounds the key tile.
     msg = _err("dtype bf16\n  head_dim 256\n  heads 4\n  tile block_m 128 block_n 128 warps 8 stages 2")
-    assert "spec.attn:5:3" in msg and "block_n is at most 64" in msg
+    assert "spec.attn:5:3" in msg and "block_n is at most 96" in msg
     # Shared memory: 3 stages of 64-key tiles do not fit next to a 128 x 256 Q tile.
     msg = _err("dtype bf16\n  head_dim 256\n  heads 4\n  tile block_m 128 block_n 64 warps 8 stages 3")
     assert "spec.attn:5:3" in msg and "shared memory" in msg and "227 KiB" in msg
@@ -167,7 +168,8 @@ def test_renders_are_stable_and_use_the_wide_loader_only_when_wide() -> None:
     a = render_cuda.render(v, Arch.SM90A)
     assert a == render_cuda.render(v, Arch.SM90A)
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16" in a  # O += P.V at N = Dv = 256
-    assert "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16" in a   # S at N = 48 keys
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in a   # S at N = 64 keys
+    assert "K and V have rings of their own" in a                          # two stages, split rings
     assert "each 64-column swizzle block is copied in turn" in a
     narrow = render_cuda.render(_v("dtype bf16; head_dim 128; heads 16; mask causal"), Arch.SM90A)
     assert "each 64-column swizzle block is copied in turn" not in narrow
@@ -201,7 +203,13 @@ def test_wide_kernels_compile_without_spills(body: str, arch: Arch) -> None:
     src, kp = render_cuda.render_with_plan(v, arch)
     _, log = compile_cuda.nvcc(src, arch, "cubin", extra=("-Xptxas", "-v"))
     res = {r.kernel: r for r in compile_cuda.resources(src, arch)}[kp.kernel_name]
-    assert res.spill_stores == res.spill_loads == res.stack_bytes == 0, res
+    if kp.engine == Engine.WGMMA and v.value_head_dim == 256 and kp.tile.block_n >= 64:
+        # The plain D256 tiles (64 / 80 keys on split rings) spill a few words a consumer thread
+        # beside its 128 O registers, and still measured fastest (schedule._wide_auto_tile); a
+        # bound, so that a change that spills more fails here.
+        assert res.spill_stores <= 32 and res.spill_loads <= 48 and res.stack_bytes <= 32, res
+    else:
+        assert res.spill_stores == res.spill_loads == res.stack_bytes == 0, res
     if kp.engine == Engine.WGMMA:
         # One CTA an SM launched at 168 registers a thread (setmaxnreg then moves them to the
         # consumers); no wgmma serialised, no setmaxnreg ignored.
