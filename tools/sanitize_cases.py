@@ -30,6 +30,12 @@ SPECS = [
     ("attention causal_fp32_d128 { dtype fp32; head_dim 128; heads 4 kv 2; mask causal; output lse }", "self"),
     # The wgmma engine with three consumer warpgroups (pad_bf16, cross_fp16 and qk_norm use two).
     ("attention causal_w12 { dtype bf16; head_dim 64; heads 2; mask causal }", "self"),
+    # Split K/V rings at two stages: unmasked D128's main tile (176 keys; hinted, since these short
+    # lengths would otherwise run the short-loop kernel), its short-loop kernel (128 keys, two Q
+    # buffers), and causal D256 (64 keys).
+    ("attention dense_split_d128 { dtype bf16; head_dim 128; heads 2; tile block_m 128 block_n 176 warps 8 stages 2 }", "self"),
+    ("attention dense_short_d128 { dtype bf16; head_dim 128; heads 2 kv 1 }", "self"),
+    ("attention causal_split_d256 { dtype bf16; head_dim 256; heads 2; mask causal }", "self"),
 ]
 
 

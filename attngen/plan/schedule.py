@@ -583,10 +583,50 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     return t
 
 
+@dataclass(frozen=True, slots=True)
+class ShortTile:
+    """A second forward kernel for short key loops: calls with Lk <= max_lk launch `tile`."""
+
+    tile: TileConfig
+    max_lk: int
+
+
+def short_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> ShortTile | None:
+    """The tile for short key loops, chosen at launch (the runtime compiles both kernels), or None.
+
+    One compiled kernel serves every length, but the best tile does not: where a work tile walks
+    few key tiles, each work tile's prologue and epilogue weigh more, and a second Q buffer (the
+    next work tile's Q loads under the current one) or fewer query rows a CTA win. Measured on
+    the H200 (bf16, B*L = 32k tokens; results/h200_kv_split_experiments.json and the ninth
+    session's probe in benchmarks/README.md):
+    - unmasked D128, 128 x 128 x 2 stages on split rings (two Q buffers): L1k 475.1 TFLOP/s against
+      448.4 at 128 x 128 x 3 and 453.4 at the long kernel's 128 x 176 x 2; at L16k 567.6 against 581.9;
+    - causal D128, the same tile: L2k 439.7 against 419.3; at L16k 549.1 against 600.4;
+    - causal D64, 128 x 128 x 8 warps x 3 stages: L512 216 against 190 and L1k 279 against 248 at
+      192 x 128 x 12 warps; the latter wins from L2k.
+    Plain variants only (nothing past the mask but the LSE: the tiles were measured on plain attention),
+    on the wgmma engine, without a tile hint (a hinted tile is the user's choice for every length).
+    The thresholds sit at the longest length measured faster; the standalone source of `attngen
+    compile` carries the main tile only."""
+    if arch != Arch.SM90A or v.tile is not None or not uses_tensor_cores(v.dtype):
+        return None
+    causal = isinstance(v.mask, Builtin) and v.mask.name == BuiltinName.CAUSAL
+    extras = v.scores or v.norms or v.sink is not None or v.residual or v.nan_check
+    if extras or v.layout == Layout.VARLEN or v.page_size is not None or not (causal or v.mask == TRUE):
+        return None
+    d, dv = v.head_dim, v.value_head_dim
+    if d == dv == 128:
+        return ShortTile(TileConfig(block_m=128, block_n=128, warps=8, stages=2), 2048)
+    if d == dv == 64 and causal:
+        return ShortTile(TileConfig(block_m=128, block_n=128, warps=8, stages=3), 1024)
+    return None
+
+
 def wgmma_wide_keys_ok(v: Variant) -> bool:
     """Whether a variant is plain enough for key tiles past 128 on the wgmma engine: no mask, score,
     norm, LSE, sink, residual or NaN check, and dense (not packed or paged) K/V, so that its
-    consumers have plain attention's register share and nothing past it."""
+    consumers have plain attention's register share and nothing past it (ptxas: the LSE alone
+    spills 8 bytes at 176 keys)."""
     extras = v.scores or v.norms or v.lse or v.sink is not None or v.residual or v.nan_check
     return v.mask == TRUE and not extras and v.layout != Layout.VARLEN and v.page_size is None
 

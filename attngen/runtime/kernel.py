@@ -16,6 +16,7 @@ except under CUDA-graph capture, where `raise_pending()` reports them later.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -31,11 +32,11 @@ from typing import Any, Callable
 
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
-from attngen.ir.nodes import DType, Layout, NormScope, NormTarget, Program, TileConfig, Variant, norm_bias_name, norm_weight_name
+from attngen.ir.nodes import DType, Layout, NormScope, NormTarget, Program, TileConfig, TileHint, Variant, norm_bias_name, norm_weight_name
 from attngen.runtime.binder import CALL_SCALARS, MAX_BINDINGS, ArgBuffer, Binding, Launch, cu_function, driver, launch_cupy, launch_driver, slot_kind
 from attngen.runtime.checks import CHECK_THREADS, NO_ERROR, check_args, check_grid, check_kernel_name, flat_to_index, render_checks
 from attngen.cuda.render import OpPlan, render_with_plan
-from attngen.plan.schedule import Arch, arch_for_cc, persistent, uses_tensor_cores
+from attngen.plan.schedule import Arch, arch_for_cc, persistent, short_tile, uses_tensor_cores
 
 
 class NaNCheckError(FloatingPointError):
@@ -218,6 +219,9 @@ class Kernel:
     _bindings: OrderedDict = field(default_factory=OrderedDict)
     _check_shapes: tuple[tuple[int, ...], ...] = ()  # the sorted inputs' shapes in the latest launch
     launcher: str = "driver"  # "driver" (ctypes cuLaunchKernel) or "cupy" (RawKernel, for comparison)
+    # The same variant at schedule.short_tile's tile, for calls whose key loop is short (Lk <= short_max_lk).
+    short: "Kernel | None" = None
+    short_max_lk: int = 0
 
     def _work_counter(self, stream_ptr: int) -> int:
         """Device address of the persistent kernel's work-tile counter for a stream. Every launch
@@ -264,6 +268,8 @@ class Kernel:
              inputs: dict[str, Any], defer: bool, positions: tuple | None = None) -> Any:
         """`__call__`; with `defer`, the status words (input checks, nan_check) are not read back:
         an error stays on the device until `raise_pending()` or the next call that reads them."""
+        if self.short is not None and _seq_len(self.variant, k) <= self.short_max_lk:
+            return self.short._run(q, k, v, out, lse, stream, check_inputs, inputs, defer, positions)
         scalars = {n: int(inputs.pop(n, d)) for n, d in CALL_SCALARS.items()} if CALL_SCALARS else None
         names = self._input_names
         arrays = (q, k, v, *(inputs[n] for n in names if n in inputs))
@@ -689,6 +695,15 @@ def _check_function(arch: Arch, dtype: DType) -> Any:
     return mod.get_function(check_kernel_name(dtype))
 
 
+def _seq_len(var: Variant, x: Any) -> int:
+    """The sequence length of a dense q/k/v argument (its layout's sequence dim), before any
+    checks (the kernel the call goes to makes them); -1 where the shape is not 4-D."""
+    shape = tuple(getattr(x, "shape", ()))
+    if len(shape) != 4:
+        return -1
+    return int(shape[2] if var.layout == Layout.BHSD else shape[1])
+
+
 def raise_pending(stream: Any = None) -> None:
     """Raises the first error any loaded kernel's deferred calls left on the device (an input
     check or `nan_check` from a call in a CUDA graph or in the torch op), synchronising `stream`
@@ -788,6 +803,13 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
         # allocates nothing: word 0 the nan flag (an int), then a check's first bad index each.
         k._status = cupy.array([0] + [NO_ERROR] * len(sorted_inputs), dtype=cupy.int64)
         k._check_fns = tuple(_check_function(a, d.dtype) for d in sorted_inputs)
+    st = short_tile(v, a)
+    if st is not None:
+        # Calls with short key loops launch the same variant at the short tile (a second module).
+        t = st.tile
+        k.short = compile(dataclasses.replace(v, tile=TileHint(t.block_m, t.block_n, t.warps, t.stages)),
+                          arch=a, verbose=verbose, family="forward")
+        k.short_max_lk = st.max_lk
     cupy.cuda.Device().synchronize()  # zeroed before any stream can launch with them
     if verbose:
         what = "cache hit" if binary.cached else f"compiled in {binary.seconds:.2f} s"

@@ -43,6 +43,7 @@ from attngen.plan.schedule import (
     persistent,
     q_token_norm,
     threads,
+    short_tile,
     validate_tile,
     variant_smem_layout,
     variant_tile,
@@ -462,6 +463,14 @@ def explain(
         f"{', with the producer warpgroup' if eng == Engine.WGMMA else ''}), stages {tile.stages}"
     )
     out.append(f"  engine: {eng.describe(tile)}")
+    st = short_tile(v, arch)
+    if st is not None:
+        t = st.tile
+        out.append(
+            f"  short key loops (Lk <= {st.max_lk}): a second kernel at block_m {t.block_m}, block_n {t.block_n}, "
+            f"warps {t.warps}, stages {t.stages}, chosen at launch by the Python runtime (the source of "
+            f"`attngen compile` carries the main tile only)"
+        )
     q_tile = f"{tile.block_m} x {v.head_dim}"
     q_what = f"two {q_tile} Q buffers" if layout.q_buffers == 2 else f"a {q_tile} Q tile"
     out.append(

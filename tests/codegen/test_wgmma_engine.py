@@ -13,11 +13,13 @@ from attngen.cuda import compile as compile_cuda, render as render_cuda
 from attngen.lang.diagnostics import SpecError
 from attngen.lang.frontend import loads
 from attngen.plan import validate
+from attngen.tools.explain import explain
 from attngen.ir.nodes import DType, TileConfig
 from attngen.plan.schedule import (
     Arch,
     Engine,
     engine,
+    short_tile,
     smem_bytes,
     validate_tile,
     wgmma_max_block_n,
@@ -217,3 +219,41 @@ def test_explain_describes_the_persistent_schedule() -> None:
     assert "two 192 x 64 Q buffers" in text
     assert "over persistent CTAs, at most one an SM" in text
     assert "a 128 x 128 Q tile" in explain(_v("dtype bf16; head_dim 128; heads 16"), arch=Arch.SM90A)
+
+
+@pytest.mark.parametrize(
+    "body,want",
+    [
+        # Plain D128, unmasked or causal (LSE allowed): 128 x 128 x 2 on split rings up to Lk 2048.
+        ("dtype bf16; head_dim 128; heads 16", (TileConfig(128, 128, 8, 2), 2048)),
+        ("dtype fp16; head_dim 128; heads 32 kv 8; mask causal; output lse", (TileConfig(128, 128, 8, 2), 2048)),
+        # Causal D64: two consumer warpgroups instead of three up to Lk 1024.
+        ("dtype bf16; head_dim 64; heads 16; mask causal", (TileConfig(128, 128, 8, 3), 1024)),
+        # No second kernel: unmasked D64, other masks, score mods, a tile hint, varlen, fp32.
+        ("dtype bf16; head_dim 64; heads 16", None),
+        ("dtype bf16; head_dim 128; heads 16; mask causal && window(256, 0)", None),
+        ("dtype bf16; head_dim 128; heads 16; mask causal; score softcap(30.0)", None),
+        ("dtype bf16; head_dim 128; heads 16; tile block_m 128 block_n 128 warps 8 stages 3", None),
+        ("dtype bf16; head_dim 128; heads 4; layout varlen; mask causal", None),
+        ("dtype fp32; head_dim 128; heads 16", None),
+    ],
+)
+def test_short_loop_tiles(body: str, want) -> None:
+    v = _v(body)
+    st = short_tile(v, Arch.SM90A)
+    assert (None if st is None else (st.tile, st.max_lk)) == want
+    assert short_tile(v, Arch.SM80) is None  # a wgmma choice
+    if st is not None:
+        # The short tile is valid and differs from the main one; explain names both.
+        assert not validate_tile(v.dtype, v.head_dim, v.value_head_dim, st.tile, Arch.SM90A)
+        assert st.tile != render_cuda.plan(v, Arch.SM90A).tile
+        text = explain(v, arch=Arch.SM90A)
+        assert f"short key loops (Lk <= {st.max_lk}): a second kernel at block_m {st.tile.block_m}, block_n {st.tile.block_n}" in text
+
+
+def test_main_tiles_of_plain_d128() -> None:
+    # Unmasked D128 takes 176-key tiles on split rings; the LSE (8 bytes of spills there) keeps 128 x 128 x 3.
+    kp = render_cuda.plan(_v("dtype bf16; head_dim 128; heads 16"), Arch.SM90A)
+    assert (kp.tile, kp.smem.kv_split) == (TileConfig(128, 176, 8, 2), True)
+    kp = render_cuda.plan(_v("dtype bf16; head_dim 128; heads 16; output lse"), Arch.SM90A)
+    assert (kp.tile, kp.smem.kv_split) == (TileConfig(128, 128, 8, 3), False)
