@@ -207,6 +207,44 @@ def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = 
     return (40, 232)
 
 
+@dataclass(frozen=True, slots=True)
+class WgmmaSoftmax:
+    """How the wgmma consumers schedule their softmax; never what it computes beyond rounding.
+
+    `poly_groups`: of the block_n / 8 column groups of S a consumer thread holds, how many take
+    exp2 from a polynomial on the FMA pipe instead of the MUFU unit (spread evenly over the tile;
+    0: none). `turns`: the consumer warpgroups issue their S and P.V products in turn, each
+    passing the turn on through a named barrier once its products are issued (FlashAttention-3's
+    warp-scheduler barriers), so that one warpgroup's softmax runs under the others' products."""
+
+    poly_groups: int = 0
+    turns: bool = False
+
+    def describe(self, block_n: int) -> str:
+        """One phrase for headers and `explain` ('' when neither is on)."""
+        parts = []
+        if self.poly_groups:
+            parts.append(f"exp2 of {self.poly_groups} of every {block_n // 8} column groups of S from an FMA polynomial")
+        if self.turns:
+            parts.append("consumer warpgroups issue their products in turn")
+        return "; ".join(parts)
+
+
+def wgmma_softmax(head_dim: int, value_head_dim: int, tile: TileConfig) -> WgmmaSoftmax:
+    """The softmax schedule of a wgmma kernel. At head dim 64 a consumer row's exp2 of a key tile
+    on the MUFU unit (16 a clock an SM) take about as long as its two products on the tensor
+    cores, so part of them move to the FMA pipe and the warpgroups take turns at the tensor
+    cores; wider head dims keep the plain schedule (their products dominate)."""
+    if head_dim == value_head_dim == 64:
+        return WgmmaSoftmax(poly_groups=WGMMA_D64_POLY_GROUPS * tile.block_n // 128, turns=True)
+    return WgmmaSoftmax()
+
+
+# Column groups of a 128-key tile (16 a thread) whose exp2 the D64 wgmma softmax computes with the
+# polynomial (wgmma_softmax).
+WGMMA_D64_POLY_GROUPS = 2
+
+
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
     """Largest key tile whose registers fit a consumer thread: the S accumulators (block_n / 2),
     the packed P of the tile before (block_n / 4) and O (Dv / 2) within the setmaxnreg budget,

@@ -24,6 +24,8 @@ from attngen.plan.schedule import (
     wgmma_q_buffers,
     wgmma_regs,
     wgmma_residual_smem,
+    wgmma_softmax,
+    WgmmaSoftmax,
 )
 
 
@@ -216,3 +218,44 @@ def test_explain_describes_the_persistent_schedule() -> None:
     assert "two 192 x 64 Q buffers" in text
     assert "over persistent CTAs, at most one an SM" in text
     assert "a 128 x 128 Q tile" in explain(_v("dtype bf16; head_dim 128; heads 16"), arch=Arch.SM90A)
+
+
+def test_softmax_schedule_at_head_dim_64_only() -> None:
+    """D64 wgmma kernels move part of their exp2 to the FMA pipe and take turns at the tensor cores
+    (schedule.wgmma_softmax); wider head dims and the other engines render neither."""
+    assert wgmma_softmax(64, 64, TileConfig(192, 128, 12, 3)) == WgmmaSoftmax(poly_groups=2, turns=True)
+    assert wgmma_softmax(64, 64, TileConfig(128, 192, 8, 2)).poly_groups == 3  # the same share of a wider tile
+    assert wgmma_softmax(128, 128, TileConfig(128, 128, 8, 3)) == WgmmaSoftmax()
+    assert wgmma_softmax(64, 128, TileConfig(128, 128, 8, 3)) == WgmmaSoftmax()
+    causal = _v("dtype bf16; head_dim 64; heads 16; mask causal")
+    src, kp = render_cuda.render_with_plan(causal, Arch.SM90A)
+    assert kp.attention.softmax == WgmmaSoftmax(2, True)
+    assert "constexpr int EXP2_POLY_GROUPS = 2;" in src and "ag_ex2_poly(fmaf(" in src
+    assert "ag_turn_wait(wg);" in src and "ag_turn_pass(wg);" in src
+    assert "Softmax: exp2 of 2 of every 16 column groups of S from an FMA polynomial; consumer warpgroups issue" in src
+    # An explicit schedule replaces the plan's (benchmarks A/B them); off, neither part is rendered.
+    plain, kp0 = render_cuda.render_with_plan(causal, Arch.SM90A, softmax=WgmmaSoftmax())
+    assert kp0.attention.softmax == WgmmaSoftmax()
+    for part in ("ag_ex2_poly", "EXP2_POLY_GROUPS", "ag_turn_", "TURN_BAR", "Softmax:"):
+        assert part not in plain
+    turns_only, _ = render_cuda.render_with_plan(causal, Arch.SM90A, softmax=WgmmaSoftmax(0, True))
+    assert "ag_turn_wait(wg);" in turns_only and "ag_ex2_poly" not in turns_only
+    d128 = render_cuda.render(_v("dtype bf16; head_dim 128; heads 16; mask causal"), Arch.SM90A)
+    assert "ag_ex2_poly" not in d128 and "ag_turn_" not in d128
+    assert render_cuda.plan(causal, Arch.SM80).attention.softmax is None  # mma.sync: no such schedule
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("body", ["dtype bf16; head_dim 64; heads 16; mask causal", "dtype fp16; head_dim 64; heads 16"])
+@pytest.mark.parametrize("sm", [WgmmaSoftmax(0, True), WgmmaSoftmax(2, False), WgmmaSoftmax(4, True)], ids=str)
+def test_softmax_schedules_compile_without_spills_or_serialised_wgmma(body: str, sm: WgmmaSoftmax) -> None:
+    """Every schedule the D64 A/B benchmark times (benchmarks/d64_softmax_ab.py) on three and two
+    consumer warpgroups: no spills, wgmma kept asynchronous, setmaxnreg honoured."""
+    src, kp = render_cuda.render_with_plan(_v(body), Arch.SM90A, softmax=sm)
+    _, log = compile_cuda.nvcc(src, Arch.SM90A, "cubin", extra=("-Xptxas", "-v"))
+    for code in ("C7515", "C7510", "C7508", "C7509"):
+        assert code not in log, log
+    r = [x for x in compile_cuda._RES.finditer(log) if x.group("name").endswith(kp.kernel_name) or kp.kernel_name in x.group("name")]
+    assert r, log
+    assert all(int(x.group("st")) == int(x.group("ld")) == int(x.group("stack")) == 0 for x in r), log
