@@ -231,18 +231,18 @@ class WgmmaSoftmax:
 
 
 def wgmma_softmax(head_dim: int, value_head_dim: int, tile: TileConfig) -> WgmmaSoftmax:
-    """The softmax schedule of a wgmma kernel. At head dim 64 a consumer row's exp2 of a key tile
-    on the MUFU unit (16 a clock an SM) take about as long as its two products on the tensor
-    cores, so part of them move to the FMA pipe and the warpgroups take turns at the tensor
-    cores; wider head dims keep the plain schedule (their products dominate)."""
-    if head_dim == value_head_dim == 64:
-        return WgmmaSoftmax(poly_groups=WGMMA_D64_POLY_GROUPS * tile.block_n // 128, turns=True)
+    """The softmax schedule of a wgmma kernel: the plain one, for every head dim and tile.
+
+    At head dim 64 a consumer row's exp2 of a key tile on the MUFU unit (16 a clock an SM) take
+    about as long as its two products on the tensor cores, which is what the polynomial and the
+    turns address; but neither sped anything up on the H200 (bf16 H16, B*L = 32768, TFLOP/s at L
+    1k / 4k / 16k, benchmarks/d64_softmax_ab.py, one run): causal 192 x 128, plain 245 / 383 / 473,
+    turns 247 / 381 / 463, polynomial for 2 of 16 column groups 242 / 370 / 450, both 240-242 /
+    365-366 / 440-441, 4 of 16 with turns 232 / 349 / 418; dense 128 x 128 within 3% of one
+    another (399-414 at 16k). The kernel is not bound by MUFU throughput there, so the FMA work
+    only adds issue slots. Both stay available as `plan(..., softmax=...)` overrides for A/B runs
+    (tested against the reference on the GPU with both on)."""
     return WgmmaSoftmax()
-
-
-# Column groups of a 128-key tile (16 a thread) whose exp2 the D64 wgmma softmax computes with the
-# polynomial (wgmma_softmax).
-WGMMA_D64_POLY_GROUPS = 2
 
 
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
@@ -476,8 +476,8 @@ def auto_tile(
 ) -> TileConfig:
     """The tile `tile auto` resolves to, from H200 measurements (benchmarks/README.md).
 
-    sm_90a, fp16/bf16, head dims 64/128: the wgmma engine, 128 x 128 x 8 warps x 3 stages (masked
-    D64: 192 x 128 x 12 warps). Other tensor-core cases (mma.sync): 4 warps of two 16-row MMA tiles
+    sm_90a, fp16/bf16, head dims 64/128: the wgmma engine, 128 x 128 x 8 warps x 3 stages (D64:
+    192 x 128 x 12 warps). Other tensor-core cases (mma.sync): 4 warps of two 16-row MMA tiles
     (128 query rows) share every K/V fragment they load from shared memory; for D > 64 an unmasked
     variant runs best with 48-key tiles, a masked one with 64; for D <= 64, 128-key tiles
     unmasked, 64 masked. fp32 (FFMA): small tiles, many CTAs."""
@@ -486,9 +486,11 @@ def auto_tile(
     if arch == Arch.SM90A and uses_tensor_cores(dtype) and head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS:
         # Hopper: the wgmma engine with three stages: the consumers hold two slots at once (K of
         # tile i, V of tile i - 1), so two stages starve the producer (H200, bf16 D128 dense: 3
-        # stages 542 TFLOP/s, 2 stages 423). 128 x 128 tiles (two consumer warpgroups); masked
-        # head-dim-64 variants run best with three (causal D64: 192 x 128 355, 128 x 128 323).
-        if head_dim == value_head_dim == 64 and not dense:
+        # stages 542 TFLOP/s, 2 stages 423). 128 x 128 tiles (two consumer warpgroups); head-dim-64
+        # variants run best with three (causal D64: 192 x 128 355, 128 x 128 323; dense D64, bf16
+        # H16, B*L = 32768, benchmarks/d64_softmax_ab.py: 192 x 128 364 / 468 / 521 TFLOP/s at
+        # L 1k / 4k / 16k, 128 x 128 346 / 388-404 / 399-414, cuDNN 418 / 482 / 468).
+        if head_dim == value_head_dim == 64:
             return TileConfig(block_m=192, block_n=128, warps=12, stages=3)
         return TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     if not uses_tensor_cores(dtype):
