@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 16's device check (D64 wgmma softmax schedule), one call on one H200, from the tree root:
 #   source .whl/env.sh; bash tools/device_d64_softmax.sh
-# First the forward GPU tests of D64 wgmma variants against the NumPy reference (dense, causal,
-# GQA, LSE, padding with fully masked rows, cross lengths down to 1, sinks, the pre-LN block), then
+# First the forward GPU tests of D64 wgmma variants against the NumPy reference (dense, now on the
+# 192 x 128 tile, causal, GQA, LSE, padding with fully masked rows, cross lengths down to 1, sinks,
+# the pre-LN block), then
 # the A/B of the softmax schedules beside cuDNN (benchmarks/d64_softmax_ab.py) on the same GPU,
 # after the tests, so that no test shares the GPU with a clock. Results under $OUT; summary last.
 set -uo pipefail
