@@ -53,6 +53,8 @@ from attngen.plan.schedule import (
     variant_smem_layout,
     variant_tile,
     wgmma_regs,
+    wgmma_softmax,
+    WgmmaSoftmax,
 )
 
 
@@ -172,6 +174,7 @@ class OpKernel:
     smem: SmemLayout = SmemLayout(0)
     min_blocks: int = 1  # the __launch_bounds__ occupancy hint
     regs: tuple[int, int] | None = None  # wgmma setmaxnreg (producer, consumer) registers a thread
+    softmax: WgmmaSoftmax | None = None  # wgmma: the consumers' softmax schedule
     prep: Prep | None = None  # prep kernels: what they write
     # `layout varlen`: the query tiles are those of B packed sequences of total Lq rows. Sequence b
     # owns the tile slots [cu_q[b] / block_m + b, ...) (its ceil(L_b / block_m) tiles, then at most
@@ -400,14 +403,15 @@ def _preps(v: Variant, prefix: str = DEFAULT_PREFIX) -> tuple[Prep, ...]:
     return tuple(out)
 
 
-def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> OpPlan:
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSoftmax | None = None) -> OpPlan:
     """The frozen plan of a variant on `arch` (computed once per (variant, arch, prefix), then
-    cached; `prefix` starts every symbol name: see `kernel_name`)."""
-    return _plan(v, arch, prefix)
+    cached; `prefix` starts every symbol name: see `kernel_name`). `softmax` replaces the wgmma
+    consumers' softmax schedule `wgmma_softmax` picks (for A/B timing; ignored off wgmma)."""
+    return _plan(v, arch, prefix, softmax)
 
 
 @functools.lru_cache(maxsize=512)
-def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX) -> OpPlan:
+def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSoftmax | None = None) -> OpPlan:
     if v.page_size is not None:  # the forward kernels read contiguous K/V only
         raise ValueError(f"variant {v.name}: `kv_cache paged` runs on the decode family (render_decode), not the forward kernel")
     bad_dims = head_dims_problem(v.dtype, v.head_dim, v.value_head_dim)
@@ -432,6 +436,7 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX) -> OpPlan:
         smem=variant_smem_layout(v, tile, arch),
         min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
         regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores), v.layout == Layout.VARLEN) if eng == Engine.WGMMA else None,
+        softmax=(softmax or wgmma_softmax(v.head_dim, v.value_head_dim, tile)) if eng == Engine.WGMMA else None,
     )
     if v.layout == Layout.VARLEN:
         attention = dataclasses.replace(attention, varlen=True)
@@ -481,6 +486,7 @@ def _header(v: Variant, kp: OpPlan) -> str:
         f"dynamic shared memory {kp.smem_bytes} bytes (opt in with cudaFuncSetAttribute above 48 KiB).",
         f"Tile: block_m {t.block_m}, block_n {t.block_n}, warps {t.warps}, stages {t.stages}; "
         f"{kp.engine.describe(t)}; target {kp.arch.value}.",
+        *([f"Softmax: {kp.attention.softmax.describe(t.block_n)}."] if kp.attention.softmax and kp.attention.softmax.describe(t.block_n) else []),
         *(
             [f"Prep kernels, launched first on the same stream with the same arguments, {PREP_THREADS} threads a block,",
              f"grid min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS}) (any grid is correct):",
@@ -607,8 +613,11 @@ def _kv_bounds_ctx(v: Variant, elem: ElementEmitter, engine: Engine) -> dict:
     return dict(kv_hi_code=code)
 
 
-def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX) -> tuple[str, OpPlan]:
-    kp = plan(v, arch, prefix=prefix)
+def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX,
+                     softmax: WgmmaSoftmax | None = None) -> tuple[str, OpPlan]:
+    """`render`, and the plan it rendered (`softmax`: as in `plan`)."""
+    kp = plan(v, arch, prefix=prefix, softmax=softmax)
+    sm = kp.attention.softmax or WgmmaSoftmax()
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
     tc = kp.engine != Engine.FFMA
@@ -638,6 +647,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         min_blocks=kp.attention.min_blocks,
         wgmma_shapes=_wgmma_shapes(kp, v),
         wgmma_regs=dict(zip(("producer", "consumer"), kp.attention.regs or (0, 0))),  # read on the wgmma path only
+        exp2_poly_groups=sm.poly_groups,  # wgmma softmax schedule (schedule.wgmma_softmax)
+        wg_turns=sm.turns,
         q_buffers=kp.smem.q_buffers,
         kv_split=kp.smem.kv_split,
         wide_rows=max(v.head_dim, v.value_head_dim) > 128,

@@ -207,6 +207,44 @@ def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = 
     return (40, 232)
 
 
+@dataclass(frozen=True, slots=True)
+class WgmmaSoftmax:
+    """How the wgmma consumers schedule their softmax; never what it computes beyond rounding.
+
+    `poly_groups`: of the block_n / 8 column groups of S a consumer thread holds, how many take
+    exp2 from a polynomial on the FMA pipe instead of the MUFU unit (spread evenly over the tile;
+    0: none). `turns`: the consumer warpgroups issue their S and P.V products in turn, each
+    passing the turn on through a named barrier once its products are issued (FlashAttention-3's
+    warp-scheduler barriers), so that one warpgroup's softmax runs under the others' products."""
+
+    poly_groups: int = 0
+    turns: bool = False
+
+    def describe(self, block_n: int) -> str:
+        """One phrase for headers and `explain` ('' when neither is on)."""
+        parts = []
+        if self.poly_groups:
+            parts.append(f"exp2 of {self.poly_groups} of every {block_n // 8} column groups of S from an FMA polynomial")
+        if self.turns:
+            parts.append("consumer warpgroups issue their products in turn")
+        return "; ".join(parts)
+
+
+def wgmma_softmax(head_dim: int, value_head_dim: int, tile: TileConfig) -> WgmmaSoftmax:
+    """The softmax schedule of a wgmma kernel: the plain one, for every head dim and tile.
+
+    At head dim 64 a consumer row's exp2 of a key tile on the MUFU unit (16 a clock an SM) take
+    about as long as its two products on the tensor cores, which is what the polynomial and the
+    turns address; but neither sped anything up on the H200 (bf16 H16, B*L = 32768, TFLOP/s at L
+    1k / 4k / 16k, benchmarks/d64_softmax_ab.py, one run): causal 192 x 128, plain 245 / 383 / 473,
+    turns 247 / 381 / 463, polynomial for 2 of 16 column groups 242 / 370 / 450, both 240-242 /
+    365-366 / 440-441, 4 of 16 with turns 232 / 349 / 418; dense 128 x 128 within 3% of one
+    another (399-414 at 16k). The kernel is not bound by MUFU throughput there, so the FMA work
+    only adds issue slots. Both stay available as `plan(..., softmax=...)` overrides for A/B runs
+    (tested against the reference on the GPU with both on)."""
+    return WgmmaSoftmax()
+
+
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
     """Largest key tile whose registers fit a consumer thread: the S accumulators (block_n / 2),
     the packed P of the tile before (block_n / 4) and O (Dv / 2) within the setmaxnreg budget,
@@ -458,8 +496,8 @@ def auto_tile(
 ) -> TileConfig:
     """The tile `tile auto` resolves to, from H200 measurements (benchmarks/README.md).
 
-    sm_90a, fp16/bf16, head dims 64/128: the wgmma engine, 128 x 128 x 8 warps x 3 stages (masked
-    D64: 192 x 128 x 12 warps). Other tensor-core cases (mma.sync): 4 warps of two 16-row MMA tiles
+    sm_90a, fp16/bf16, head dims 64/128: the wgmma engine, 128 x 128 x 8 warps x 3 stages (D64:
+    192 x 128 x 12 warps). Other tensor-core cases (mma.sync): 4 warps of two 16-row MMA tiles
     (128 query rows) share every K/V fragment they load from shared memory; for D > 64 an unmasked
     variant runs best with 48-key tiles, a masked one with 64; for D <= 64, 128-key tiles
     unmasked, 64 masked. fp32 (FFMA): small tiles, many CTAs."""
@@ -467,9 +505,10 @@ def auto_tile(
         return _wide_auto_tile(dtype, head_dim, value_head_dim, arch, dense)
     if arch == Arch.SM90A and uses_tensor_cores(dtype) and head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS:
         # Hopper: the wgmma engine, 128 x 128 x 3 stages on the shared K/V slot (two consumer
-        # warpgroups); masked head-dim-64 variants run best with three warpgroups (causal D64:
-        # 192 x 128 355, 128 x 128 323).
-        if head_dim == value_head_dim == 64 and not dense:
+        # warpgroups); head-dim-64 variants run best with three (causal D64: 192 x 128 355, 128 x 128
+        # 323; dense D64, bf16 H16, B*L = 32768, benchmarks/d64_softmax_ab.py: 192 x 128 364 / 468 /
+        # 521 TFLOP/s at L 1k / 4k / 16k, 128 x 128 346 / 388-404 / 399-414, cuDNN 418 / 482 / 468).
+        if head_dim == value_head_dim == 64:
             return TileConfig(block_m=192, block_n=128, warps=12, stages=3)
         if head_dim == value_head_dim == 128 and dense:
             # Unmasked D128: 176-key tiles on two stages of split K/V rings (`wgmma_kv_split`), as

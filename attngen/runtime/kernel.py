@@ -36,7 +36,7 @@ from attngen.ir.nodes import DType, Layout, NormScope, NormTarget, Program, Tile
 from attngen.runtime.binder import CALL_SCALARS, MAX_BINDINGS, ArgBuffer, Binding, Launch, cu_function, driver, launch_cupy, launch_driver, slot_kind
 from attngen.runtime.checks import CHECK_THREADS, NO_ERROR, check_args, check_grid, check_kernel_name, flat_to_index, render_checks
 from attngen.cuda.render import OpPlan, render_with_plan
-from attngen.plan.schedule import Arch, arch_for_cc, persistent, short_tile, uses_tensor_cores
+from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, short_tile, uses_tensor_cores
 
 
 class NaNCheckError(FloatingPointError):
@@ -736,7 +736,7 @@ def load_functions(cubin: bytes, smem: Mapping[str, int]) -> tuple[Any, dict[str
     return module, fns
 
 
-_KERNELS: dict[tuple[Variant, Arch, int], Kernel] = {}
+_KERNELS: dict[tuple, Kernel] = {}  # (variant, arch, device[, softmax schedule override])
 _KERNELS_LOCK = threading.Lock()
 
 
@@ -753,13 +753,14 @@ def _resolve(spec: Any, variant: str | None) -> Variant:
 
 
 def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = None, verbose: bool = False,
-            family: str = "auto") -> Any:
+            family: str = "auto", softmax: WgmmaSoftmax | None = None) -> Any:
     """Parse (if needed), render, compile and load one variant for the current CUDA device.
 
     `spec` is a Variant, a Program, a path to a `.attn` file, or `.attn` source text. `family`:
     "forward" gives the forward `Kernel`; "decode" forces the split-KV decode family
     (`runtime_decode.DecodeKernel`); "auto" (default) gives the forward kernel, wrapped so that
-    calls with small Lq run the decode family where the variant supports it."""
+    calls with small Lq run the decode family where the variant supports it. `softmax` replaces
+    the wgmma softmax schedule the plan picks (`render.plan`; benchmarks time the two side by side)."""
     import cupy
 
     from attngen.plan import decode as plan_decode
@@ -776,14 +777,14 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
     if fam == plan_decode.Family.AUTO and plan_decode.decode_unsupported(v, a) is None:
         # (targets without cp.async or m16n8k16 tensor cores, sm_75, or without the shared memory of
         # the head dim's ring, D256 on sm_86, keep every call on the forward family)
-        return runtime_decode.Dispatch(compile(v, arch=a, verbose=verbose, family="forward"), a, verbose)
+        return runtime_decode.Dispatch(compile(v, arch=a, verbose=verbose, family="forward", softmax=softmax), a, verbose)
     dev = cupy.cuda.Device().id
-    key = (v, a, dev)
+    key = (v, a, dev) if softmax is None else (v, a, dev, softmax)
     with _KERNELS_LOCK:
         if key in _KERNELS:
             return _KERNELS[key]
     t0 = time.perf_counter()
-    src, kp = render_with_plan(v, a)
+    src, kp = render_with_plan(v, a, softmax=softmax)
     binary = compile_source(src, a)
     module, fns = load_functions(binary.cubin, {kp.kernel_name: kp.smem_bytes, **{pr.kernel: 0 for pr in kp.preps}})
     fn = fns[kp.kernel_name]
@@ -808,7 +809,7 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
         # Calls with short key loops launch the same variant at the short tile (a second module).
         t = st.tile
         k.short = compile(dataclasses.replace(v, tile=TileHint(t.block_m, t.block_n, t.warps, t.stages)),
-                          arch=a, verbose=verbose, family="forward")
+                          arch=a, verbose=verbose, family="forward", softmax=softmax)
         k.short_max_lk = st.max_lk
     cupy.cuda.Device().synchronize()  # zeroed before any stream can launch with them
     if verbose:

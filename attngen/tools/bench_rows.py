@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,8 +163,10 @@ def bench_shape(
     extra_peers: Sequence[Peer] = (),
     check_reference: bool | None = None,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+    only_peers: Collection[str] | None = None,
 ) -> list[Row]:
-    """Time our kernel and its peers at one shape; returns our row first, then one per peer."""
+    """Time our kernel and its peers at one shape; returns our row first, then one per peer
+    (`only_peers`: the names of the peers to run, e.g. {"sdpa-cudnn"}; None runs every one)."""
     from attngen.check import fuzz
 
     host_rt = dict(runtime_inputs) if runtime_inputs is not None else host_runtime_inputs(v, B, Lq, Lk, seed)
@@ -220,7 +222,7 @@ def bench_shape(
     rows.append(row)
     if not peers:
         return rows
-    plist = list(extra_peers) + peers_for(v, Lq, Lk)
+    plist = [p for p in list(extra_peers) + peers_for(v, Lq, Lk) if only_peers is None or p.name in only_peers]
     for p in plist:
         prow = Row(impl=p.name, note=p.note, **base)
         runs: list[Callable[[], Any]] = []

@@ -18,7 +18,6 @@ from attngen.ir.nodes import DType, TileConfig
 from attngen.plan.schedule import (
     Arch,
     Engine,
-    engine,
     short_tile,
     smem_bytes,
     validate_tile,
@@ -26,6 +25,8 @@ from attngen.plan.schedule import (
     wgmma_q_buffers,
     wgmma_regs,
     wgmma_residual_smem,
+    wgmma_softmax,
+    WgmmaSoftmax,
 )
 
 
@@ -257,3 +258,51 @@ def test_main_tiles_of_plain_d128() -> None:
     assert (kp.tile, kp.smem.kv_split) == (TileConfig(128, 176, 8, 2), True)
     kp = render_cuda.plan(_v("dtype bf16; head_dim 128; heads 16; output lse"), Arch.SM90A)
     assert (kp.tile, kp.smem.kv_split) == (TileConfig(128, 128, 8, 3), False)
+
+
+def test_softmax_schedule_is_plain_by_default_and_overridable() -> None:
+    """The plan renders the plain softmax everywhere (schedule.wgmma_softmax: the FMA polynomial and
+    the turns measured no faster on the H200); `softmax=` renders either or both for an A/B run,
+    and the plain render carries neither."""
+    for d in (64, 128):
+        assert wgmma_softmax(d, d, TileConfig(128, 128, 8, 3)) == WgmmaSoftmax()
+    causal = _v("dtype bf16; head_dim 64; heads 16; mask causal")
+    plain, kp0 = render_cuda.render_with_plan(causal, Arch.SM90A)
+    assert kp0.attention.softmax == WgmmaSoftmax()
+    for part in ("ag_ex2_poly", "EXP2_POLY_GROUPS", "ag_turn_", "TURN_BAR", "Softmax:"):
+        assert part not in plain
+    src, kp = render_cuda.render_with_plan(causal, Arch.SM90A, softmax=WgmmaSoftmax(2, True))
+    assert kp.attention.softmax == WgmmaSoftmax(2, True)
+    assert "constexpr int EXP2_POLY_GROUPS = 2;" in src and "ag_ex2_poly(fmaf(" in src
+    assert "ag_turn_wait(wg);" in src and "ag_turn_pass(wg);" in src
+    assert "Softmax: exp2 of 2 of every 16 column groups of S from an FMA polynomial; consumer warpgroups issue" in src
+    turns_only, _ = render_cuda.render_with_plan(causal, Arch.SM90A, softmax=WgmmaSoftmax(0, True))
+    assert "ag_turn_wait(wg);" in turns_only and "ag_ex2_poly" not in turns_only
+    assert render_cuda.plan(causal, Arch.SM80).attention.softmax is None  # mma.sync: no such schedule
+
+
+def test_dense_head_dim_64_takes_three_consumer_warpgroups() -> None:
+    """Dense D64 runs on 192 x 128 tiles like masked D64 (H200: 521 against 399-414 TFLOP/s for
+    128 x 128 at L16k); score mods and runtime inputs still take two warpgroups (registers)."""
+    kp = render_cuda.plan(_v("dtype bf16; head_dim 64; heads 16"), Arch.SM90A)
+    assert (kp.engine, kp.tile.block_m, kp.tile.block_n, kp.tile.warps, kp.threads) == (Engine.WGMMA, 192, 128, 12, 512)
+    kp = render_cuda.plan(_v("dtype bf16; head_dim 64; heads 16; score softcap(30.0)"), Arch.SM90A)
+    assert (kp.tile.block_m, kp.tile.warps) == (128, 8)
+    kp = render_cuda.plan(_v("dtype bf16; head_dim 128; heads 16"), Arch.SM90A)
+    assert (kp.tile.block_m, kp.tile.warps) == (128, 8)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("body", ["dtype bf16; head_dim 64; heads 16; mask causal", "dtype fp16; head_dim 64; heads 16"])
+@pytest.mark.parametrize("sm", [WgmmaSoftmax(0, True), WgmmaSoftmax(2, False), WgmmaSoftmax(4, True)], ids=str)
+def test_softmax_schedules_compile_without_spills_or_serialised_wgmma(body: str, sm: WgmmaSoftmax) -> None:
+    """Every schedule the D64 A/B benchmark times (benchmarks/d64_softmax_ab.py) on three and two
+    consumer warpgroups: no spills, wgmma kept asynchronous, setmaxnreg honoured."""
+    src, kp = render_cuda.render_with_plan(_v(body), Arch.SM90A, softmax=sm)
+    _, log = compile_cuda.nvcc(src, Arch.SM90A, "cubin", extra=("-Xptxas", "-v"))
+    for code in ("C7515", "C7510", "C7508", "C7509"):
+        assert code not in log, log
+    r = [x for x in compile_cuda._RES.finditer(log) if x.group("name").endswith(kp.kernel_name) or kp.kernel_name in x.group("name")]
+    assert r, log
+    assert all(int(x.group("st")) == int(x.group("ld")) == int(x.group("stack")) == 0 for x in r), log

@@ -1,0 +1,141 @@
+"""A/B of the wgmma softmax schedule at head dim 64 (schedule.WgmmaSoftmax), beside cuDNN.
+
+    python benchmarks/d64_softmax_ab.py [--out PATH] [--lengths 1024,4096,16384] [--repeats 20]
+
+The sweep's D64 cells (bf16, H16, B*L = 32768 tokens, dense and causal) with one kernel for each
+schedule: the plan's default (plain), turns only, the FMA polynomial for 2 or 4 of a thread's 16
+column groups, with and without turns; dense also at 128 x 128 with two consumer warpgroups (the
+auto tile before issue 16; now 192 x 128 with three, like causal). Every kernel of a cell times the same inputs in the same process,
+interleaved by length; the plan's default is checked against cuDNN's output (and the others
+against NaN). Results are JSON lines (`row`s as benchmarks/sweep.py writes them, with
+`extra.schedule`), then a table of TFLOP/s and the ratio to cuDNN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # runnable from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+from attngen.lang import frontend  # noqa: E402
+from attngen.plan.schedule import WgmmaSoftmax  # noqa: E402
+from attngen.tools import bench  # noqa: E402
+
+TOKENS = 32768
+# (label, .attn body)
+CONFIGS = (
+    ("d64_dense", "dtype bf16; head_dim 64; heads 16"),
+    ("d64_causal", "dtype bf16; head_dim 64; heads 16; mask causal"),
+    ("d64_dense_128", "dtype bf16; head_dim 64; heads 16; tile block_m 128 block_n 128 warps 8 stages 3"),
+)
+# (name, override; None: the plan's default)
+SCHEDULES = (
+    ("default", None),
+    ("turns", WgmmaSoftmax(0, True)),
+    ("poly2", WgmmaSoftmax(2, False)),
+    ("poly2+turns", WgmmaSoftmax(2, True)),
+    ("poly4+turns", WgmmaSoftmax(4, True)),
+)
+# The 128-row dense tile: the plain schedule only.
+SHORT = ("default",)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attngen.check import fuzz
+    from attngen.runtime import kernel as runtime
+
+    ok, why = fuzz.gpu_status()
+    if not ok:
+        print(f"d64_softmax_ab: no GPU ({why}); nothing to time", file=sys.stderr)
+        return 2
+    lengths = [int(x) for x in args.lengths.split(",")]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    f = open(out, "w", encoding="utf-8")
+
+    def emit(obj: dict) -> None:
+        f.write(json.dumps(obj, default=str) + "\n")
+        f.flush()
+
+    emit({"kind": "env", **bench.env_info()})
+    rows: list[bench.Row] = []
+    t_start = time.monotonic()
+    for label, body in CONFIGS:
+        if args.only and label not in args.only:
+            continue
+        v = frontend.loads(f"attention {label} {{ {body} }}\n", f"<ab:{label}>").get()
+        kernels = []
+        for name, sm in SCHEDULES:
+            if label.endswith("_128") and name not in SHORT:
+                continue
+            t0 = time.monotonic()
+            k = runtime.compile(v, family="forward", softmax=sm)
+            kernels.append((name, k))
+            print(f"  {label} {name}: {k.plan.attention.softmax} built in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+        for L in lengths:
+            B = max(1, TOKENS // L)
+            for name, k in kernels:
+                peer = name == "default" and not label.endswith("_128")
+                try:
+                    got = bench.bench_shape(v, k, B, L, L, workload=f"{label}_L{L}", peers=peer, repeats=args.repeats,
+                                            check_reference=False, only_peers={"sdpa-cudnn"})
+                except Exception as e:  # one broken cell must not hide the others
+                    got = [bench.Row(workload=f"{label}_L{L}", variant=label, impl="attngen", dtype="bf16", B=B, H=16,
+                                     Lq=L, Lk=L, D=64, error=f"{type(e).__name__}: {str(e)[:300]}")]
+                for r in got:
+                    r.extra["config"] = label
+                    r.extra["schedule"] = name if r.impl == "attngen" else r.impl
+                    emit({"kind": "row", **asdict(r)})
+                rows += got
+            print(f"  {label} L{L}: {time.monotonic() - t_start:.1f}s", file=sys.stderr, flush=True)
+    f.close()
+    print(table(rows))
+    bad = [r for r in rows if r.agrees is False or r.error]
+    for r in bad:
+        print(f"PROBLEM {r.extra.get('config')} L{r.Lq} {r.extra.get('schedule')}: {r.error or r.check}")
+    print(f"\nd64_softmax_ab: {len(rows)} rows, {len(bad)} problems, {time.monotonic() - t_start:.0f}s; {out}")
+    return 1 if bad else 0
+
+
+def table(rows: list[bench.Row]) -> str:
+    """TFLOP/s (visible work) per configuration, length and schedule, and the ratio to cuDNN."""
+    cells: dict[tuple[str, int], dict[str, float]] = {}
+    for r in rows:
+        if r.ms and r.tflops_visible is not None:
+            cells.setdefault((r.extra["config"], r.Lq), {})[r.extra["schedule"]] = r.tflops_visible
+    names = [n for n, _ in SCHEDULES] + ["sdpa-cudnn"]
+    lines = [f"{'config':<16} {'L':>6} " + " ".join(f"{n:>12}" for n in names)]
+    for (cfg, L), c in sorted(cells.items()):
+        cud = c.get("sdpa-cudnn")
+        cols = []
+        for n in names:
+            if n not in c:
+                cols.append(f"{'-':>12}")
+            elif cud and n != "sdpa-cudnn":
+                cols.append(f"{c[n]:6.0f} {c[n] / cud:4.2f}x")
+            else:
+                cols.append(f"{c[n]:12.0f}")
+        lines.append(f"{cfg:<16} {L:>6} " + " ".join(cols))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    default_out = Path(os.environ["OUT"]) / "d64_softmax_ab.jsonl" if os.environ.get("OUT") else ROOT / "benchmarks" / "results" / "h200_d64_softmax_ab.jsonl"
+    p.add_argument("--out", default=str(default_out))
+    p.add_argument("--lengths", default="1024,4096,16384")
+    p.add_argument("--only", nargs="*", default=None, help="configurations: " + ", ".join(c[0] for c in CONFIGS))
+    p.add_argument("--repeats", type=int, default=20)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
