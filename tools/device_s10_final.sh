@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The tenth session's final device check, one call on the two-GPU kind (nvidia-h200-x2):
-#   source .whl/env.sh; bash tools/device_s10_final.sh
+# The tenth session's final device check:
+#   source .whl/env.sh; bash tools/device_s10_final.sh [both|tests|bench]
+# both (default; the two-GPU kind nvidia-h200-x2): tests on GPU 0 and timing on GPU 1 side by side;
+# tests / bench: one part alone on GPU 0 (one H200: two calls, the second while the machine is warm).
 # GPU 0: the GPU test suite, compute-sanitizer memcheck (forward odd shapes incl. the split K/V
 # rings, backward, decode), the backward fuzz pass, a backward racecheck. GPU 1 (timing only): the
 # length sweep against cuDNN and FA2, the suite rows whose kernels changed, head dims, backward,
@@ -11,10 +13,12 @@ OUT=${OUT:-/tmp/out}
 LOGS=/tmp/device-s10f-logs
 mkdir -p "$OUT" "$LOGS"
 S="$OUT/summary.txt"
+PART=${1:-both}
+TEST_GPU=0; BENCH_GPU=$([ "$PART" = both ] && echo 1 || echo 0)
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1; } | tee -a "$S"
-(
-  export CUDA_VISIBLE_DEVICES=0
-  HYPOTHESIS_PROFILE=ci timeout 300 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 14 -rfE --tb=short \
+[ "$PART" = bench ] || (
+  export CUDA_VISIBLE_DEVICES=$TEST_GPU
+  HYPOTHESIS_PROFILE=ci timeout 300 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 15 -rfE --tb=short \
     > "$LOGS/pytest_gpu.txt" 2>&1
   echo "gpu pytest rc=$?: $(tail -n 1 "$LOGS/pytest_gpu.txt")" >> "$S"
   grep -E "^(FAILED|ERROR)" "$LOGS/pytest_gpu.txt" | head -n 30 >> "$S"
@@ -30,24 +34,30 @@ S="$OUT/summary.txt"
   timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_bwd_cases.py --quick > "$LOGS/san_bwd_race.txt" 2>&1
   echo "compute-sanitizer backward racecheck rc=$? ($(grep -E 'RACECHECK SUMMARY' "$LOGS/san_bwd_race.txt" | tail -n 1); $(tail -n 1 "$LOGS/san_bwd_race.txt"))" >> "$S"
 ) &
-(
-  export CUDA_VISIBLE_DEVICES=1
-  timeout 170 python3 benchmarks/sweep.py --peers cudnn,flash --out "$OUT/h200_sweep.jsonl" > "$LOGS/sweep.txt" 2>&1
-  echo "sweep rc=$?" >> "$S"
-  timeout 90 python3 benchmarks/suite.py --only ${SUITE_ROWS:-dense_d128 dense_d64 causal_d64} --out "$OUT/h200_suite_rows.jsonl" > "$LOGS/suite.txt" 2>&1
-  echo "suite rows rc=$?" >> "$S"
-  timeout 70 python3 benchmarks/headdim_bench.py --out "$OUT/h200_headdim.json" > "$LOGS/headdim.txt" 2>&1
-  echo "headdim bench rc=$?" >> "$S"
-  timeout 90 python3 benchmarks/bwd_bench.py --iters 3 --also-engine mma --out "$OUT/h200_bwd_wgmma.json" > "$LOGS/bwd_bench.txt" 2>&1
-  echo "bwd bench rc=$?" >> "$S"
-  timeout 90 python3 benchmarks/train_block_bench.py --profile --out "$OUT/h200_train_block.json" > "$LOGS/train_block.txt" 2>&1
-  echo "train block bench rc=$?" >> "$S"
-  timeout 60 python3 benchmarks/decode_bench.py --quick --out "$OUT/h200_decode_shares.json" > "$LOGS/decode_bench.txt" 2>&1
-  echo "decode bench rc=$?" >> "$S"
+[ "$PART" = tests ] || (
+  export CUDA_VISIBLE_DEVICES=$BENCH_GPU
+  for b in ${BENCH:-sweep bwd train headdim suite decode}; do
+    case $b in
+      sweep) timeout 170 python3 benchmarks/sweep.py --peers cudnn,flash --out "$OUT/h200_sweep.jsonl" > "$LOGS/sweep.txt" 2>&1 ;;
+      suite) timeout 90 python3 benchmarks/suite.py --only ${SUITE_ROWS:-dense_d128 dense_d64 causal_d64} --out "$OUT/h200_suite_rows.jsonl" > "$LOGS/suite.txt" 2>&1 ;;
+      headdim) timeout 70 python3 benchmarks/headdim_bench.py --out "$OUT/h200_headdim.json" > "$LOGS/headdim.txt" 2>&1 ;;
+      bwd) timeout 90 python3 benchmarks/bwd_bench.py --iters 3 --also-engine mma --out "$OUT/h200_bwd_wgmma.json" > "$LOGS/bwd.txt" 2>&1 ;;
+      train) timeout 90 python3 benchmarks/train_block_bench.py --profile --out "$OUT/h200_train_block.json" > "$LOGS/train.txt" 2>&1 ;;
+      decode) timeout 60 python3 benchmarks/decode_bench.py --quick --out "$OUT/h200_decode_shares.json" > "$LOGS/decode.txt" 2>&1 ;;
+    esac
+    echo "$b rc=$?" >> "$S"
+  done
 ) &
 wait
 tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
-{ echo "== sweep"; grep -vE "^\s*$" "$LOGS/sweep.txt" | tail -n 40; echo "== suite rows"; tail -n 12 "$LOGS/suite.txt";
-  echo "== headdim"; grep -E "MISSED|met|attngen|cudnn" "$LOGS/headdim.txt" | tail -n 12; echo "== bwd"; tail -n 7 "$LOGS/bwd_bench.txt";
-  echo "== train block"; tail -n 40 "$LOGS/train_block.txt"; echo "== decode"; tail -n 12 "$LOGS/decode_bench.txt"; } >> "$S"
+for b in ${BENCH:-sweep bwd train headdim suite decode}; do
+  [ -f "$LOGS/$b.txt" ] || continue
+  echo "== $b" >> "$S"
+  case $b in
+    sweep) grep -vE "^\s*$" "$LOGS/sweep.txt" | tail -n 40 ;;
+    headdim) grep -E "MISSED|met|attngen|cudnn" "$LOGS/headdim.txt" | tail -n 12 ;;
+    train) tail -n 40 "$LOGS/train.txt" ;;
+    *) tail -n 12 "$LOGS/$b.txt" ;;
+  esac >> "$S"
+done
 cat "$S"
