@@ -13,7 +13,7 @@ from attngen import __version__
 from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.bwd import PRE_THREADS, THREADS, BwdEngine, BwdPlan, plan
+from attngen.plan.bwd import PRE_THREADS, THREADS, WG_DQ_PAD, BwdEngine, BwdPlan, plan
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -159,6 +159,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         tc_block_m=bp.tc_block_m,
         tc_block_n=bp.tc_block_n,
         tc_rotate=bp.tc_rotate,
+        wg_dq_pad=WG_DQ_PAD,
         has_score=bool(v.scores),
         mma_type="bf16" if v.dtype == DType.BF16 else "f16",
         mma_k16=arch.mma_k16,

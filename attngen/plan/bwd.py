@@ -71,6 +71,7 @@ class BwdEngine(enum.Enum):
 WG_BLOCK_M = 64
 WG_BLOCK_N = 128
 WG_THREADS = 256
+WG_DQ_PAD = 8  # fp32 words padding each staged dQ row (wg_dq_buffer_bytes)
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
 # `plan(..., engine=BwdEngine.WGMMA)`).
@@ -195,10 +196,20 @@ def tc_block_n(v: Variant, arch: Arch) -> int | None:
     return None
 
 
-def wg_smem_bytes(D: int, Dv: int) -> int:
+def wg_dq_buffer_bytes(D: int) -> int:
+    """The wgmma kernel's dQ staging buffer (atomic dQ mode): each of its 8 warps stages its 16
+    query rows x D/2 columns of a step's dQ partial in fp32, rows padded by 32 bytes (so the
+    accumulator layout's stores hit distinct banks), and reduces them into ws_dq by bulk
+    asynchronous reductions (cp.reduce.async.bulk, a row each)."""
+    return (WG_THREADS // 32) * 16 * (D // 2 + WG_DQ_PAD) * 4
+
+
+def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
-    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32)."""
-    return 2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * WG_BLOCK_M * D + 2 * WG_BLOCK_M * Dv + WG_BLOCK_N * WG_BLOCK_M) + 4 * 4 * WG_BLOCK_M
+    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and in
+    the atomic dQ mode the dQ staging buffer (`wg_dq_buffer_bytes`)."""
+    return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * WG_BLOCK_M * D + 2 * WG_BLOCK_M * Dv + WG_BLOCK_N * WG_BLOCK_M) + 4 * 4 * WG_BLOCK_M
+            + (0 if deterministic else wg_dq_buffer_bytes(D)))
 
 
 def wgmma_fits(v: Variant, arch: Arch) -> str | None:
@@ -383,10 +394,10 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
     if engine == BwdEngine.WGMMA:
         bn = WG_BLOCK_N
-        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", WG_THREADS, wg_smem_bytes(v.head_dim, v.value_head_dim),
+        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", WG_THREADS, wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic),
                                  f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
                                  "warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
-                                 "query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
+                                 "query tiles of the group" + ("" if deterministic else "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory")))
     elif bn is not None:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
                                  tiles("p.Lk", bn, v.kv_heads),
@@ -459,4 +470,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_DQ_PAD", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

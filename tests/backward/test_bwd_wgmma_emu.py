@@ -1,6 +1,6 @@
 """The wgmma (sm_90a) dK/dV engine, run on the CPU under the host emulation (tests/backward/
 _host_emu.py: wgmma with its shared-memory descriptors and 128-byte swizzle, the register A
-operand, red.global.add.v2) against the float64 reference backward: causal, window and
+operand, the dQ bulk reductions) against the float64 reference backward: causal, window and
 score-modified masks with partial and skipped tiles, GQA sums, odd lengths, Lq != Lk, head dims 64
 and 128 (and Dv != D), score-input and pre-norm gradients, the deterministic dQ kernel beside it."""
 
@@ -74,15 +74,20 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     bp = plan_bwd.plan(bf, Arch.SM90A)
     k = bp.kernel("ag_bwd_dkdv")
     assert (bp.tc_block_m, bp.tc_block_n, k.threads) == (64, 128, 256)
-    assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 and k.smem <= Arch.SM90A.smem_budget
+    # 148480 bytes of tiles, plus 8 warps x 16 rows x (64 + 8) fp32 words of dQ staging in the atomic mode.
+    assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 36864 and k.smem <= Arch.SM90A.smem_budget
+    assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, True) == 148480
+    # D64: two CTAs an SM still fit (shared memory; registers are the limit today).
+    assert 2 * (plan_bwd.wg_smem_bytes(64, 64) + 1024) <= Arch.SM90A.smem_per_sm
     assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
     text = "\n".join(plan_bwd.describe(bf, Arch.SM90A))
     assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
     src = render_bwd.render(bf, Arch.SM90A)
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src and "ag_wg_step<false>" in src
-    assert "red.global.add.v2.f32" in src and "mma.sync" not in src
+    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in src and "ag_bulk_reduce_add(p.ws_dq" in src
+    assert "red.global.add" not in src and "mma.sync" not in src
     det = render_bwd.render(bf, Arch.SM90A, deterministic=True)
-    assert "ag_bwd_dq(p)" in det and "ag_red_add2(row" not in det
+    assert "ag_bwd_dq(p)" in det and "ag_bulk_reduce_add(p.ws_dq" not in det and "SDQ_BYTES = 0;" in det
     # The sm_80 rendering and the forward are untouched by the engine.
     assert "wgmma" not in render_bwd.render(bf, Arch.SM80)
     monkeypatch.setattr(plan_bwd, "WGMMA_DEFAULT", False)  # opt-in mode
