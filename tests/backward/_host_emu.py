@@ -153,6 +153,9 @@ inline void ag_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned 
 # is the warp barrier.
 WG_EMU = r"""
 inline void ag_fence_proxy_async() {}
+inline void ag_cp_async4(unsigned dst, const void* src, bool pred) {
+  if (pred) std::memcpy(ag_smem + dst, src, 4); else std::memset(ag_smem + dst, 0, 4);
+}
 inline void ag_wgmma_fence() {}
 inline void ag_wgmma_commit() {}
 template <int N> inline void ag_wgmma_wait() {}

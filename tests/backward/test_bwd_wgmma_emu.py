@@ -77,8 +77,15 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     # 148480 bytes of tiles, plus 8 warps x 16 rows x (64 + 8) fp32 words of dQ staging in the atomic mode.
     assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 36864 and k.smem <= Arch.SM90A.smem_budget
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, True) == 148480
-    # D64: two CTAs an SM still fit (shared memory; registers are the limit today).
-    assert 2 * (plan_bwd.wg_smem_bytes(64, 64) + 1024) <= Arch.SM90A.smem_per_sm
+    # D64 = Dv: steps of 128 queries (two sub-steps of 64), dQ split by rows (N = 64), one CTA an SM
+    # (registers: 232-255 a thread); elsewhere 64 queries.
+    h64_bp = plan_bwd.plan(h64, Arch.SM90A)
+    assert h64_bp.tc_block_m == 128 and plan_bwd.wg_dq_cols(64, 128) == 64 and plan_bwd.wg_dq_cols(128, 64) == 64
+    assert h64_bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(64, 64) == 2 * (6 * 128 * 64 + 128 * 128) + 16 * 128 + 8 * 16 * 72 * 4
+    assert plan_bwd.plan(T.variant(T.causal(), (), D=64, Dv=128, heads=2, dtype=DType.BF16), Arch.SM90A).tc_block_m == 64
+    h64_src = render_bwd.render(h64, Arch.SM90A)
+    assert "constexpr int WG_BLOCK_M = 128;" in h64_src and "constexpr int WG_SUB = WG_BLOCK_M / WG_SUB_M;" in h64_src
+    assert "m64n64k16.f32.f16.f16" in h64_src and "m64n32k16" not in h64_src
     assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
     text = "\n".join(plan_bwd.describe(bf, Arch.SM90A))
     assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
@@ -160,3 +167,13 @@ def test_qk_norms_residual():
             a[n] = (1 + 0.3 * rng.normal(size=a[n].shape)).astype(np.float32)
 
     _run(v, 1, 80, 80, seed=5, wrt=plan_bwd.norm_params(v), edit=edit)
+
+
+@emu
+def test_bf16_dense_d64_whole_and_partial_128_query_steps():
+    # D64: steps of 128 queries as two sub-steps. Queries 0-255 are whole steps over whole key
+    # tiles (the unmasked step, no score modifications: the two-pass softmax gradient); the third
+    # step has 44 rows, so its second sub-step lies wholly past Lq.
+    v = T.variant(scores=(), D=64, heads=2, kv_heads=1, dtype=DType.BF16, kind=AttnKind.CROSS)
+    _, _, bp = _run(v, 1, 300, 256, seed=6)
+    assert bp.tc_block_m == 128
