@@ -13,7 +13,7 @@ from attngen import __version__
 from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.bwd import PRE_THREADS, THREADS, WG_DQ_PAD, WG_SUB_M, BwdEngine, BwdPlan, plan, wg_dq_cols
+from attngen.plan.bwd import PRE_THREADS, THREADS, WG_DQ_PAD, WG_SUB_M, BwdEngine, BwdPlan, plan, wg_dq_bulk, wg_dq_cols
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -161,6 +161,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         tc_rotate=bp.tc_rotate,
         wg_dq_pad=WG_DQ_PAD,
         wg_sub_m=WG_SUB_M,
+        dq_bulk=bp.engine == BwdEngine.WGMMA and wg_dq_bulk(v.head_dim, v.value_head_dim, deterministic),
         # the wgmma step's mask tests: per element after S^T lands with sub-steps (the registers of
         # a visibility word per sub-step are not to spare), else one word before the products
         vis_inline=bp.tc_block_m > WG_SUB_M,

@@ -77,6 +77,11 @@ WG_SUB_M = 64
 WG_BLOCK_N = 128
 WG_THREADS = 256
 WG_DQ_PAD = 8  # fp32 words padding each staged dQ row (wg_dq_buffer_bytes)
+# The atomic dQ mode's reductions by query rows a step: staged in shared memory and added by bulk
+# asynchronous reductions (True, FlashAttention-3's path; a row a lane: DQ_N values, 64 with 128-
+# query steps) or by red.global.add.v2 from the accumulators (False). H200, bf16: with 64-query
+# steps (half rows of 32 or 64 values) the bulk path was 4-11% slower (benchmarks/bwd_bench.py).
+WG_DQ_BULK = {64: False, 128: True}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
 # `plan(..., engine=BwdEngine.WGMMA)`).
@@ -223,13 +228,18 @@ def wg_dq_buffer_bytes(D: int, block_m: int) -> int:
     return (WG_THREADS // 32) * 16 * (wg_dq_cols(D, block_m) + WG_DQ_PAD) * 4
 
 
+def wg_dq_bulk(D: int, Dv: int, deterministic: bool = False) -> bool:
+    """Whether the wgmma kernel adds dQ by bulk reductions from shared memory (WG_DQ_BULK)."""
+    return not deterministic and WG_DQ_BULK[wg_block_m(D, Dv)]
+
+
 def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
-    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and in
-    the atomic dQ mode the dQ staging buffer (`wg_dq_buffer_bytes`)."""
+    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and
+    with bulk dQ reductions the staging buffer (`wg_dq_buffer_bytes`)."""
     bm = wg_block_m(D, Dv)
     return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * bm * D + 2 * bm * Dv + WG_BLOCK_N * bm) + 4 * 4 * bm
-            + (0 if deterministic else wg_dq_buffer_bytes(D, bm)))
+            + (wg_dq_buffer_bytes(D, bm) if wg_dq_bulk(D, Dv, deterministic) else 0))
 
 
 def wgmma_fits(v: Variant, arch: Arch) -> str | None:
@@ -417,7 +427,8 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", WG_THREADS, wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic),
                                  f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
                                  "warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
-                                 "query tiles of the group" + ("" if deterministic else "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory")))
+                                 "query tiles of the group" + ("" if deterministic else "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory"
+                                                              if wg_dq_bulk(v.head_dim, v.value_head_dim) else "; dQ by fp32 atomics")))
     elif bn is not None:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
                                  tiles("p.Lk", bn, v.kv_heads),
@@ -490,4 +501,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_BULK", "wg_dq_bulk", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

@@ -160,6 +160,7 @@ inline void ag_wgmma_fence() {}
 inline void ag_wgmma_commit() {}
 template <int N> inline void ag_wgmma_wait() {}
 template <class T> inline void ag_reg_fence(T&) {}
+inline void ag_red_add2(float* d, float a, float b) { atomicAdd(d, a); atomicAdd(d + 1, b); }
 inline void ag_warp_sync() { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 // A bulk reduction: the PTX's preconditions (16-byte aligned addresses and sizes) checked at
 // issue; the reads of the shared source happen at the issuing thread's next wait, as late as the
