@@ -165,6 +165,9 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         # the wgmma step's mask tests: per element after S^T lands with sub-steps (the registers of
         # a visibility word per sub-step are not to spare), else one word before the products
         vis_inline=bp.tc_block_m > WG_SUB_M,
+        # the next step's LSE and delta rows by cp.async with sub-steps (no registers across the
+        # step), else by loads into registers stored after the step
+        lse_async=bp.tc_block_m > WG_SUB_M,
         dq_n=wg_dq_cols(v.head_dim, bp.tc_block_m) if bp.engine == BwdEngine.WGMMA else 0,
         has_score=bool(v.scores),
         mma_type="bf16" if v.dtype == DType.BF16 else "f16",

@@ -80,8 +80,10 @@ WG_DQ_PAD = 8  # fp32 words padding each staged dQ row (wg_dq_buffer_bytes)
 # The atomic dQ mode's reductions by query rows a step: staged in shared memory and added by bulk
 # asynchronous reductions (True, FlashAttention-3's path; a row a lane: DQ_N values, 64 with 128-
 # query steps) or by red.global.add.v2 from the accumulators (False). H200, bf16: with 64-query
-# steps (half rows of 32 or 64 values) the bulk path was 4-11% slower (benchmarks/bwd_bench.py).
-WG_DQ_BULK = {64: False, 128: True}
+# steps (half rows of 32 or 64 values) the bulk path was 4-11% slower, with 128-query steps at D64
+# (whole rows of 64) 2-3% slower (benchmarks/bwd_bench.py; FlashAttention-3 reduces whole tiles
+# through a producer-side dQ layout, which this kernel does not have).
+WG_DQ_BULK = {64: False, 128: False}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
 # `plan(..., engine=BwdEngine.WGMMA)`).
@@ -206,12 +208,13 @@ def tc_block_n(v: Variant, arch: Arch) -> int | None:
     return None
 
 
-def wg_block_m(D: int, Dv: int) -> int:
-    """Query rows a step of the wgmma dK/dV kernel: WG_BLOCK_M_D64 at D = Dv = 64 (half the
-    barriers, loads and dQ reductions a query, and a dQ product of N = 64 rather than 32, which
-    reads shared memory faster than the tensor cores take it; its larger shared tiles and dQ
-    accumulators fit only at this head dim), else WG_BLOCK_M."""
-    return WG_BLOCK_M_D64 if D == Dv == 64 else WG_BLOCK_M
+def wg_block_m(D: int, Dv: int, deterministic: bool = False) -> int:
+    """Query rows a step of the wgmma dK/dV kernel: WG_BLOCK_M_D64 at D = Dv = 64 in the atomic dQ
+    mode (half the barriers, loads and dQ reductions a query, and a dQ product of N = 64 rather
+    than 32, which reads shared memory faster than the tensor cores take it; its larger shared
+    tiles and dQ accumulators fit only at this head dim), else WG_BLOCK_M (the deterministic mode's
+    kernel has no dQ product, and its time is the FFMA dQ kernel's)."""
+    return WG_BLOCK_M_D64 if D == Dv == 64 and not deterministic else WG_BLOCK_M
 
 
 def wg_dq_cols(D: int, block_m: int) -> int:
@@ -230,14 +233,14 @@ def wg_dq_buffer_bytes(D: int, block_m: int) -> int:
 
 def wg_dq_bulk(D: int, Dv: int, deterministic: bool = False) -> bool:
     """Whether the wgmma kernel adds dQ by bulk reductions from shared memory (WG_DQ_BULK)."""
-    return not deterministic and WG_DQ_BULK[wg_block_m(D, Dv)]
+    return not deterministic and WG_DQ_BULK[wg_block_m(D, Dv, deterministic)]
 
 
 def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
     (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and
     with bulk dQ reductions the staging buffer (`wg_dq_buffer_bytes`)."""
-    bm = wg_block_m(D, Dv)
+    bm = wg_block_m(D, Dv, deterministic)
     return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * bm * D + 2 * bm * Dv + WG_BLOCK_N * bm) + 4 * 4 * bm
             + (wg_dq_buffer_bytes(D, bm) if wg_dq_bulk(D, Dv, deterministic) else 0))
 
@@ -451,7 +454,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
                              + ("; weight gradients summed per block in shared memory" if fin_grads else ""), fin_cap))
     tc = engine != BwdEngine.FFMA
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
-                   (wg_block_m(v.head_dim, v.value_head_dim) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen)
+                   (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
