@@ -90,7 +90,7 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     h64_src = render_bwd.render(h64, Arch.SM90A)
     assert "constexpr int WG_BLOCK_M = 128;" in h64_src and "constexpr int WG_SUB = WG_BLOCK_M / WG_SUB_M;" in h64_src
     assert "m64n64k16.f32.f16.f16" in h64_src and "m64n32k16" not in h64_src
-    assert ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in h64_src) == plan_bwd.WG_DQ_BULK[128]
+    assert ("ag_bulk_reduce_add(p.ws_dq" in h64_src) == plan_bwd.WG_DQ_BULK[128] and ("ag_red_add2(row" in h64_src) != plan_bwd.WG_DQ_BULK[128]
     assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
     text = "\n".join(plan_bwd.describe(bf, Arch.SM90A))
     assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
