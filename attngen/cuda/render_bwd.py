@@ -13,7 +13,7 @@ from attngen import __version__
 from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.bwd import PRE_THREADS, THREADS, BwdEngine, BwdPlan, plan
+from attngen.plan.bwd import PRE_THREADS, THREADS, WG_DQ_PAD, WG_SUB_M, BwdEngine, BwdPlan, plan, wg_dq_bulk, wg_dq_cols
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -89,13 +89,13 @@ def with_prefix(bp: BwdPlan, v: Variant, prefix: str) -> BwdPlan:
 
 
 def _wg_shapes(v: Variant, bp: BwdPlan) -> list[dict]:
-    """Operand lists of the m64nNk16 wgmma wrappers of the wgmma dK/dV kernel: N = the query tile
-    (S^T, dP^T), D and Dv (dK, dV) and D / 2 (a warpgroup's half of dQ); N / 2 fp32 accumulators
+    """Operand lists of the m64nNk16 wgmma wrappers of the wgmma dK/dV kernel: N = 64 queries (S^T,
+    dP^T of a sub-step), D and Dv (dK, dV) and a warpgroup's dQ columns (`wg_dq_cols`); N / 2 fp32 accumulators
     per thread, then the A and B operands, the accumulate flag and the transpose immediates."""
     if bp.engine != BwdEngine.WGMMA:
         return []
     out = []
-    for n in sorted({bp.tc_block_m, v.head_dim, v.value_head_dim, v.head_dim // 2}):
+    for n in sorted({WG_SUB_M, v.head_dim, v.value_head_dim, wg_dq_cols(v.head_dim, bp.tc_block_m)}):
         regs = n // 2
         out.append(dict(
             n=n,
@@ -159,6 +159,16 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         tc_block_m=bp.tc_block_m,
         tc_block_n=bp.tc_block_n,
         tc_rotate=bp.tc_rotate,
+        wg_dq_pad=WG_DQ_PAD,
+        wg_sub_m=WG_SUB_M,
+        dq_bulk=bp.engine == BwdEngine.WGMMA and wg_dq_bulk(v.head_dim, v.value_head_dim, deterministic),
+        # the wgmma step's mask tests: per element after S^T lands with sub-steps (the registers of
+        # a visibility word per sub-step are not to spare), else one word before the products
+        vis_inline=bp.tc_block_m > WG_SUB_M,
+        # the next step's LSE and delta rows by cp.async with sub-steps (no registers across the
+        # step), else by loads into registers stored after the step
+        lse_async=bp.tc_block_m > WG_SUB_M,
+        dq_n=wg_dq_cols(v.head_dim, bp.tc_block_m) if bp.engine == BwdEngine.WGMMA else 0,
         has_score=bool(v.scores),
         mma_type="bf16" if v.dtype == DType.BF16 else "f16",
         mma_k16=arch.mma_k16,

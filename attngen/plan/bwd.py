@@ -67,10 +67,23 @@ class BwdEngine(enum.Enum):
 
 
 # The wgmma dK/dV kernel: a CTA per 128 keys, two warpgroups of 64 keys each (the wgmma M
-# dimension), 64 query rows a step (the N of S^T and dP^T, the M of dQ).
+# dimension), 64 query rows a step (the N of S^T and dP^T, the M of dQ), or WG_BLOCK_M_D64 at
+# head dims 64: a step of 128 queries runs S^T, dP^T, the softmax gradient, dV and dK as two
+# sub-steps of WG_SUB_M queries (the registers of 64) and one barrier and one dQ product for both
+# (see `wg_block_m`).
 WG_BLOCK_M = 64
+WG_BLOCK_M_D64 = 128
+WG_SUB_M = 64
 WG_BLOCK_N = 128
 WG_THREADS = 256
+WG_DQ_PAD = 8  # fp32 words padding each staged dQ row (wg_dq_buffer_bytes)
+# The atomic dQ mode's reductions by query rows a step: staged in shared memory and added by bulk
+# asynchronous reductions (True, FlashAttention-3's path; a row a lane: DQ_N values, 64 with 128-
+# query steps) or by red.global.add.v2 from the accumulators (False). H200, bf16: with 64-query
+# steps (half rows of 32 or 64 values) the bulk path was 4-11% slower, with 128-query steps at D64
+# (whole rows of 64) 2-3% slower (benchmarks/bwd_bench.py; FlashAttention-3 reduces whole tiles
+# through a producer-side dQ layout, which this kernel does not have).
+WG_DQ_BULK = {64: False, 128: False}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
 # `plan(..., engine=BwdEngine.WGMMA)`).
@@ -195,10 +208,41 @@ def tc_block_n(v: Variant, arch: Arch) -> int | None:
     return None
 
 
-def wg_smem_bytes(D: int, Dv: int) -> int:
+def wg_block_m(D: int, Dv: int, deterministic: bool = False) -> int:
+    """Query rows a step of the wgmma dK/dV kernel: WG_BLOCK_M_D64 at D = Dv = 64 in the atomic dQ
+    mode (half the barriers, loads and dQ reductions a query, and a dQ product of N = 64 rather
+    than 32, which reads shared memory faster than the tensor cores take it; its larger shared
+    tiles and dQ accumulators fit only at this head dim), else WG_BLOCK_M (the deterministic mode's
+    kernel has no dQ product, and its time is the FFMA dQ kernel's)."""
+    return WG_BLOCK_M_D64 if D == Dv == 64 and not deterministic else WG_BLOCK_M
+
+
+def wg_dq_cols(D: int, block_m: int) -> int:
+    """dQ columns a warpgroup computes: half of D with 64 queries a step (the warpgroups split the
+    columns), all of D with 128 (they split the rows)."""
+    return D if block_m > 64 else D // 2
+
+
+def wg_dq_buffer_bytes(D: int, block_m: int) -> int:
+    """The wgmma kernel's dQ staging buffer (atomic dQ mode): each of its 8 warps stages its 16
+    query rows x `wg_dq_cols` columns of a step's dQ partial in fp32, rows padded by 32 bytes (so
+    the accumulator layout's stores hit distinct banks), and reduces them into ws_dq by bulk
+    asynchronous reductions (cp.reduce.async.bulk, a row each)."""
+    return (WG_THREADS // 32) * 16 * (wg_dq_cols(D, block_m) + WG_DQ_PAD) * 4
+
+
+def wg_dq_bulk(D: int, Dv: int, deterministic: bool = False) -> bool:
+    """Whether the wgmma kernel adds dQ by bulk reductions from shared memory (WG_DQ_BULK)."""
+    return not deterministic and WG_DQ_BULK[wg_block_m(D, Dv, deterministic)]
+
+
+def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
-    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32)."""
-    return 2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * WG_BLOCK_M * D + 2 * WG_BLOCK_M * Dv + WG_BLOCK_N * WG_BLOCK_M) + 4 * 4 * WG_BLOCK_M
+    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and
+    with bulk dQ reductions the staging buffer (`wg_dq_buffer_bytes`)."""
+    bm = wg_block_m(D, Dv, deterministic)
+    return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * bm * D + 2 * bm * Dv + WG_BLOCK_N * bm) + 4 * 4 * bm
+            + (wg_dq_buffer_bytes(D, bm) if wg_dq_bulk(D, Dv, deterministic) else 0))
 
 
 def wgmma_fits(v: Variant, arch: Arch) -> str | None:
@@ -383,10 +427,11 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
     if engine == BwdEngine.WGMMA:
         bn = WG_BLOCK_N
-        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", WG_THREADS, wg_smem_bytes(v.head_dim, v.value_head_dim),
+        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", WG_THREADS, wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic),
                                  f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
                                  "warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
-                                 "query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
+                                 "query tiles of the group" + ("" if deterministic else "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory"
+                                                              if wg_dq_bulk(v.head_dim, v.value_head_dim) else "; dQ by fp32 atomics")))
     elif bn is not None:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
                                  tiles("p.Lk", bn, v.kv_heads),
@@ -409,7 +454,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
                              + ("; weight gradients summed per block in shared memory" if fin_grads else ""), fin_cap))
     tc = engine != BwdEngine.FFMA
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
-                   (WG_BLOCK_M if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen)
+                   (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
@@ -459,4 +504,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_BULK", "wg_dq_bulk", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

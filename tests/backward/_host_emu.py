@@ -148,14 +148,37 @@ inline void ag_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned 
 # are read through their descriptors as the hardware reads them: start address, LBO and SBO
 # decoded from the bits, K-major or MN-major per the transpose flag, and the 128-byte swizzle
 # applied to the computed address (bits 4-6 XOR bits 7-9). The register A operand is gathered
-# through the warp barrier (the mma.sync fragment layout, per warp). red.global.add.v2 is two atomics.
+# through the warp barrier (the mma.sync fragment layout, per warp). A bulk reduction
+# (cp.reduce.async.bulk) reads its source at the issuer's next wait and adds by atomics; __syncwarp
+# is the warp barrier.
 WG_EMU = r"""
 inline void ag_fence_proxy_async() {}
+inline void ag_cp_async4(unsigned dst, const void* src, bool pred) {
+  if (pred) std::memcpy(ag_smem + dst, src, 4); else std::memset(ag_smem + dst, 0, 4);
+}
 inline void ag_wgmma_fence() {}
 inline void ag_wgmma_commit() {}
 template <int N> inline void ag_wgmma_wait() {}
 template <class T> inline void ag_reg_fence(T&) {}
 inline void ag_red_add2(float* d, float a, float b) { atomicAdd(d, a); atomicAdd(d + 1, b); }
+inline void ag_warp_sync() { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+// A bulk reduction: the PTX's preconditions (16-byte aligned addresses and sizes) checked at
+// issue; the reads of the shared source happen at the issuing thread's next wait, as late as the
+// hardware may read them, so a kernel that rewrites the source before waiting (or never waits)
+// reduces the wrong values (or none).
+struct ag_bulk_op { float* d; unsigned src, bytes; };
+thread_local std::vector<ag_bulk_op> ag_bulk_pending;
+inline void ag_bulk_reduce_add(float* d, unsigned src, unsigned bytes) {
+  if (((uintptr_t)d | src | bytes) % 16u) { std::fprintf(stderr, "cp.reduce.async.bulk: 16-byte alignment\n"); std::abort(); }
+  ag_bulk_pending.push_back({d, src, bytes});
+}
+inline void ag_bulk_commit() {}
+inline void ag_bulk_wait_read() {
+  for (const ag_bulk_op& o : ag_bulk_pending)
+    for (unsigned i = 0; i < o.bytes / 4; ++i) { float x; std::memcpy(&x, ag_smem + o.src + 4 * i, 4); atomicAdd(o.d + i, x); }
+  ag_bulk_pending.clear();
+}
+inline void ag_bulk_wait() { ag_bulk_wait_read(); }
 inline float ag_wg_desc_elem(unsigned long long desc, int mn, int k, bool mn_major) {
   if ((desc >> 62) != 1ull || ((desc >> 49) & 7ull) != 0ull) { std::fprintf(stderr, "wgmma descriptor: not a 128-byte swizzle at base offset 0\n"); std::abort(); }
   const unsigned start = (unsigned)(desc & 0x3FFFull) << 4, lbo = (unsigned)((desc >> 16) & 0x3FFFull) << 4;

@@ -1,6 +1,6 @@
 """The wgmma (sm_90a) dK/dV engine, run on the CPU under the host emulation (tests/backward/
 _host_emu.py: wgmma with its shared-memory descriptors and 128-byte swizzle, the register A
-operand, red.global.add.v2) against the float64 reference backward: causal, window and
+operand, the dQ bulk reductions) against the float64 reference backward: causal, window and
 score-modified masks with partial and skipped tiles, GQA sums, odd lengths, Lq != Lk, head dims 64
 and 128 (and Dv != D), score-input and pre-norm gradients, the deterministic dQ kernel beside it."""
 
@@ -74,15 +74,32 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     bp = plan_bwd.plan(bf, Arch.SM90A)
     k = bp.kernel("ag_bwd_dkdv")
     assert (bp.tc_block_m, bp.tc_block_n, k.threads) == (64, 128, 256)
+    # 64-query steps: red.global dQ reductions, no staging buffer.
+    assert not plan_bwd.wg_dq_bulk(128, 128)
     assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 and k.smem <= Arch.SM90A.smem_budget
+    assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, True) == 148480
+    # D64 = Dv: steps of 128 queries (two sub-steps of 64), dQ split by rows (N = 64), one CTA an SM
+    # (registers: 232-255 a thread); elsewhere 64 queries.
+    h64_bp = plan_bwd.plan(h64, Arch.SM90A)
+    assert h64_bp.tc_block_m == 128 and plan_bwd.wg_dq_cols(64, 128) == 64 and plan_bwd.wg_dq_cols(128, 64) == 64
+    # ... dQ staged (8 warps x 16 rows x (64 + 8) fp32 words) and added by bulk reductions, a row a lane.
+    assert plan_bwd.wg_dq_bulk(64, 64) == plan_bwd.WG_DQ_BULK[128]
+    staging = 8 * 16 * 72 * 4 if plan_bwd.WG_DQ_BULK[128] else 0
+    assert h64_bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(64, 64) == 2 * (6 * 128 * 64 + 128 * 128) + 16 * 128 + staging
+    assert plan_bwd.plan(T.variant(T.causal(), (), D=64, Dv=128, heads=2, dtype=DType.BF16), Arch.SM90A).tc_block_m == 64
+    h64_src = render_bwd.render(h64, Arch.SM90A)
+    assert "constexpr int WG_BLOCK_M = 128;" in h64_src and "constexpr int WG_SUB = WG_BLOCK_M / WG_SUB_M;" in h64_src
+    assert "m64n64k16.f32.f16.f16" in h64_src and "m64n32k16" not in h64_src
+    assert ("ag_bulk_reduce_add(p.ws_dq" in h64_src) == plan_bwd.WG_DQ_BULK[128] and ("ag_red_add2(row" in h64_src) != plan_bwd.WG_DQ_BULK[128]
     assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
     text = "\n".join(plan_bwd.describe(bf, Arch.SM90A))
     assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
     src = render_bwd.render(bf, Arch.SM90A)
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src and "ag_wg_step<false>" in src
-    assert "red.global.add.v2.f32" in src and "mma.sync" not in src
+    assert "ag_red_add2(row" in src and "ag_bulk_reduce_add(p.ws_dq" not in src and "SDQ_BYTES = 0;" in src
+    assert "mma.sync" not in src
     det = render_bwd.render(bf, Arch.SM90A, deterministic=True)
-    assert "ag_bwd_dq(p)" in det and "ag_red_add2(row" not in det
+    assert "ag_bwd_dq(p)" in det and "ag_bulk_reduce_add(p.ws_dq" not in det and "SDQ_BYTES = 0;" in det
     # The sm_80 rendering and the forward are untouched by the engine.
     assert "wgmma" not in render_bwd.render(bf, Arch.SM80)
     monkeypatch.setattr(plan_bwd, "WGMMA_DEFAULT", False)  # opt-in mode
@@ -155,3 +172,15 @@ def test_qk_norms_residual():
             a[n] = (1 + 0.3 * rng.normal(size=a[n].shape)).astype(np.float32)
 
     _run(v, 1, 80, 80, seed=5, wrt=plan_bwd.norm_params(v), edit=edit)
+
+
+@emu
+@pytest.mark.parametrize("bulk", [False, True])
+def test_bf16_dense_d64_whole_and_partial_128_query_steps(bulk, monkeypatch):
+    # D64: steps of 128 queries as two sub-steps. Queries 0-255 are whole steps over whole key
+    # tiles (the unmasked step, no score modifications: the two-pass softmax gradient); the third
+    # step has 44 rows, so its second sub-step lies wholly past Lq. Both dQ reduction paths.
+    monkeypatch.setitem(plan_bwd.WG_DQ_BULK, 128, bulk)
+    v = T.variant(scores=(), D=64, heads=2, kv_heads=1, dtype=DType.BF16, kind=AttnKind.CROSS)
+    _, _, bp = _run(v, 1, 300, 256, seed=6)
+    assert bp.tc_block_m == 128 and plan_bwd.wg_dq_bulk(64, 64) == bulk

@@ -18,6 +18,7 @@ from attngen.plan.bwd import BwdEngine
 SPECS = {
     "wg_bf16_d128_dense": "dtype bf16; head_dim 128; heads 2",
     "wg_bf16_d128_causal_gqa": "dtype bf16; head_dim 128; heads 8 kv 2; mask causal",
+    "wg_bf16_d64_dense": "dtype bf16; head_dim 64; heads 4 kv 2",
     "wg_fp16_d64_cross_causal": "dtype fp16; head_dim 64; heads 4 kv 1; kind cross; mask causal",
     "wg_bf16_d64_window_softcap": "dtype bf16; head_dim 64; heads 4 kv 2; layout bshd; mask window(100, 7); score softcap(30.0)",
     "wg_fp16_d128_padding_causal": "dtype fp16; head_dim 128; heads 2; mask padding && causal",
