@@ -209,13 +209,9 @@ def wgmma_fits(v: Variant, arch: Arch) -> str | None:
         return "fp32 inputs"
     if v.layout == Layout.VARLEN or v.page_size is not None:
         return "packed (varlen) or paged layouts"
-    # Its kernel reads dO, the LSE/delta rows and the dQ'/dK' workspaces in the dense layout; the
-    # o post-norm (dO' in ws_do) and the token-scope q norm run on the mma.sync engine.
-    if v.norm(NormTarget.O) is not None:
-        return "an o post-norm"
-    qn = v.norm(NormTarget.Q)
-    if qn is not None and qn.scope == NormScope.TOKEN:
-        return "a token-scope q norm"
+    # Its kernel reads Q (ws_q under a q pre-norm of either scope: the prep kernel writes it [B, H,
+    # Lq, D] for a token-scope norm too), dO (dO' in ws_do under the o post-norm), the LSE/delta
+    # rows and the dQ'/dK' workspaces in the dense [B, H, L] row order, as the mma.sync engine does.
     for name, d in (("head_dim", v.head_dim), ("value head dim", v.value_head_dim)):
         if d not in WG_DIMS:
             return f"{name} {d}: the wgmma engine takes {' and '.join(map(str, WG_DIMS))}"
