@@ -13,7 +13,7 @@ from attngen import __version__
 from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.bwd import PRE_THREADS, THREADS, BwdEngine, BwdPlan, plan
+from attngen.plan.bwd import PRE_THREADS, THREADS, VEC_ELEMS, BwdEngine, BwdPlan, plan
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -66,29 +66,21 @@ def _norm_ctx(v: Variant) -> dict:
     return ctx
 
 
-# The per-row kernels' 16-byte vector paths (fp16 / bf16: 8 elements a load or store), taken where
-# every row the kernel touches is 16-byte aligned (checked once a launch; else the scalar loops).
-VEC_ELEMS = 8
-TOK_MAX_VECS = 8  # a token's H*D row in registers: at most 8 vectors (64 values) a lane
-
-
 def _vec_ctx(v: Variant, bp: BwdPlan) -> dict:
-    """`pre_lanes`: lanes a row in the pre kernel's vector path (delta and the dQ zeroing; 0: none);
-    `tok_vecs`: 16-byte vectors a lane in the token-scope q norm's prep and finish (0: none);
-    `row_lanes`: lanes a row of D in the prep and finish kernels' head-scope vector paths (0: none)."""
+    """The per-row kernels' 16-byte vector paths (fp16 / bf16: VEC_ELEMS elements a load or store),
+    taken where every row the kernel touches is 16-byte aligned (checked once a launch; else the
+    scalar loops). `pre_lanes`: lanes a row in the pre kernel's (delta and the dQ zeroing; 0: none);
+    `tok_vecs`: vectors a lane in the token-scope q norm's prep and finish (the plan's; 0: none);
+    `row_lanes`: lanes a row of D in the prep and finish kernels' head-scope paths (0: none)."""
     half = v.dtype in (DType.FP16, DType.BF16)
     dv8 = v.value_head_dim // VEC_ELEMS
     pre = half and v.value_head_dim % VEC_ELEMS == 0 and 32 % dv8 == 0 and v.head_dim % 4 == 0 and not bp.o_norm
-    tok = v.heads * v.head_dim
-    qn = v.norm(NormTarget.Q)
-    tok_ok = (half and bp.q_norm_token and v.head_dim % VEC_ELEMS == 0 and tok % (32 * VEC_ELEMS) == 0
-              and tok // (32 * VEC_ELEMS) <= TOK_MAX_VECS and (not qn.affine or bp.kernel("ag_bwd_finish").smem > 0))
     d8 = v.head_dim // VEC_ELEMS
-    kn = v.norm(NormTarget.K)
+    qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
     affine = (qn is not None and qn.affine) or (kn is not None and kn.affine)
     rows = (half and not bp.q_norm_token and v.head_dim % VEC_ELEMS == 0 and 32 % d8 == 0
             and (not affine or bp.kernel("ag_bwd_finish").smem > 0))
-    return dict(pre_lanes=dv8 if pre else 0, tok_vecs=tok // (32 * VEC_ELEMS) if tok_ok else 0, row_lanes=d8 if rows else 0)
+    return dict(pre_lanes=dv8 if pre else 0, tok_vecs=bp.tok_vecs, tok_slices=bp.tok_grad_slices, row_lanes=d8 if rows else 0)
 
 
 def _param_grads(v: Variant, elem: ElementEmitter) -> list[dict]:

@@ -328,6 +328,8 @@ def test_token_scope_q_norm_vector_paths(dtype, kind, scalar):
     want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
     src, bp = render_bwd.render_with_plan(v, Arch.SM80)
     assert "ag_tok_norm_bwd_vec" in src and "ag_tok_norm_vec" in src and "constexpr int LANES = 2;" in src  # 16 * 16 = 256: one vector a lane; D 16: 2 lanes a row
+    # dgamma (and dbeta) in a shared-memory slice a warp: plain adds, no float atomics (compare-and-swap loops)
+    assert bp.tok_vecs == 1 and bp.tok_grad_slices and bp.kernel("ag_bwd_finish").smem == 4 * 8 * len(wrt) * 256
     if scalar:  # as for rows that are not 16-byte aligned: every per-row kernel takes its scalar loop
         src = src.replace("const bool vec = ag_tok_vec_ok(", "const bool vec = false && ag_tok_vec_ok(")
         src = src.replace("if (ag_rows16(p.o, ", "if (false && ag_rows16(p.o, ")
@@ -370,3 +372,19 @@ def test_head_scope_norms_vector_paths(scalar):
         scale = float(np.abs(want[n]).max())
         err = float(np.abs(got[n] - want[n]).max())
         assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+
+
+def test_token_norm_vector_path_plan():
+    # H*D = 2048: 8 vectors a lane; its dgamma/dbeta slices (8 warps x 2 x 2048 floats, 128 KiB)
+    # fit sm_90a's shared memory but not sm_86's, where the token norm keeps its scalar loops.
+    from attngen.plan import bwd as plan_bwd
+
+    v = T.variant(T.TRUE, (), D=64, heads=32, dtype=DType.BF16, layout=Layout.BSHD, kind=AttnKind.CROSS, residual=True,
+                  norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.TOKEN, 1e-5),))
+    big = plan_bwd.plan(v, Arch.SM90A)
+    assert (big.tok_vecs, big.tok_grad_slices, big.kernel("ag_bwd_finish").smem) == (8, True, 4 * 8 * 2 * 2048)
+    small = plan_bwd.plan(v, Arch.SM86)
+    assert (small.tok_vecs, small.tok_grad_slices, small.kernel("ag_bwd_finish").smem) == (0, False, 4 * 2 * 2048)
+    assert "ag_tok_norm_bwd_vec" not in render_bwd.render(v, Arch.SM86)
+    assert plan_bwd.tok_vecs(T.variant(T.TRUE, (), D=16, heads=4, dtype=DType.BF16, layout=Layout.BSHD,
+                                       norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.TOKEN, 1e-5),))) == 0  # 64: not 256
