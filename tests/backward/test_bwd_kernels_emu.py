@@ -388,3 +388,31 @@ def test_token_norm_vector_path_plan():
     assert "ag_tok_norm_bwd_vec" not in render_bwd.render(v, Arch.SM86)
     assert plan_bwd.tok_vecs(T.variant(T.TRUE, (), D=16, heads=4, dtype=DType.BF16, layout=Layout.BSHD,
                                        norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.TOKEN, 1e-5),))) == 0  # 64: not 256
+
+
+def test_token_q_norm_vector_path_with_k_norm():
+    # The finish kernel's q sums in a slice a warp and the k norm's sums after them (head scope,
+    # its scalar rows): dgamma/dbeta of both against the reference.
+    from attngen.plan import bwd as plan_bwd
+
+    v = T.variant(T.causal(), (), D=16, heads=16, kv_heads=8, dtype=DType.BF16, layout=Layout.BSHD, residual=True,
+                  norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.TOKEN, 1e-5), Norm(NormTarget.K, NormKind.RMSNORM, NormScope.HEAD, 1e-6)))
+    rng = np.random.default_rng(5)
+    arrays = workload.make_inputs(v, 2, 45, 45, rng)
+    wrt = plan_bwd.norm_params(v)
+    assert wrt == ("q_norm_weight", "q_norm_bias", "k_norm_weight")
+    for n in wrt:
+        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
+    arrays["q"] = (arrays["q"] + 0.5).astype(arrays["q"].dtype)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    dO = rng.normal(size=o.shape).astype(o.dtype)
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80)
+    assert bp.tok_vecs == 1 and bp.tok_grad_slices
+    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        assert np.all(np.isfinite(got[n]))
+        scale = float(np.abs(want[n]).max())
+        err = float(np.abs(got[n] - want[n]).max())
+        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
