@@ -13,7 +13,7 @@ from attngen import __version__
 from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.bwd import PRE_THREADS, THREADS, WG_DQ_PAD, WG_SUB_M, BwdEngine, BwdPlan, plan, wg_dq_bulk, wg_dq_cols
+from attngen.plan.bwd import PRE_THREADS, THREADS, VEC_ELEMS, WG_DQ_PAD, WG_SUB_M, BwdEngine, BwdPlan, plan, wg_dq_bulk, wg_dq_cols
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -64,6 +64,23 @@ def _norm_ctx(v: Variant) -> dict:
     qn = v.norm(NormTarget.Q)
     ctx["q_norm_token"] = qn is not None and qn.scope == NormScope.TOKEN
     return ctx
+
+
+def _vec_ctx(v: Variant, bp: BwdPlan) -> dict:
+    """The per-row kernels' 16-byte vector paths (fp16 / bf16: VEC_ELEMS elements a load or store),
+    taken where every row the kernel touches is 16-byte aligned (checked once a launch; else the
+    scalar loops). `pre_lanes`: lanes a row in the pre kernel's (delta and the dQ zeroing; 0: none);
+    `tok_vecs`: vectors a lane in the token-scope q norm's prep and finish (the plan's; 0: none);
+    `row_lanes`: lanes a row of D in the prep and finish kernels' head-scope paths (0: none)."""
+    half = v.dtype in (DType.FP16, DType.BF16)
+    dv8 = v.value_head_dim // VEC_ELEMS
+    pre = half and v.value_head_dim % VEC_ELEMS == 0 and 32 % dv8 == 0 and v.head_dim % 4 == 0 and not bp.o_norm
+    d8 = v.head_dim // VEC_ELEMS
+    qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
+    affine = (qn is not None and qn.affine) or (kn is not None and kn.affine)
+    rows = (half and not bp.q_norm_token and v.head_dim % VEC_ELEMS == 0 and 32 % d8 == 0
+            and (not affine or bp.kernel("ag_bwd_finish").smem > 0))
+    return dict(pre_lanes=dv8 if pre else 0, tok_vecs=bp.tok_vecs, tok_slices=bp.tok_grad_slices, row_lanes=d8 if rows else 0)
 
 
 def _param_grads(v: Variant, elem: ElementEmitter) -> list[dict]:
@@ -150,6 +167,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         # norm weight gradients summed per block in shared memory (the plan gave the kernel the room)
         pre_grad_sums=bp.kernel("ag_bwd_pre").smem > 0,
         finish_grad_sums=bp.kernel("ag_bwd_finish").smem > 0,
+        **_vec_ctx(v, bp),
         **_varlen_ctx(v),
         row_batches="1LL" if bp.varlen else "(long long)p.B",
         deterministic=deterministic,

@@ -46,6 +46,10 @@ PRE_MAX_BLOCKS = 4096
 # fp32 atomics are at most this many per element (a row each made e.g. 65536 a weight element in
 # the pre-LN block's token norm, all on the same few thousand addresses).
 NORM_GRAD_MAX_BLOCKS = 1024
+# The per-row kernels' 16-byte vector paths (fp16 / bf16: 8 elements a load or store). A token of a
+# token-scope q norm stays in one warp's registers: H*D / 256 vectors a lane, at most TOK_MAX_VECS.
+VEC_ELEMS = 8
+TOK_MAX_VECS = 8
 TILE_CHOICES = (64, 32, 16)  # square tiles, the largest whose shared memory fits the arch
 TC_BLOCK_M = 64  # tensor-core dK/dV kernel: query rows a step
 # Key rows a CTA (16 a warp), the largest that fits: 128 halves the Q/dO traffic and dQ atomics
@@ -125,6 +129,10 @@ class BwdPlan:
     # run the packed rows as one sequence; the tile kernels run tile slots of the sequences
     # (total / tile + B of them along x, the forward's rule) and find theirs by a binary search.
     varlen: bool = False
+    # The token-scope q norm's 16-byte vector paths: vectors a lane (0: none), and whether the
+    # finish kernel's dgamma/dbeta sums take a shared-memory slice a warp.
+    tok_vecs: int = 0
+    tok_grad_slices: bool = False
 
     @property
     def launcher(self) -> str:
@@ -253,13 +261,9 @@ def wgmma_fits(v: Variant, arch: Arch) -> str | None:
         return "fp32 inputs"
     if v.layout == Layout.VARLEN or v.page_size is not None:
         return "packed (varlen) or paged layouts"
-    # Its kernel reads dO, the LSE/delta rows and the dQ'/dK' workspaces in the dense layout; the
-    # o post-norm (dO' in ws_do) and the token-scope q norm run on the mma.sync engine.
-    if v.norm(NormTarget.O) is not None:
-        return "an o post-norm"
-    qn = v.norm(NormTarget.Q)
-    if qn is not None and qn.scope == NormScope.TOKEN:
-        return "a token-scope q norm"
+    # Its kernel reads Q (ws_q under a q pre-norm of either scope: the prep kernel writes it [B, H,
+    # Lq, D] for a token-scope norm too), dO (dO' in ws_do under the o post-norm), the LSE/delta
+    # rows and the dQ'/dK' workspaces in the dense [B, H, L] row order, as the mma.sync engine does.
     for name, d in (("head_dim", v.head_dim), ("value head dim", v.value_head_dim)):
         if d not in WG_DIMS:
             return f"{name} {d}: the wgmma engine takes {' and '.join(map(str, WG_DIMS))}"
@@ -373,6 +377,18 @@ def learnable(v: Variant) -> tuple[str, ...]:
     return derivative.learnable_tensors(v.scores)
 
 
+def tok_vecs(v: Variant) -> int:
+    """16-byte vectors a lane in the token-scope q norm's vector paths of the prep and finish kernels
+    (a warp a token, its H*D row in registers); 0: none (no token norm, fp32, or a row that is not
+    a whole number of 256-element warp loads)."""
+    qn = v.norm(NormTarget.Q)
+    tok = v.heads * v.head_dim
+    if qn is None or qn.scope != NormScope.TOKEN or v.dtype not in (DType.FP16, DType.BF16) or v.head_dim % VEC_ELEMS:
+        return 0
+    n, rem = divmod(tok, 32 * VEC_ELEMS)
+    return n if rem == 0 and n <= TOK_MAX_VECS else 0
+
+
 def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, engine: BwdEngine | None = None) -> BwdPlan:
     """The backward kernels of a variant. ValueError if a construct is unsupported (see
     `unsupported`, which locates it), no tile fits, or the requested `engine` (None: the default
@@ -445,16 +461,27 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
         kernels.append(BwdKernel(f"{base}_dq", "ag_bwd_dq", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True),
                                  tiles("p.Lq", t, v.heads), "dQ' per query tile over the visible key tiles, no atomics"))
     finish_rows = (tok_rows if q_token else q_rows) + (f" + {k_rows}" if kn else "")
-    fin_grads = fits(grad_floats(NormTarget.Q, v.heads * v.head_dim if q_token else v.head_dim) + grad_floats(NormTarget.K, v.head_dim))
+    q_sums, k_sums = grad_floats(NormTarget.Q, v.heads * v.head_dim if q_token else v.head_dim), grad_floats(NormTarget.K, v.head_dim)
+    fin_grads = fits(q_sums + k_sums)
+    tv, slices = tok_vecs(v), False
+    if tv and q_sums:
+        # The token vector path sums dgamma/dbeta in a slice a warp with plain adds (a float
+        # atomicAdd to shared memory is a compare-and-swap loop); no room for them: no vector path.
+        if 4 * ((PRE_THREADS // 32) * q_sums + k_sums) <= arch.smem_budget:
+            fin_grads, slices = (PRE_THREADS // 32) * q_sums + k_sums, True
+        else:
+            tv = 0
     fin_cap = NORM_GRAD_MAX_BLOCKS if fin_grads else PRE_MAX_BLOCKS
     kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 4 * fin_grads, rows_grid(f"({finish_rows})", fin_cap),
                              "dq from dQ'" + (" through the token-scope q norm's backward (a warp a token: dX over its H*D row, dgamma, dbeta)"
                                               if q_token else " through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
                              + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"
-                             + ("; weight gradients summed per block in shared memory" if fin_grads else ""), fin_cap))
+                             + ("; weight gradients summed per block in shared memory" if fin_grads else "")
+                             + (" (a slice a warp, 16-byte vector path)" if slices else ""), fin_cap))
     tc = engine != BwdEngine.FFMA
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
-                   (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen)
+                   (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen,
+                   tv, slices)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:

@@ -62,6 +62,8 @@ inline float __shfl_xor_sync(unsigned, float x, int o) {
 inline float __fdividef(float a, float b) { return a / b; }  // (declared for ag_tanh_fast, unused here)
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 template <class T> inline T __ldg(const T* p) { return *p; }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, sizeof f); return f; }
+template <class T> inline void __stwb(T* p, T v) { *p = v; }
 inline float atomicAdd(float* a, float v) { return std::atomic_ref<float>(*a).fetch_add(v); }
 template <class A, class B> inline std::common_type_t<A, B> min(A a, B b) { return a < b ? a : b; }
 template <class A, class B> inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }

@@ -114,6 +114,11 @@ def test_nvcc_sm90a_without_spills():
     # modes); score mods and Dv != D compile too.
     plain = [T.variant(T.causal(), (), D=d, heads=4, kv_heads=2, dtype=DType.BF16, name=f"p{d}") for d in (64, 128)]
     others = [T.variant(T.window(100, 0), (T.softcap(30.0),), D=128, Dv=64, heads=2, dtype=DType.FP16, name="w")]
+    # The pre-LN block (token-scope q norm + residual) and the o post-norm read workspaces (ws_q, ws_do).
+    plain += [T.variant(T.TRUE, (), D=64, heads=16, dtype=DType.BF16, kind=AttnKind.CROSS, layout=Layout.BSHD, residual=True,
+                        norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.TOKEN, 1e-5),), name="preln"),
+              T.variant(T.causal(), (), D=128, heads=4, kv_heads=2, dtype=DType.BF16, layout=Layout.BSHD,
+                        norms=(Norm(NormTarget.O, NormKind.RMSNORM, NormScope.HEAD, 1e-5),), name="onorm")]
     for det in (False, True):
         for v in plain + others:
             res = {r.kernel: r for r in compile_cuda.resources(render_bwd.render(v, Arch.SM90A, deterministic=det), Arch.SM90A)}
@@ -184,3 +189,55 @@ def test_bf16_dense_d64_whole_and_partial_128_query_steps(bulk, monkeypatch):
     v = T.variant(scores=(), D=64, heads=2, kv_heads=1, dtype=DType.BF16, kind=AttnKind.CROSS)
     _, _, bp = _run(v, 1, 300, 256, seed=6)
     assert bp.tc_block_m == 128 and plan_bwd.wg_dq_bulk(64, 64) == bulk
+
+
+# ---- the token-scope q norm (pre-LN block) and the o post-norm on the wgmma engine: it reads the
+# prep kernel's ws_q ([B, H, Lq, D] for a token-scope norm too) and the pre kernel's dO' (ws_do).
+
+@emu
+@pytest.mark.parametrize("kind,deterministic", [(NormKind.LAYERNORM, False), (NormKind.RMSNORM, False), (NormKind.LAYERNORM, True)])
+def test_token_scope_q_norm_residual_cross(kind, deterministic):
+    v = T.variant(T.TRUE, (), D=64, heads=4, kv_heads=4, dtype=DType.BF16, kind=AttnKind.CROSS, layout=Layout.BSHD,
+                  residual=True, norms=(Norm(NormTarget.Q, kind, NormScope.TOKEN, 1e-5),))
+    wrt = plan_bwd.norm_params(v)
+
+    def edit(a, rng):
+        assert all(a[n].shape == (4 * 64,) for n in wrt)
+        for n in wrt:
+            a[n] = (1 + 0.3 * rng.normal(size=a[n].shape)).astype(np.float32)
+        a["q"] = (a["q"] + 0.5).astype(a["q"].dtype)  # a mean the layernorm removes
+
+    got, want, bp = _run(v, 2, 70, 131, seed=6, deterministic=deterministic, wrt=wrt, edit=edit)
+    assert bp.q_norm_token and bp.tok_vecs == 1  # H*D = 256: the prep and finish kernels' vector paths
+
+
+@emu
+@pytest.mark.parametrize("kind,residual", [(NormKind.LAYERNORM, True), (NormKind.RMSNORM, False)])
+def test_o_post_norm(kind, residual):
+    import dataclasses
+
+    from attngen.ir.nodes import norm_bias_name, norm_weight_name
+
+    v = T.variant(T.causal(), (), D=64, heads=2, kv_heads=1, dtype=DType.FP16, layout=Layout.BSHD, residual=residual,
+                  norms=(Norm(NormTarget.O, kind, NormScope.HEAD, 1e-5),))
+    rng = np.random.default_rng(7)
+    arrays = workload.make_inputs(v, 2, 90, 90, rng)
+    wrt = plan_bwd.norm_params(v)
+    for n in wrt:
+        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    y, _ = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    # The training forward: the variant without the post-norm and the residual saves O' and the LSE.
+    pre = dataclasses.replace(v, norms=(), residual=False)
+    pre_rest = {n: a for n, a in rest.items() if n not in (norm_weight_name(NormTarget.O), norm_bias_name(NormTarget.O))}
+    o_pre, lse = reference.attention(pre, arrays["q"], arrays["k"], arrays["v"], pre_rest)
+    dY = rng.normal(size=y.shape).astype(y.dtype)
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dY.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM90A)
+    assert bp.engine == BwdEngine.WGMMA and bp.o_norm and "ag_wg_load<WG_BLOCK_M, DV>(sdo, ag_do_base(p, b, h)" in src
+    got = _host_emu.run(src, bp, v, arrays, lse, dY, o_pre, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        assert np.all(np.isfinite(got[n]))
+        scale = float(np.abs(want[n]).max())
+        err = float(np.abs(got[n] - want[n]).max())
+        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
