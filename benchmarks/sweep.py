@@ -149,6 +149,8 @@ def plot(rows: list[bench.Row], path: str) -> str | None:
         ax.set_ylabel("TFLOP/s (visible work)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
+    for ax in list(axes.T.flat)[len(configs):]:
+        ax.set_visible(False)  # an odd number of configurations leaves a panel empty
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return f"sweep: plot in {path}"
