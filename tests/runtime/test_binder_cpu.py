@@ -281,3 +281,39 @@ def test_load_functions_takes_every_entry_point_while_the_file_exists(monkeypatc
     assert seen == {"big": b"\x7fELF-cubin", "small": b"\x7fELF-cubin"}
     assert fns["big"].max_dynamic_shared_size_bytes == 100_000 and fns["small"].max_dynamic_shared_size_bytes == 0
     assert not os.path.exists(module.path)
+
+
+def test_short_key_loops_launch_the_short_kernel(fake):
+    # Plain causal D128 on sm_90a: the main kernel (128 x 128 x 3) and, as the runtime's compile
+    # attaches it, the same variant at schedule.short_tile's tile for Lk <= 2048 (bshd: the
+    # sequence is dim 1). Each call launches exactly one of them, with that kernel's own plan.
+    import dataclasses
+
+    from attngen.ir.nodes import TileHint
+    from attngen.plan.schedule import short_tile
+
+    k = _kernel("attention c { dtype bf16; head_dim 128; heads 8 kv 2; layout bshd; mask causal; output lse }", Arch.SM90A)
+    st = short_tile(k.variant, Arch.SM90A)
+    assert st is not None and st.max_lk == 2048
+    t = st.tile
+    sv = dataclasses.replace(k.variant, tile=TileHint(t.block_m, t.block_n, t.warps, t.stages))
+    sp = plan(sv, Arch.SM90A)
+    k.short = runtime.Kernel(sv, "", sp, 0.0, "none", True, None, types.SimpleNamespace(ptr=0xF01), (), device=0)
+    k.short_max_lk = st.max_lk
+    assert sp.tile == t and sp.smem.kv_split and sp.smem_bytes != k.plan.smem_bytes
+
+    def call(L):
+        q = FakeArray((2, L, 8, 128), np.uint16)
+        kv = [FakeArray((2, L, 2, 128), np.uint16) for _ in range(2)]
+        return k(q, *kv)
+
+    for L, want in ((2048, k.short), (2049, k), (1, k.short), (9000, k)):
+        n = len(fake)
+        call(L)
+        (fn, grid, block, smem, stream, vals), = fake[n:]
+        assert (fn, block, smem) == (want._function.ptr, want.plan.threads, want.plan.smem_bytes), L
+        got = dict(zip((f.name for f in want.plan.fields), vals))
+        assert (got["Lq"], got["Lk"]) == (L, L)
+    assert len(k._bindings) == 2 and len(k.short._bindings) == 2
+    # A tile hint is the user's choice at every length: no short kernel.
+    assert short_tile(sv, Arch.SM90A) is None
