@@ -649,9 +649,8 @@ def short_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> ShortTile | None:
     compile` carries the main tile only."""
     if arch != Arch.SM90A or v.tile is not None or not uses_tensor_cores(v.dtype):
         return None
-    causal = isinstance(v.mask, Builtin) and v.mask.name == BuiltinName.CAUSAL
-    extras = v.scores or v.norms or v.sink is not None or v.residual or v.nan_check
-    if extras or v.layout == Layout.VARLEN or v.page_size is not None or not (causal or v.mask == TRUE):
+    causal = _is_causal(v)
+    if not _plain_consumers(v, lse_ok=True) or not (causal or v.mask == TRUE):
         return None
     d, dv = v.head_dim, v.value_head_dim
     if d == dv == 128:
@@ -666,8 +665,19 @@ def wgmma_wide_keys_ok(v: Variant) -> bool:
     norm, LSE, sink, residual or NaN check, and dense (not packed or paged) K/V, so that its
     consumers have plain attention's register share and nothing past it (ptxas: the LSE alone
     spills 8 bytes at 176 keys)."""
-    extras = v.scores or v.norms or v.lse or v.sink is not None or v.residual or v.nan_check
-    return v.mask == TRUE and not extras and v.layout != Layout.VARLEN and v.page_size is None
+    return v.mask == TRUE and _plain_consumers(v)
+
+
+def _is_causal(v: Variant) -> bool:
+    return isinstance(v.mask, Builtin) and v.mask.name == BuiltinName.CAUSAL
+
+
+def _plain_consumers(v: Variant, *, lse_ok: bool = False) -> bool:
+    """Whether the consumers run plain attention past the mask: no score mod, norm, sink, residual or
+    NaN check (nor an LSE, unless `lse_ok`), over dense (not packed or paged) K/V. The tiles
+    measured on plain attention (`wgmma_wide_keys_ok`, `short_tile`) are kept to such variants."""
+    extras = v.scores or v.norms or (v.lse and not lse_ok) or v.sink is not None or v.residual or v.nan_check
+    return not extras and v.layout != Layout.VARLEN and v.page_size is None
 
 
 def _plain_wide(v: Variant) -> bool:
@@ -675,7 +685,7 @@ def _plain_wide(v: Variant) -> bool:
     and nothing in the consumers' loop or epilogue past plain attention (score mods, LSE, sink,
     residual, nan_check, o post-norm); head-scope q/k pre-norms run in prep kernels and count as
     plain."""
-    causal_or_none = v.mask == TRUE or (isinstance(v.mask, Builtin) and v.mask.name == BuiltinName.CAUSAL)
+    causal_or_none = v.mask == TRUE or _is_causal(v)
     extras = v.scores or v.lse or v.sink is not None or v.residual or v.nan_check
     return causal_or_none and not extras and not any(n.target == NormTarget.O for n in v.norms)
 
