@@ -47,6 +47,33 @@ def _run(v, B, Lq, Lk, seed=0, deterministic=False, edit=None):
     return got, want, bp
 
 
+
+def _run_norm_weights(v, B, Lq, Lk, seed, *, deterministic=False, src_edit=None):
+    """`_run` for variants with learnable norm weights: weights 1 + 0.3 N(0, 1) (never the identity),
+    q shifted by 0.5 (a mean the layernorm removes), every gradient including the weights' compared
+    with the float64 reference. `src_edit(src)` may rewrite the rendered source (forcing a path);
+    returns the source as rendered, the plan and the weights' names."""
+    from attngen.plan import bwd as plan_bwd
+
+    rng = np.random.default_rng(seed)
+    arrays = workload.make_inputs(v, B, Lq, Lk, rng)
+    wrt = plan_bwd.norm_params(v)
+    for n in wrt:
+        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
+    arrays["q"] = (arrays["q"] + 0.5).astype(arrays["q"].dtype)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+    dO = rng.normal(size=o.shape).astype(o.dtype)
+    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
+    got = _host_emu.run(src_edit(src) if src_edit else src, bp, v, arrays, lse, dO, o, wrt=wrt)
+    for n in ("dq", "dk", "dv", *wrt):
+        assert np.all(np.isfinite(got[n]))
+        scale = float(np.abs(want[n]).max())
+        err = float(np.abs(got[n] - want[n]).max())
+        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+    return src, bp, wrt, arrays
+
 def test_fp32_causal_softcap_gqa_cross_odd_lengths():
     v = T.variant(T.causal(), (T.softcap(4.0),), D=16, heads=4, kv_heads=2, kind=AttnKind.CROSS, scale=0.4)
     got, want, bp = _run(v, 2, 37, 150)
@@ -212,29 +239,11 @@ def test_varlen_cross_keyless_and_queryless_sequences_with_norms_and_residual():
 @pytest.mark.parametrize("dtype,kind,deterministic", [(DType.FP32, NormKind.LAYERNORM, False), (DType.BF16, NormKind.LAYERNORM, True),
                                                       (DType.FP16, NormKind.RMSNORM, False)])
 def test_token_scope_q_norm_with_weight_gradients(dtype, kind, deterministic):
-    from attngen.plan import bwd as plan_bwd
-
     v = T.variant(T.causal(), (T.softcap(6.0),), D=16, heads=4, kv_heads=2, dtype=dtype, layout=Layout.BSHD, kind=AttnKind.CROSS,
                   residual=True, norms=(Norm(NormTarget.Q, kind, NormScope.TOKEN, 1e-5),))
-    rng = np.random.default_rng(40)
-    arrays = workload.make_inputs(v, 2, 67, 90, rng)
-    wrt = plan_bwd.norm_params(v)
+    src, bp, wrt, arrays = _run_norm_weights(v, 2, 67, 90, seed=40, deterministic=deterministic)
     assert all(arrays[n].shape == (4 * 16,) for n in wrt)
-    for n in wrt:
-        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
-    arrays["q"] = (arrays["q"] + 0.5).astype(arrays["q"].dtype)  # a mean the layernorm removes
-    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
-    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
-    dO = rng.normal(size=o.shape).astype(o.dtype)
-    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
-    src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
     assert bp.q_norm_token and "ag_tok_norm_bwd" in src
-    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
-    for n in ("dq", "dk", "dv", *wrt):
-        assert np.all(np.isfinite(got[n]))
-        scale = float(np.abs(want[n]).max())
-        err = float(np.abs(got[n] - want[n]).max())
-        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
 
 
 # ---- the o post-norm: the training forward saves O' (before the norm and the residual); the pre
@@ -312,66 +321,35 @@ def test_varlen_random_splits(dtype):
 @pytest.mark.parametrize("dtype,kind,scalar", [(DType.BF16, NormKind.LAYERNORM, False), (DType.BF16, NormKind.LAYERNORM, True),
                                                (DType.FP16, NormKind.RMSNORM, False)])
 def test_token_scope_q_norm_vector_paths(dtype, kind, scalar):
-    from attngen.plan import bwd as plan_bwd
-
     v = T.variant(T.causal(), (), D=16, heads=16, kv_heads=4, dtype=dtype, layout=Layout.BSHD, kind=AttnKind.CROSS,
                   residual=True, norms=(Norm(NormTarget.Q, kind, NormScope.TOKEN, 1e-5),))
-    rng = np.random.default_rng(41)
-    arrays = workload.make_inputs(v, 2, 37, 45, rng)
-    wrt = plan_bwd.norm_params(v)
-    for n in wrt:
-        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
-    arrays["q"] = (arrays["q"] + 0.5).astype(arrays["q"].dtype)
-    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
-    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
-    dO = rng.normal(size=o.shape).astype(o.dtype)
-    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
-    src, bp = render_bwd.render_with_plan(v, Arch.SM80)
-    assert "ag_tok_norm_bwd_vec" in src and "ag_tok_norm_vec" in src and "constexpr int LANES = 2;" in src  # 16 * 16 = 256: one vector a lane; D 16: 2 lanes a row
-    # dgamma (and dbeta) in a shared-memory slice a warp: plain adds, no float atomics (compare-and-swap loops)
-    assert bp.tok_vecs == 1 and bp.tok_grad_slices and bp.kernel("ag_bwd_finish").smem == 4 * 8 * len(wrt) * 256
-    if scalar:  # as for rows that are not 16-byte aligned: every per-row kernel takes its scalar loop
+
+    def force_scalar(src):  # as for rows that are not 16-byte aligned: every per-row kernel takes its scalar loop
         src = src.replace("const bool vec = ag_tok_vec_ok(", "const bool vec = false && ag_tok_vec_ok(")
         src = src.replace("if (ag_rows16(p.o, ", "if (false && ag_rows16(p.o, ")
         assert src.count("false && ag_") == 3
-    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
-    for n in ("dq", "dk", "dv", *wrt):
-        assert np.all(np.isfinite(got[n]))
-        scale = float(np.abs(want[n]).max())
-        err = float(np.abs(got[n] - want[n]).max())
-        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+        return src
+
+    src, bp, wrt, _ = _run_norm_weights(v, 2, 37, 45, seed=41, src_edit=force_scalar if scalar else None)
+    assert "ag_tok_norm_bwd_vec" in src and "ag_tok_norm_vec" in src and "constexpr int LANES = 2;" in src  # 16 * 16 = 256: one vector a lane; D 16: 2 lanes a row
+    # dgamma (and dbeta) in a shared-memory slice a warp: plain adds, no float atomics (compare-and-swap loops)
+    assert bp.tok_vecs == 1 and bp.tok_grad_slices and bp.kernel("ag_bwd_finish").smem == 4 * 8 * len(wrt) * 256
 
 
 @pytest.mark.parametrize("scalar", [False, True])
 def test_head_scope_norms_vector_paths(scalar):
     # q layernorm and k RMSNorm (head scope) with weights, GQA, a residual: the prep and finish
     # kernels take 16 rows of D = 16 a warp (2 lanes a row), q and k rows in one warp.
-    from attngen.plan import bwd as plan_bwd
-
     v = T.variant(T.causal(), (T.softcap(6.0),), D=16, heads=4, kv_heads=2, dtype=DType.BF16, layout=Layout.BSHD, kind=AttnKind.CROSS,
                   residual=True, norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.HEAD, 1e-5),
                                         Norm(NormTarget.K, NormKind.RMSNORM, NormScope.HEAD, 1e-6)))
-    rng = np.random.default_rng(42)
-    arrays = workload.make_inputs(v, 2, 41, 53, rng)
-    wrt = plan_bwd.norm_params(v)
-    for n in wrt:
-        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
-    arrays["q"] = (arrays["q"] + 0.5).astype(arrays["q"].dtype)
-    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
-    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
-    dO = rng.normal(size=o.shape).astype(o.dtype)
-    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
-    src, bp = render_bwd.render_with_plan(v, Arch.SM80)
-    assert "constexpr int ROW_LANES = 2;" in src and "ag_row_stats_vec" in src
-    if scalar:  # as for rows that are not 16-byte aligned: the pre, prep and finish kernels take their scalar loops
+
+    def force_scalar(src):  # as for rows that are not 16-byte aligned: the pre, prep and finish kernels take their scalar loops
         assert src.count("if (ag_rows16(") == 3
-        src = src.replace("if (ag_rows16(", "if (false && ag_rows16(")
-    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
-    for n in ("dq", "dk", "dv", *wrt):
-        assert np.all(np.isfinite(got[n]))
-        scale = float(np.abs(want[n]).max())
-        err = float(np.abs(got[n] - want[n]).max())
-        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+        return src.replace("if (ag_rows16(", "if (false && ag_rows16(")
+
+    src, _, _, _ = _run_norm_weights(v, 2, 41, 53, seed=42, src_edit=force_scalar if scalar else None)
+    assert "constexpr int ROW_LANES = 2;" in src and "ag_row_stats_vec" in src
 
 
 def test_token_norm_vector_path_plan():
@@ -393,26 +371,8 @@ def test_token_norm_vector_path_plan():
 def test_token_q_norm_vector_path_with_k_norm():
     # The finish kernel's q sums in a slice a warp and the k norm's sums after them (head scope,
     # its scalar rows): dgamma/dbeta of both against the reference.
-    from attngen.plan import bwd as plan_bwd
-
     v = T.variant(T.causal(), (), D=16, heads=16, kv_heads=8, dtype=DType.BF16, layout=Layout.BSHD, residual=True,
                   norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.TOKEN, 1e-5), Norm(NormTarget.K, NormKind.RMSNORM, NormScope.HEAD, 1e-6)))
-    rng = np.random.default_rng(5)
-    arrays = workload.make_inputs(v, 2, 45, 45, rng)
-    wrt = plan_bwd.norm_params(v)
+    _, bp, wrt, _ = _run_norm_weights(v, 2, 45, 45, seed=5)
     assert wrt == ("q_norm_weight", "q_norm_bias", "k_norm_weight")
-    for n in wrt:
-        arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
-    arrays["q"] = (arrays["q"] + 0.5).astype(arrays["q"].dtype)
-    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
-    o, lse = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
-    dO = rng.normal(size=o.shape).astype(o.dtype)
-    want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
-    src, bp = render_bwd.render_with_plan(v, Arch.SM80)
     assert bp.tok_vecs == 1 and bp.tok_grad_slices
-    got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
-    for n in ("dq", "dk", "dv", *wrt):
-        assert np.all(np.isfinite(got[n]))
-        scale = float(np.abs(want[n]).max())
-        err = float(np.abs(got[n] - want[n]).max())
-        assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
