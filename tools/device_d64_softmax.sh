@@ -4,7 +4,7 @@
 # First the forward GPU tests of D64 wgmma variants against the NumPy reference (dense, now on the
 # 192 x 128 tile, causal, GQA, LSE, padding with fully masked rows, cross lengths down to 1, sinks,
 # the pre-LN block), then
-# the A/B of the softmax schedules beside cuDNN (benchmarks/d64_softmax_ab.py) on the same GPU,
+# the A/B of the softmax schedules beside cuDNN (benchmarks/softmax_ab.py) on the same GPU,
 # after the tests, so that no test shares the GPU with a clock. Results under $OUT; summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache
@@ -22,7 +22,7 @@ HYPOTHESIS_PROFILE=ci timeout "$TESTS_S" python3 -m pytest -q -m gpu -p no:cache
   > "$OUT/pytest_gpu.txt" 2>&1
 echo "gpu pytest rc=$?: $(tail -n 1 "$OUT/pytest_gpu.txt")" >> "$S"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.txt" | head -n 20 >> "$S"
-timeout "$AB_S" python3 benchmarks/d64_softmax_ab.py --out "$OUT/d64_softmax_ab.jsonl" > "$OUT/ab.txt" 2>&1
+timeout "$AB_S" python3 benchmarks/softmax_ab.py --out "$OUT/softmax_ab.jsonl" > "$OUT/ab.txt" 2>&1
 echo "d64 softmax A/B rc=$?" >> "$S"
 grep -vE "^  " "$OUT/ab.txt" | tail -n 30 >> "$S"
 cat "$S"

@@ -236,12 +236,15 @@ def wgmma_softmax(head_dim: int, value_head_dim: int, tile: TileConfig) -> Wgmma
     At head dim 64 a consumer row's exp2 of a key tile on the MUFU unit (16 a clock an SM) take
     about as long as its two products on the tensor cores, which is what the polynomial and the
     turns address; but neither sped anything up on the H200 (bf16 H16, B*L = 32768, TFLOP/s at L
-    1k / 4k / 16k, benchmarks/d64_softmax_ab.py, one run): causal 192 x 128, plain 245 / 383 / 473,
+    1k / 4k / 16k, benchmarks/softmax_ab.py, one run): causal 192 x 128, plain 245 / 383 / 473,
     turns 247 / 381 / 463, polynomial for 2 of 16 column groups 242 / 370 / 450, both 240-242 /
     365-366 / 440-441, 4 of 16 with turns 232 / 349 / 418; dense 128 x 128 within 3% of one
     another (399-414 at 16k). The kernel is not bound by MUFU throughput there, so the FMA work
-    only adds issue slots. Both stay available as `plan(..., softmax=...)` overrides for A/B runs
-    (tested against the reference on the GPU with both on)."""
+    only adds issue slots. At D128 (two consumer warpgroups, FlashAttention-3's ping-pong case)
+    the turns measured within 1-2% of plain from L512 to L4k and slower at L16k (dense 572 against
+    584, causal 543 against 592; plain 279 / 368 / 440 causal at L512 / 1k / 2k, turns 285 / 370 /
+    441), with bit-identical outputs. Both stay available as `plan(..., softmax=...)` overrides
+    for A/B runs (tested against the reference on the GPU with both on)."""
     return WgmmaSoftmax()
 
 
@@ -506,7 +509,7 @@ def auto_tile(
     if arch == Arch.SM90A and uses_tensor_cores(dtype) and head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS:
         # Hopper: the wgmma engine, 128 x 128 x 3 stages on the shared K/V slot (two consumer
         # warpgroups); head-dim-64 variants run best with three (causal D64: 192 x 128 355, 128 x 128
-        # 323; dense D64, bf16 H16, B*L = 32768, benchmarks/d64_softmax_ab.py: 192 x 128 364 / 468 /
+        # 323; dense D64, bf16 H16, B*L = 32768, benchmarks/softmax_ab.py: 192 x 128 364 / 468 /
         # 521 TFLOP/s at L 1k / 4k / 16k, 128 x 128 346 / 388-404 / 399-414, cuDNN 418 / 482 / 468).
         if head_dim == value_head_dim == 64:
             return TileConfig(block_m=192, block_n=128, warps=12, stages=3)

@@ -1,14 +1,17 @@
-"""A/B of the wgmma softmax schedule at head dim 64 (schedule.WgmmaSoftmax), beside cuDNN.
+"""A/B of the wgmma softmax schedule (schedule.WgmmaSoftmax), beside cuDNN.
 
-    python benchmarks/d64_softmax_ab.py [--out PATH] [--lengths 1024,4096,16384] [--repeats 20]
+    python benchmarks/softmax_ab.py [--out PATH] [--lengths 1024,4096,16384] [--repeats 20] [--only CONFIG ...]
 
-The sweep's D64 cells (bf16, H16, B*L = 32768 tokens, dense and causal) with one kernel for each
-schedule: the plan's default (plain), turns only, the FMA polynomial for 2 or 4 of a thread's 16
-column groups, with and without turns; dense also at 128 x 128 with two consumer warpgroups (the
-auto tile before issue 16; now 192 x 128 with three, like causal). Every kernel of a cell times the same inputs in the same process,
-interleaved by length; the plan's default is checked against cuDNN's output (and the others
-against NaN). Results are JSON lines (`row`s as benchmarks/sweep.py writes them, with
-`extra.schedule`), then a table of TFLOP/s and the ratio to cuDNN.
+The sweep's cells (bf16, H16, B*L = 32768 tokens, dense and causal) with one kernel for each
+schedule. At D64: the plan's default (plain), turns only, the FMA polynomial for 2 or 4 of a
+thread's 16 column groups, with and without turns; dense also at 128 x 128 with two consumer
+warpgroups (the auto tile before issue 16; now 192 x 128 with three, like causal). At D128
+(FlashAttention-3's ping-pong case, two consumer warpgroups): plain and turns, on the main and the
+short-loop kernel alike. Every kernel of a cell times the same inputs in the same process,
+interleaved by length; the plan's default is checked against cuDNN's output and every other
+schedule against the default's output on the same inputs (`extra.vs_default`). Results are JSON
+lines (`row`s as benchmarks/sweep.py writes them, with `extra.schedule`), then a table of TFLOP/s
+and the ratio to cuDNN.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ CONFIGS = (
     ("d64_dense", "dtype bf16; head_dim 64; heads 16"),
     ("d64_causal", "dtype bf16; head_dim 64; heads 16; mask causal"),
     ("d64_dense_128", "dtype bf16; head_dim 64; heads 16; tile block_m 128 block_n 128 warps 8 stages 3"),
+    ("d128_dense", "dtype bf16; head_dim 128; heads 16"),
+    ("d128_causal", "dtype bf16; head_dim 128; heads 16; mask causal"),
 )
 # (name, override; None: the plan's default)
 SCHEDULES = (
@@ -44,8 +49,8 @@ SCHEDULES = (
     ("poly2+turns", WgmmaSoftmax(2, True)),
     ("poly4+turns", WgmmaSoftmax(4, True)),
 )
-# The 128-row dense tile: the plain schedule only.
-SHORT = ("default",)
+# The schedules each configuration times (the rest: every one).
+ONLY_SCHEDULES = {"d64_dense_128": ("default",), "d128_dense": ("default", "turns"), "d128_causal": ("default", "turns")}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     ok, why = fuzz.gpu_status()
     if not ok:
-        print(f"d64_softmax_ab: no GPU ({why}); nothing to time", file=sys.stderr)
+        print(f"softmax_ab: no GPU ({why}); nothing to time", file=sys.stderr)
         return 2
     lengths = [int(x) for x in args.lengths.split(",")]
     out = Path(args.out)
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         v = frontend.loads(f"attention {label} {{ {body} }}\n", f"<ab:{label}>").get()
         kernels = []
         for name, sm in SCHEDULES:
-            if label.endswith("_128") and name not in SHORT:
+            if name not in ONLY_SCHEDULES.get(label, (name,)):
                 continue
             t0 = time.monotonic()
             k = runtime.compile(v, family="forward", softmax=sm)
@@ -82,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {label} {name}: {k.plan.attention.softmax} built in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
         for L in lengths:
             B = max(1, TOKENS // L)
+            vs_default = _agreement(v, kernels, B, L)
             for name, k in kernels:
                 peer = name == "default" and not label.endswith("_128")
                 try:
@@ -89,10 +95,14 @@ def run(args: argparse.Namespace) -> int:
                                             check_reference=False, only_peers={"sdpa-cudnn"})
                 except Exception as e:  # one broken cell must not hide the others
                     got = [bench.Row(workload=f"{label}_L{L}", variant=label, impl="attngen", dtype="bf16", B=B, H=16,
-                                     Lq=L, Lk=L, D=64, error=f"{type(e).__name__}: {str(e)[:300]}")]
+                                     Lq=L, Lk=L, D=v.head_dim, error=f"{type(e).__name__}: {str(e)[:300]}")]
                 for r in got:
                     r.extra["config"] = label
                     r.extra["schedule"] = name if r.impl == "attngen" else r.impl
+                    if r.impl == "attngen" and name in vs_default:
+                        r.extra["vs_default"] = vs_default[name]
+                        if not vs_default[name]["ok"]:
+                            r.agrees = False
                     emit({"kind": "row", **asdict(r)})
                 rows += got
             print(f"  {label} L{L}: {time.monotonic() - t_start:.1f}s", file=sys.stderr, flush=True)
@@ -101,8 +111,35 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in rows if r.agrees is False or r.error]
     for r in bad:
         print(f"PROBLEM {r.extra.get('config')} L{r.Lq} {r.extra.get('schedule')}: {r.error or r.check}")
-    print(f"\nd64_softmax_ab: {len(rows)} rows, {len(bad)} problems, {time.monotonic() - t_start:.0f}s; {out}")
+    print(f"\nsoftmax_ab: {len(rows)} rows, {len(bad)} problems, {time.monotonic() - t_start:.0f}s; {out}")
     return 1 if bad else 0
+
+
+def _agreement(v, kernels: list, B: int, L: int) -> dict[str, dict]:
+    """Each non-default schedule's output against the default's on the same inputs: the
+    tolerance policy's verdict and whether they are bit-identical (turns change no arithmetic)."""
+    from attngen.check import fuzz, tolerance
+    from attngen.ir import abi
+    from attngen.tools import bench_rows
+
+    ins = bench.device_qkv(v, B, L, L, 99)
+    outs = {}
+    for name, k in kernels:
+        o = fuzz.empty_device(abi.o_shape(v, B, L), v.dtype)
+        k(ins["q"], ins["k"], ins["v"], out=o)
+        fuzz.synchronize()
+        outs[name] = bench_rows._to_np(o, v.dtype)
+    ref = outs.get("default")
+    if ref is None:
+        return {}
+    res = {}
+    for name, o in outs.items():
+        if name == "default":
+            continue
+        rep = tolerance.check(o, ref, v.dtype, f"{v.name} {name} vs default")
+        res[name] = {"ok": bool(rep.ok), "bit_identical": bool((o.view("u2") == ref.view("u2")).all()) if o.dtype.itemsize == 2 else bool((o == ref).all()),
+                     "summary": rep.summary()[:200]}
+    return res
 
 
 def table(rows: list[bench.Row]) -> str:
@@ -129,7 +166,7 @@ def table(rows: list[bench.Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    default_out = Path(os.environ["OUT"]) / "d64_softmax_ab.jsonl" if os.environ.get("OUT") else ROOT / "benchmarks" / "results" / "h200_d64_softmax_ab.jsonl"
+    default_out = Path(os.environ["OUT"]) / "softmax_ab.jsonl" if os.environ.get("OUT") else ROOT / "benchmarks" / "results" / "h200_softmax_ab.jsonl"
     p.add_argument("--out", default=str(default_out))
     p.add_argument("--lengths", default="1024,4096,16384")
     p.add_argument("--only", nargs="*", default=None, help="configurations: " + ", ".join(c[0] for c in CONFIGS))
