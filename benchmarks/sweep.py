@@ -1,6 +1,7 @@
 """The length sweep: forward TFLOP/s against L, ours beside cuDNN, FA2 and FlexAttention.
 
     python benchmarks/sweep.py [--out PATH] [--plot PNG] [--lengths 512,1024,...] [--peers cudnn,flash,flex]
+                               [--only CONFIG ...] [--append]
     python benchmarks/sweep.py --plot-only RESULTS.jsonl --plot PNG
 
 The grid: bf16, H16, B*L = 32768 tokens, head dims 64 and 128, dense and causal, L from 512 to
@@ -8,7 +9,10 @@ The grid: bf16, H16, B*L = 32768 tokens, head dims 64 and 128, dense and causal,
 the same inputs (rotating sets larger than L2), after its output is checked against ours; causal
 counts half the work (the visible fraction is computed from the mask). Results are JSON lines
 (`env`, `gemm`, one `row` per implementation and cell); the plot has one panel per (D, mask) and
-one line per implementation. Runs in about four minutes on one H200 with all peers.
+one line per implementation. With cuDNN and FA2 it needs about six minutes on one H200 (33 of the
+36 cells fit in 320 s in the eleventh session), more with FlexAttention (a torch.compile a shape):
+to stay within a device call, split the grid with --only / --lengths and --append each part to
+one results file.
 """
 
 from __future__ import annotations
@@ -61,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
     lengths = [int(x) for x in args.lengths.split(",")]
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(out_path, "w", encoding="utf-8")
+    # --append adds this run (its own env and gemm lines) to an existing results file, so one grid
+    # can be split over several calls (`--only` / `--lengths`) and still plot and tabulate as one.
+    earlier = load_rows(str(out_path)) if args.append and out_path.exists() else []
+    f = open(out_path, "a" if args.append else "w", encoding="utf-8")
 
     def emit(obj: dict) -> None:
         f.write(json.dumps(obj, default=str) + "\n")
@@ -92,11 +99,11 @@ def run(args: argparse.Namespace) -> int:
             rows += got
             print(f"  {label} L{L}: {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
     f.close()
-    print(table(rows))
+    print(table(earlier + rows))
     disagree = [r for r in rows if r.agrees is False]
     print(f"\nsweep: {len(rows)} rows, {len(disagree)} disagreeing, {time.monotonic() - t_start:.0f}s; {out_path}")
     if args.plot:
-        print(plot(rows, args.plot) or "sweep: matplotlib missing, no plot")
+        print(plot(earlier + rows, args.plot) or "sweep: matplotlib missing, no plot")
     return 1 if disagree else 0
 
 
@@ -166,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers", default="cudnn,flash,flex", help="comma list of cudnn, flash, flex")
     p.add_argument("--only", nargs="*", default=None, help="configurations: " + ", ".join(c[0] for c in CONFIGS))
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--append", action="store_true", help="add this run to --out instead of replacing it")
     args = p.parse_args(argv)
     if args.plot_only:
         rows = load_rows(args.plot_only)
