@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
         v = frontend.loads(suite.SPECS[wl.spec], "<suite>").get()
         k = runtime.compile(v, family="forward")
         ins = bench.device_qkv(v, wl.B, wl.Lq, wl.Lk, 0)
-        rt = {n: fuzz.to_device(a) for n, a in bench.host_runtime_inputs(v, wl.B, wl.Lq, wl.Lk, 0).items()}
-        if wl.inputs is not None:
-            rt.update({n: fuzz.to_device(a) for n, a in wl.inputs(v, wl.B, wl.Lq, wl.Lk).items()})
+        # The suite's runtime inputs: its workload's own where it has them, else bench_shape's default.
+        host = wl.inputs(v, wl.B, wl.Lq, wl.Lk) if wl.inputs else bench.host_runtime_inputs(v, wl.B, wl.Lq, wl.Lk, 0)
+        rt = {n: fuzz.to_device(a) for n, a in host.items()}
         k(ins["q"], ins["k"], ins["v"], **rt)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

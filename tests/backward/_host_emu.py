@@ -379,3 +379,16 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
         res[n] = np.frombuffer(raw[off:off + a.nbytes], dtype=a.dtype).reshape(a.shape).astype(np.float64)
         off += a.nbytes
     return res
+
+
+def pre_norm_forward(v, arrays):
+    """The training forward of a variant with an o post-norm: the same variant without the post-norm
+    and the residual, which saves O' and the LSE that the backward reads; returns (O', LSE)."""
+    import dataclasses
+
+    from attngen.check import reference
+    from attngen.ir.nodes import NormTarget, norm_bias_name, norm_weight_name
+
+    pre = dataclasses.replace(v, norms=tuple(n for n in v.norms if n.target != NormTarget.O), residual=False)
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v", norm_weight_name(NormTarget.O), norm_bias_name(NormTarget.O))}
+    return reference.attention(pre, arrays["q"], arrays["k"], arrays["v"], rest)

@@ -249,16 +249,6 @@ def test_token_scope_q_norm_with_weight_gradients(dtype, kind, deterministic):
 # ---- the o post-norm: the training forward saves O' (before the norm and the residual); the pre
 # kernel maps dY to dO' (and dgamma/dbeta) before delta = rowsum(dO' * O').
 
-def _pre_norm_forward(v, arrays):
-    import dataclasses
-
-    from attngen.ir.nodes import norm_bias_name, norm_weight_name
-
-    pre = dataclasses.replace(v, norms=tuple(n for n in v.norms if n.target != NormTarget.O), residual=False)
-    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v", norm_weight_name(NormTarget.O), norm_bias_name(NormTarget.O))}
-    return reference.attention(pre, arrays["q"], arrays["k"], arrays["v"], rest)
-
-
 @pytest.mark.parametrize("dtype,kind,residual,layout,deterministic", [
     (DType.FP32, NormKind.LAYERNORM, True, Layout.BHSD, False),
     (DType.BF16, NormKind.RMSNORM, False, Layout.BSHD, True),
@@ -279,7 +269,7 @@ def test_o_post_norm_with_weight_gradients(dtype, kind, residual, layout, determ
         arrays[n] = (1 + 0.3 * rng.normal(size=arrays[n].shape)).astype(np.float32)
     rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
     y, _ = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
-    o_pre, lse = _pre_norm_forward(v, arrays)
+    o_pre, lse = _host_emu.pre_norm_forward(v, arrays)
     dY = rng.normal(size=y.shape).astype(y.dtype)
     want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dY.astype(np.float64), wrt=wrt)
     src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
