@@ -420,12 +420,32 @@ def _call_flex(fn, q, k, v, score_mod, block_mask, scale: float, gqa: bool):
     return o, aux.lse
 
 
+def raise_recompile_limits() -> None:
+    """Let torch.compile recompile one function for many shapes and variants, and fail loudly past that.
+
+    Every shape and every variant's mods is a recompile of the same frame (flex_attention's, or a
+    peer pipeline's); past dynamo's default limit (8) it silently runs that frame eagerly, ~100x
+    slower for Flex, which a benchmark would report as the peer's speed."""
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), 1024))
+    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), 4096))
+    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, True)
+
+
 def compiled_flex():
     """`torch.compile(flex_attention)`, made once per process (Flex is only fast compiled)."""
     if "flex" not in _COMPILED:
         torch = _torch()
         from torch.nn.attention.flex_attention import flex_attention
 
+        raise_recompile_limits()
         _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
     return _COMPILED["flex"]
 

@@ -118,6 +118,10 @@ def torch_composite_peer(v: Variant, Lq: int, Lk: int, compiled: bool) -> Peer |
             o = o + x.reshape(o.shape)
         return o
 
+    if compiled:
+        from attngen.check.flex import raise_recompile_limits
+
+        raise_recompile_limits()
     fn = torch.compile(pipeline) if compiled else pipeline
 
     def make(ins: Mapping[str, Any]) -> Callable[[], Any]:

@@ -157,3 +157,14 @@ def test_prepared_flex_reuses_mods_for_new_inputs() -> None:
     np.testing.assert_array_equal(fuzz.to_host_cpu(o_swapped), fuzz.to_host_cpu(o_fresh))
     o_a, _ = run()
     assert not np.array_equal(fuzz.to_host_cpu(o_a), fuzz.to_host_cpu(o_swapped))
+
+
+def test_compiled_flex_never_falls_back_to_eager_silently() -> None:
+    # Regression: the sweep's 9th Flex shape hit dynamo's recompile limit (8) and ran eager Flex,
+    # reported as 4-5 TFLOP/s. The compiled peer must allow many shapes and fail past its limit.
+    import torch._dynamo.config as dynamo_config
+
+    flex.compiled_flex()
+    limit = getattr(dynamo_config, "recompile_limit", getattr(dynamo_config, "cache_size_limit", 0))
+    assert limit >= 1024
+    assert getattr(dynamo_config, "fail_on_recompile_limit_hit", getattr(dynamo_config, "fail_on_cache_limit_hit", True))
