@@ -1,13 +1,15 @@
 """A/B of the wgmma softmax schedule (schedule.WgmmaSoftmax), beside cuDNN.
 
     python benchmarks/softmax_ab.py [--out PATH] [--lengths 1024,4096,16384] [--repeats 20] [--only CONFIG ...]
+                                    [--schedules NAME ...]
 
 The sweep's cells (bf16, H16, B*L = 32768 tokens, dense and causal) with one kernel for each
 schedule. At D64: the plan's default (plain), turns only, the FMA polynomial for 2 or 4 of a
 thread's 16 column groups, with and without turns; dense also at 128 x 128 with two consumer
 warpgroups (the auto tile before issue 16; now 192 x 128 with three, like causal). At D128
 (FlashAttention-3's ping-pong case, two consumer warpgroups): plain and turns, on the main and the
-short-loop kernel alike. Every kernel of a cell times the same inputs in the same process,
+short-loop kernel alike. `chain` (work tiles chained: a tile's first S and softmax under the last
+P.V of the one before) runs on every configuration; `--schedules` keeps only the named ones. Every kernel of a cell times the same inputs in the same process,
 interleaved by length; the plan's default is checked against cuDNN's output and every other
 schedule against the default's output on the same inputs (`extra.vs_default`). Results are JSON
 lines (`row`s as benchmarks/sweep.py writes them, with `extra.schedule`), then a table of TFLOP/s
@@ -48,9 +50,11 @@ SCHEDULES = (
     ("poly2", WgmmaSoftmax(2, False)),
     ("poly2+turns", WgmmaSoftmax(2, True)),
     ("poly4+turns", WgmmaSoftmax(4, True)),
+    ("chain", WgmmaSoftmax(chain=True)),
 )
 # The schedules each configuration times (the rest: every one).
-ONLY_SCHEDULES = {"d64_dense_128": ("default",), "d128_dense": ("default", "turns"), "d128_causal": ("default", "turns")}
+ONLY_SCHEDULES = {"d64_dense_128": ("default",), "d128_dense": ("default", "turns", "chain"),
+                  "d128_causal": ("default", "turns", "chain")}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         v = frontend.loads(f"attention {label} {{ {body} }}\n", f"<ab:{label}>").get()
         kernels = []
         for name, sm in SCHEDULES:
-            if name not in ONLY_SCHEDULES.get(label, (name,)):
+            if name not in ONLY_SCHEDULES.get(label, (name,)) or (args.schedules and name not in args.schedules + ["default"]):
                 continue
             t0 = time.monotonic()
             k = runtime.compile(v, family="forward", softmax=sm)
@@ -170,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default="1024,4096,16384")
     p.add_argument("--only", nargs="*", default=None, help="configurations: " + ", ".join(c[0] for c in CONFIGS))
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--schedules", nargs="*", default=None,
+                   help="time only these schedules (and the default): " + ", ".join(n for n, _ in SCHEDULES[1:]))
     return run(p.parse_args(argv))
 
 

@@ -53,6 +53,7 @@ from attngen.plan.schedule import (
     variant_smem_layout,
     variant_tile,
     wgmma_regs,
+    wgmma_chain_ok,
     wgmma_softmax,
     WgmmaSoftmax,
 )
@@ -440,6 +441,11 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSo
     )
     if v.layout == Layout.VARLEN:
         attention = dataclasses.replace(attention, varlen=True)
+    sm = attention.softmax
+    if sm is not None and sm.chain and not wgmma_chain_ok(
+            attention.smem, varlen=v.layout == Layout.VARLEN, token_norm=q_token_norm(v),
+            wide_rows=max(v.head_dim, v.value_head_dim) > 128, turns=sm.turns):
+        attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, chain=False))
     prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
                          for pr in preps)
     return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=_fields(v, preps, pers), workspaces=preps)
@@ -649,6 +655,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         wgmma_regs=dict(zip(("producer", "consumer"), kp.attention.regs or (0, 0))),  # read on the wgmma path only
         exp2_poly_groups=sm.poly_groups,  # wgmma softmax schedule (schedule.wgmma_softmax)
         wg_turns=sm.turns,
+        wg_chain=sm.chain,
         q_buffers=kp.smem.q_buffers,
         kv_split=kp.smem.kv_split,
         wide_rows=max(v.head_dim, v.value_head_dim) > 128,

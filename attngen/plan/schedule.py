@@ -215,10 +215,14 @@ class WgmmaSoftmax:
     exp2 from a polynomial on the FMA pipe instead of the MUFU unit (spread evenly over the tile;
     0: none). `turns`: the consumer warpgroups issue their S and P.V products in turn, each
     passing the turn on through a named barrier once its products are issued (FlashAttention-3's
-    warp-scheduler barriers), so that one warpgroup's softmax runs under the others' products."""
+    warp-scheduler barriers), so that one warpgroup's softmax runs under the others' products.
+    `chain`: a consumer issues the next work tile's first S before the last P.V of the tile it
+    ends, so that S and that tile's first softmax run under the P.V rather than after the
+    epilogue (`wgmma_chain_ok` says where it applies; elsewhere the plan turns it off)."""
 
     poly_groups: int = 0
     turns: bool = False
+    chain: bool = False
 
     def describe(self, block_n: int) -> str:
         """One phrase for headers and `explain` ('' when neither is on)."""
@@ -227,6 +231,8 @@ class WgmmaSoftmax:
             parts.append(f"exp2 of {self.poly_groups} of every {block_n // 8} column groups of S from an FMA polynomial")
         if self.turns:
             parts.append("consumer warpgroups issue their products in turn")
+        if self.chain:
+            parts.append("a work tile's first S and softmax run under the last P.V of the tile before")
         return "; ".join(parts)
 
 
@@ -244,8 +250,20 @@ def wgmma_softmax(head_dim: int, value_head_dim: int, tile: TileConfig) -> Wgmma
     the turns measured within 1-2% of plain from L512 to L4k and slower at L16k (dense 572 against
     584, causal 543 against 592; plain 279 / 368 / 440 causal at L512 / 1k / 2k, turns 285 / 370 /
     441), with bit-identical outputs. Both stay available as `plan(..., softmax=...)` overrides
-    for A/B runs (tested against the reference on the GPU with both on)."""
+    for A/B runs (tested against the reference on the GPU with both on). So does `chain`
+    (tests/gpu/test_gpu_chain.py): TFLOP/s plain against chained at L1k / L16k, D64 dense 368 / 528
+    against 370 / 510, D128 dense 493 / 603 against 487 / 574, D128 causal 384 / 558 against
+    379 / 600 (results/h200_chain_ab.jsonl): no gain at short lengths, where it was aimed."""
     return WgmmaSoftmax()
+
+
+def wgmma_chain_ok(smem: "SmemLayout", *, varlen: bool, token_norm: bool, wide_rows: bool, turns: bool) -> bool:
+    """Whether the consumers can chain work tiles (`WgmmaSoftmax.chain`): the next tile's work
+    index must not change the Params (varlen), its Q must need no in-place norm (token-scope
+    pre-norm, and its residual copy), and the turns and the wide rows' scan keep the plain loop.
+    (With one Q buffer the next Q loads only once the last S of a tile has read the old one, so
+    the chained step waits for that copy.)"""
+    return not (varlen or token_norm or wide_rows or turns)
 
 
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:

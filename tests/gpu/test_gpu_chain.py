@@ -1,0 +1,64 @@
+"""The chained wgmma consumer (`schedule.WgmmaSoftmax.chain`: a work tile's first S and softmax run
+under the last P.V of the tile before) against the plain consumer and the reference (GPU only).
+
+Chaining changes when products run, never what they compute, so its outputs must equal the plain
+kernel's bit for bit. The shapes give every CTA several work tiles (more tiles than the H200's
+132 SMs), tails past a tile multiple, and with `padding` whole work tiles with no visible key tile
+between chained ones (batch 0 has no queries, batch 1 no keys), which the consumer must finish
+alone and start again from.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from attngen.check import fuzz
+from attngen.plan.schedule import WgmmaSoftmax
+from attngen.runtime import kernel as runtime
+from gpu_helpers import kernel_for, spec_text, variant_of
+
+SPECS = [
+    spec_text("ch_d64_causal", dtype="bf16", D=64, H=8, mask="causal"),
+    spec_text("ch_d64_dense_lse", dtype="fp16", D=64, H=8, lse=True),
+    spec_text("ch_d128_dense", dtype="bf16", D=128, H=8),
+    spec_text("ch_d128_causal_gqa", dtype="bf16", D=128, H=8, Hkv=2, layout="bshd", mask="causal", lse=True),
+    spec_text("ch_d128_softcap_window", dtype="fp16", D=128, H=4, mask="causal && window(300, 0)", scores=("softcap(20.0)",)),
+    spec_text("ch_d64_padding_cross", dtype="bf16", D=64, H=4, kind="cross", mask="padding && causal", lse=True),
+    spec_text("ch_d128_documents", dtype="bf16", D=128, H=4, mask="document(doc) && causal",
+              extra=("input doc: i32[B, Lk] sorted",)),
+]
+# (B, Lq, Lk): self-attention specs take Lk = Lq. Lengths to 2k run the short-loop kernel where
+# the plan has one (schedule.short_tile), 4100 the main one.
+SHAPES = [(4, 1000, 1000), (3, 2048, 2048), (2, 700, 1500), (1, 4100, 4100)]
+
+
+def _case(text: str, B: int, Lq: int, Lk: int, seed: int) -> fuzz.Case:
+    if "cross" not in text:
+        Lk = Lq
+    q_lens = kv_lens = None
+    if "padding" in text:
+        q_lens = tuple(0 if b == 0 else Lq - 37 * b for b in range(B))
+        kv_lens = tuple(0 if b == 1 else Lk - 91 * b for b in range(B))
+    return fuzz.Case(B=B, Lq=Lq, Lk=Lk, dist="normal", seed=seed, q_lens=q_lens, kv_lens=kv_lens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", SPECS, ids=lambda t: t.split()[1])
+def test_chained_consumer_equals_plain_and_reference(text: str) -> None:
+    v = variant_of(text)
+    plain = kernel_for(v)
+    chained = runtime.compile(v, family="forward", softmax=WgmmaSoftmax(chain=True))
+    assert chained.plan.attention.softmax.chain, "the plan turned chaining off for this variant"
+    assert "under the last P.V of the tile before" in chained.source
+    if chained.short is not None:
+        assert chained.short.plan.attention.softmax.chain
+    for i, (B, Lq, Lk) in enumerate(SHAPES):
+        case = _case(text, B, Lq, Lk, seed=10 + i)
+        arrays = fuzz.case_inputs(v, case)
+        o_plain, lse_plain = fuzz.run_kernel(plain, v, arrays)
+        o_chain, lse_chain = fuzz.run_kernel(chained, v, arrays)
+        assert o_chain.tobytes() == o_plain.tobytes(), f"{v.name} at {case.describe()}: O differs from the plain consumer"
+        if v.lse:
+            assert lse_chain.tobytes() == lse_plain.tobytes(), f"{v.name} at {case.describe()}: LSE differs"
+        bad = [r.summary() for r in fuzz.compare(v, arrays, o_chain, lse_chain) if not r.ok]
+        assert not bad, f"{v.name} at {case.describe()}:\n" + "\n".join(bad)
