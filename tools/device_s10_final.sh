@@ -52,6 +52,15 @@ fi
       bwd) timeout ${BWD_S:-90} python3 benchmarks/bwd_bench.py --iters 3 --also-engine mma --out "$OUT/h200_bwd_wgmma.json" > "$LOGS/bwd.txt" 2>&1 ;;
       train) timeout ${TRAIN_S:-90} python3 benchmarks/train_block_bench.py --profile --out "$OUT/h200_train_block.json" > "$LOGS/train.txt" 2>&1 ;;
       decode) timeout 60 python3 benchmarks/decode_bench.py --quick --out "$OUT/h200_decode_shares.json" > "$LOGS/decode.txt" 2>&1 ;;
+      # (not in the default list) the backward against Flex's (issue 14's window/document/softcap bar);
+      # the GQA causal cells the twelfth session's Flex sweep did not reach, appended to a copy of the
+      # committed sweep; the chained consumer against the plain one at the lengths where it gained.
+      bwdflex) timeout ${BWDFLEX_S:-150} python3 benchmarks/bwd_flex_bench.py --iters 3 --out "$OUT/h200_bwd_flex.json" > "$LOGS/bwdflex.txt" 2>&1 ;;
+      sweepgqa) cp benchmarks/results/h200_sweep.jsonl "$OUT/h200_sweep.jsonl"
+              timeout ${SWEEP_S:-170} python3 benchmarks/sweep.py --peers cudnn,flash,flex --repeats 10 --only d128_gqa32_8_causal \
+                --lengths 1024,2048,4096,8192,16384 --out "$OUT/h200_sweep.jsonl" --append > "$LOGS/sweepgqa.txt" 2>&1 ;;
+      chainab) timeout ${CHAIN_S:-150} python3 benchmarks/softmax_ab.py --only d128_causal d128_dense d64_causal --schedules chain \
+                --lengths 4096,8192,16384 --repeats 10 --out "$OUT/h200_chain_ab.jsonl" > "$LOGS/chainab.txt" 2>&1 ;;
     esac
     echo "$b rc=$?" >> "$S"
   done
@@ -62,7 +71,8 @@ for b in ${BENCH:-sweep bwd train headdim suite decode}; do
   [ -f "$LOGS/$b.txt" ] || continue
   echo "== $b" >> "$S"
   case $b in
-    sweep) grep -vE "^\s*$" "$LOGS/sweep.txt" | tail -n 40 ;;
+    sweep|sweepgqa) grep -vE "^\s*$" "$LOGS/$b.txt" | tail -n 40 ;;
+    chainab) grep -vE "built in|: [0-9.]+s$" "$LOGS/chainab.txt" | tail -n 14 ;;
     headdim) grep -E "MISSED|met|attngen|cudnn" "$LOGS/headdim.txt" | tail -n 12 ;;
     train) tail -n 40 "$LOGS/train.txt" ;;
     *) tail -n 12 "$LOGS/$b.txt" ;;
