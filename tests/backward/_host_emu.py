@@ -50,15 +50,21 @@ thread_local ag_dim3_t threadIdx, blockIdx;
 ag_dim3_t gridDim;
 static std::barrier<>* ag_block_bar = nullptr;
 static std::barrier<>* ag_warp_bar[64];
-static float ag_warp_buf[64][32];
+static unsigned ag_warp_buf[64][32];
 inline void __syncthreads() { ag_block_bar->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float x, int o) {
+// Lane l of the warp gets lane src(l)'s value (4-byte types: float, int, unsigned), every lane taking part.
+template <class T, class F>
+inline T ag_warp_exchange(T x, F src) {
+  static_assert(sizeof(T) == 4, "4-byte shuffles");
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
   ag_warp_bar[w]->arrive_and_wait();
-  ag_warp_buf[w][l] = x;
+  std::memcpy(&ag_warp_buf[w][l], &x, 4);
   ag_warp_bar[w]->arrive_and_wait();
-  return ag_warp_buf[w][l ^ o];
+  T r;
+  std::memcpy(&r, &ag_warp_buf[w][src(l)], 4);  // (read before this lane's next exchange, whose first barrier waits for every lane)
+  return r;
 }
+template <class T> inline T __shfl_xor_sync(unsigned, T x, int o) { return ag_warp_exchange(x, [o](int l) { return l ^ o; }); }
 inline float __fdividef(float a, float b) { return a / b; }  // (declared for ag_tanh_fast, unused here)
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 template <class T> inline T __ldg(const T* p) { return *p; }

@@ -1,0 +1,326 @@
+"""Run the generated sm_90a forward kernel (the wgmma engine) on the CPU: the rendered CUDA compiled
+with g++ against the backward's execution-model shim (`tests/backward/_host_emu.py`: one
+std::thread per CUDA thread, warp barriers, warp shuffles), with its PTX primitives replaced by
+emulations: mbarriers as 64-bit atomics in the emulated shared memory (pending count, expected
+count, phase; waits spin), named barriers with their thread counts and the AND reduction, cp.async
+as synchronous copies that arrive on their mbarrier at once, and wgmma as a synchronous product at
+issue that reads its shared operands through the descriptors with the 128-byte swizzle (the
+backward emulation's `ag_wg_ss` / `ag_wg_rs`). CTAs run one after another on one shared-memory
+array; the persistent schedule's counter is an atomic.
+
+What this checks without a GPU: the producer/consumer protocol (a lost arrival or a wrong parity
+hangs, which the caller's timeout reports), the ring and Q-buffer bookkeeping across work tiles,
+the tile walk and masking, the softmax and epilogue, and the descriptors' addressing. Not the
+asynchrony of wgmma (a kernel that reads an accumulator before waiting for it still passes) nor
+speed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backward"))
+from _host_emu import CUDA_INCLUDE, SHIM, WG_EMU, available  # noqa: E402
+
+__all__ = ["available", "run", "last_votes"]
+
+last_votes: tuple[int, int] = (0, 0)  # the latest run's warpgroup votes: (true, false)
+
+# Intrinsics the forward uses beyond the backward's shim.
+FWD_SHIM = r"""
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#define __align__(n)  // (the harness defines ag_smem with its alignment)
+template <class T> inline T __shfl_sync(unsigned, T x, int src) { return ag_warp_exchange(x, [src](int) { return src; }); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+inline unsigned __ballot_sync(unsigned, int pred) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  ag_warp_bar[w]->arrive_and_wait();
+  ag_warp_buf[w][l] = pred != 0;
+  ag_warp_bar[w]->arrive_and_wait();
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i) r |= ag_warp_buf[w][i] << i;
+  return r;
+}
+inline bool __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
+inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __log2f(float x) { return std::log2(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline int atomicAdd(int* a, int v) { return std::atomic_ref<int>(*a).fetch_add(v); }
+inline int atomicExch(int* a, int v) { return std::atomic_ref<int>(*a).exchange(v); }
+// Named barriers (bar.sync / bar.arrive / bar.red.and with a thread count): a generation counter a
+// barrier id; they reset themselves at each completion, so one set serves every block.
+struct ag_named_t {
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  unsigned gen = 0;
+  bool all = true, result = true;
+};
+static ag_named_t ag_named[16];
+// Warpgroup votes (ag_wg_all) that came out true and false, reported on stderr at exit.
+static std::atomic<long long> ag_votes_true{0}, ag_votes_false{0};
+inline bool ag_named_bar(int id, int count, bool wait, bool v = true) {
+  ag_named_t& b = ag_named[id];
+  std::unique_lock<std::mutex> lk(b.mu);
+  const unsigned gen = b.gen;
+  b.all = b.all && v;
+  if (++b.arrived == count) {
+    b.result = b.all;
+    b.arrived = 0;
+    b.all = true;
+    ++b.gen;
+    b.cv.notify_all();
+    return b.result;
+  }
+  if (!wait) return true;
+  b.cv.wait(lk, [&] { return b.gen != gen; });
+  return b.result;
+}
+"""
+
+# The PTX primitives of backends/cuda/fwd/_wgmma.cu.j2 (and the common helpers it includes),
+# replaced by name. An mbarrier word: bits 0-15 pending arrivals, 16-31 the expected count, 32-63
+# the number of completed phases.
+PRIMS = {
+    "ag_smem_addr": "inline unsigned ag_smem_addr(const void* ptr) { return (unsigned)((const unsigned char*)ptr - ag_smem); }",
+    "ag_ex2": "inline float ag_ex2(float x) { return std::exp2(x); }",
+    "ag_tanh_fast": "inline float ag_tanh_fast(float x) { return std::tanh(x); }",
+    "ag_cp_async16": "inline void ag_cp_async16(unsigned dst, const void* src, bool pred) {\n"
+                     "  if (pred) std::memcpy(ag_smem + dst, src, 16); else std::memset(ag_smem + dst, 0, 16);\n}",
+    "ag_cp_async_commit": "inline void ag_cp_async_commit() {}",
+    "ag_cp_async_wait": "template <int N> inline void ag_cp_async_wait() {}",
+    "ag_cp_async4": "inline void ag_cp_async4(unsigned dst, const void* src) { std::memcpy(ag_smem + dst, src, 4); }",
+    "ag_cp_async8": "inline void ag_cp_async8(unsigned dst, const void* src) { std::memcpy(ag_smem + dst, src, 8); }",
+    "ag_cp_async_wait_all": "inline void ag_cp_async_wait_all() {}",
+    "ag_fence_proxy_async": "inline void ag_fence_proxy_async() { std::atomic_thread_fence(std::memory_order_seq_cst); }",
+    "ag_bar_init": "inline void ag_bar_init(unsigned bar, int count) {\n"
+                   "  std::atomic_ref<unsigned long long>(*(unsigned long long*)(ag_smem + bar)).store((unsigned long long)count | ((unsigned long long)count << 16));\n}",
+    "ag_bar_arrive": "inline void ag_bar_arrive(unsigned bar) { ag_mbar_arrive(bar); }",
+    "ag_cp_async_arrive": "inline void ag_cp_async_arrive(unsigned bar) { ag_mbar_arrive(bar); }",
+    # A test may wait AG_TEST_PATIENCE_MS first, so that a run can make the chained consumer find the
+    # next tile ready wherever there is one (its threads otherwise race the producer's).
+    "ag_bar_test": "inline bool ag_bar_test(unsigned bar, int parity) {\n"
+                   "  const auto t0 = std::chrono::steady_clock::now();\n"
+                   "  while (!ag_mbar_done(bar, parity)) {\n"
+                   "    if (std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(AG_TEST_PATIENCE_MS)) return false;\n"
+                   "    std::this_thread::yield();\n  }\n"
+                   "  return true;\n}",
+    "ag_bar_wait": "inline void ag_bar_wait(unsigned bar, int parity) {\n"
+                   "  const auto t0 = std::chrono::steady_clock::now();\n"
+                   "  while (!ag_mbar_done(bar, parity)) {\n"
+                   "    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(AG_WAIT_SECONDS)) {\n"
+                   "      std::fprintf(stderr, \"mbarrier at %u: thread %u waited %d s for parity %d (a lost arrival?)\\n\", bar, threadIdx.x, AG_WAIT_SECONDS, parity);\n"
+                   "      std::abort();\n    }\n"
+                   "    std::this_thread::yield();\n  }\n}",
+    "ag_wg_all": "inline bool ag_wg_all(int g, bool v) {\n"
+                 "  const bool r = ag_named_bar(2 + g, 128, true, v);\n"
+                 "  if (threadIdx.x % 128 == 0) (r ? ag_votes_true : ag_votes_false).fetch_add(1);\n"
+                 "  return r;\n}",
+    "ag_warpgroup_sync": "inline void ag_warpgroup_sync(int g) { ag_named_bar(2 + g, 128, true); }",
+    "ag_producer_sync": "inline void ag_producer_sync() { ag_named_bar(1, PRODUCER_THREADS, true); }",
+    "ag_wgmma_fence": "inline void ag_wgmma_fence() {}",
+    "ag_wgmma_commit": "inline void ag_wgmma_commit() {}",
+    "ag_wgmma_wait": "template <int N> inline void ag_wgmma_wait() {}",
+    "ag_reg_fence": "template <class T> inline void ag_reg_fence(T&) {}",
+}
+# wgmma shapes: ss reads both operands K-major, rs reads B (V) MN-major.
+WG_SHAPE = ("inline void ag_wgmma_ss_n{n}(float (&d)[{h}], unsigned long long da, unsigned long long db, int acc) {{ ag_wg_ss<{n}>(d, da, db, acc, 0, 0); }}\n"
+            "inline void ag_wgmma_rs_n{n}(float (&d)[{h}], const unsigned (&a)[4], unsigned long long db, int acc) {{ ag_wg_rs<{n}>(d, a, db, acc); }}")
+# The backward's wgmma emulation, without its cp.async / bulk-reduction parts (the forward has its own).
+WG_CORE = WG_EMU[WG_EMU.index("inline float ag_wg_desc_elem"):WG_EMU.index("#define AG_WG_SHAPE")]
+# Placed before the first primitive: what the replacements share.
+MBAR = r"""
+extern unsigned char ag_smem[];
+inline void ag_mbar_arrive(unsigned bar) {
+  std::atomic_ref<unsigned long long> w(*(unsigned long long*)(ag_smem + bar));
+  unsigned long long old = w.load(), nw;
+  do {
+    const unsigned long long pending = old & 0xFFFFull, expected = (old >> 16) & 0xFFFFull;
+    if (pending == 0) { std::fprintf(stderr, "mbarrier at %u: arrival past its count\n", bar); std::abort(); }
+    nw = pending > 1 ? old - 1 : ((old >> 32) + 1) << 32 | expected << 16 | expected;
+  } while (!w.compare_exchange_weak(old, nw));
+}
+// Whether the phase of this parity has completed: the phase in progress has the other parity.
+inline bool ag_mbar_done(unsigned bar, int parity) {
+  const unsigned long long w = std::atomic_ref<unsigned long long>(*(unsigned long long*)(ag_smem + bar)).load();
+  return (int)((w >> 32) & 1ull) != parity;
+}
+"""
+LD_HELPERS = r"""
+static unsigned ag_xa[64][32][4];
+inline unsigned ag_bits(elem_t e) { unsigned short u; std::memcpy(&u, &e, 2); return u; }
+inline float ag_elem(unsigned bits16) { unsigned short u = (unsigned short)bits16; elem_t e; std::memcpy(&e, &u, 2); return ag_to_float(e); }
+inline unsigned ag_ld16(unsigned addr) { unsigned short u; std::memcpy(&u, ag_smem + addr, 2); return u; }
+"""
+
+
+def _functions(src: str):
+    """(name, start, end) of every `__device__ __forceinline__` function definition (with a
+    preceding `template <...>` line), in order."""
+    out = []
+    for m in re.finditer(r"(?:template <[^>\n]*>\s*)?__device__ __forceinline__ [^\n(]*?\b(\w+)\(", src):
+        i = src.index("{", m.end())
+        depth = 0
+        for j in range(i, len(src)):
+            depth += {"{": 1, "}": -1}.get(src[j], 0)
+            if depth == 0:
+                break
+        out.append((m.group(1), m.start(), j + 1))
+    return out
+
+
+def emulated_source(src: str) -> str:
+    """The kernel source (no host launcher) with its PTX primitives replaced by emulations."""
+    body = src.split("#ifndef __CUDACC_RTC__\n#include <atomic>")[0]
+    body = body.replace("#include <cuda_runtime.h>\n", "")
+    if "TURN_BAR" in body:
+        raise ValueError("the emulation does not model the consumer turns (WgmmaSoftmax.turns)")
+    fns = [f for f in _functions(body) if f[0] in PRIMS or re.fullmatch(r"ag_wgmma_(ss|rs)_n\d+", f[0])]
+    first = min(s for _, s, _ in fns)
+    wrapper = re.compile(r"ag_wgmma_(ss|rs)_n(\d+)")
+    shapes = sorted({int(wrapper.fullmatch(n).group(2)) for n, _, _ in fns if wrapper.fullmatch(n)})
+    out, pos, done = [], 0, set()
+    for name, s, e in sorted(fns, key=lambda f: f[1]):
+        out.append(body[pos:s])
+        if s == first:
+            out.append(MBAR)
+        if wrapper.fullmatch(name):
+            if "wgmma" not in done:  # every shape's wrappers where the first one was
+                out.append(LD_HELPERS + WG_CORE + "\n" + "\n".join(WG_SHAPE.format(n=n, h=n // 2) for n in shapes))
+                done.add("wgmma")
+        elif name not in done:
+            out.append(PRIMS[name])
+            done.add(name)
+        pos = e
+    out.append(body[pos:])
+    text = "".join(out)
+    # The register split and the mbarrier-init fence are no-ops here.
+    text = re.sub(r'\n\s*asm volatile\("(setmaxnreg|fence\.mbarrier_init)[^\n]*\);', "\n", text)
+    if re.search(r"\basm(\s+volatile)?\s*\(", text):
+        left = sorted(set(re.findall(r'asm(?: volatile)?\(\s*"([a-z.]+)', text)))
+        raise ValueError(f"PTX left after emulation: {left}")
+    assert shapes, "no wgmma wrappers found"
+    return text
+
+
+def _harness(ns: str, kernel: str, fields, smem: int, threads: int, grid: int, n_out: int) -> str:
+    lines = [f"namespace {ns} {{ alignas(1024) unsigned char ag_smem[{smem + 1024}]; }}",
+             "static std::vector<std::vector<char>> blobs;",
+             "int main(int argc, char** argv) {",
+             "  blobs.reserve(64);  // references into it stay valid",
+             "  FILE* f = std::fopen(argv[1], \"rb\");"]
+    args = []
+    for fl in fields:
+        if "*" in fl.ctype:
+            lines += [f"  std::vector<char>& b_{fl.name} = blobs.emplace_back();",
+                      f"  {{ long long n; std::fread(&n, 8, 1, f); b_{fl.name}.resize(n > 0 ? n : 0); if (n > 0) std::fread(b_{fl.name}.data(), 1, n, f); }}"]
+            ctype = fl.qctype.replace("__restrict__", "").strip()
+            args.append(f"b_{fl.name}.empty() ? nullptr : ({ctype})b_{fl.name}.data()")
+        elif fl.ctype == "int":
+            lines.append(f"  int a_{fl.name}; std::fread(&a_{fl.name}, 4, 1, f);")
+            args.append(f"a_{fl.name}")
+        else:
+            lines.append(f"  long long a_{fl.name}; std::fread(&a_{fl.name}, 8, 1, f);")
+            args.append(f"a_{fl.name}")
+    lines.append("  std::fclose(f);")
+    lines.append(f"  ag_launch({grid}, 1, 1, {threads}, [&] {{ {kernel}({', '.join(args)}); }});")
+    lines.append("  FILE* o = std::fopen(argv[2], \"wb\");")
+    for i in range(n_out):
+        lines.append(f"  std::fwrite(blobs[{i}].data(), 1, blobs[{i}].size(), o);")
+    lines += ["  std::fclose(o);",
+              "  std::fprintf(stderr, \"votes: %lld true, %lld false\\n\", ag_votes_true.load(), ag_votes_false.load());",
+              "  return 0;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdir: str | None = None,
+        timeout: float = 600.0, wait_seconds: int = 30, test_patience_ms: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+    """Compile the rendered forward `src` (plan `kp`, variant `v`, bhsd or bshd) for the host and run
+    it on `arrays` (numpy q, k, v and runtime inputs in the variant's layout and dtypes); returns O
+    (float64) and the LSE (or None). `grid` persistent CTAs (any grid is correct). A thread that
+    waits on one mbarrier phase for `wait_seconds` aborts the run (a lost arrival: RuntimeError);
+    `test_patience_ms`: how long a non-blocking barrier test waits before it says no. The run's
+    warpgroup votes (chained steps taken and not) are left in `last_votes`."""
+    global last_votes
+    from attngen.check.reference import dtype_of
+
+    layout = v.layout.value
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError("the emulation harness takes bhsd or bshd batches")
+    q, k, vv = (np.ascontiguousarray(arrays[n]) for n in ("q", "k", "v"))
+    B = q.shape[0]
+    Lq, Lk = (q.shape[2], k.shape[2]) if layout == "bhsd" else (q.shape[1], k.shape[1])
+    et = dtype_of(v.dtype)
+    o_shape = (B, v.heads, Lq, v.value_head_dim) if layout == "bhsd" else (B, Lq, v.heads, v.value_head_dim)
+    # NaN poison: the kernel must write every output element.
+    out = np.zeros(o_shape, dtype=et) + np.array(np.nan, et)
+    lse = np.full((B, v.heads, Lq), np.nan, np.float32) if v.lse else None
+    bufs = {"q": q, "k": k, "v": vv, "o": out, "lse": lse, "nan_flag": np.zeros(1, np.int32) if v.nan_check else None,
+            "work_counter": np.zeros(1, np.int32)}
+
+    def strides(a):
+        s = [x // a.itemsize for x in a.strides]
+        return (s[0], s[1], s[2]) if layout == "bhsd" else (s[0], s[2], s[1])
+
+    blob = bytearray()
+    ptrs = []
+    for fl in kp.fields:
+        n = fl.name
+        if "*" in fl.ctype:
+            if n.startswith("in_"):
+                decl = next(d for d in v.runtime_inputs() if d.name == n[3:])
+                a = np.ascontiguousarray(arrays[n[3:]]).astype(dtype_of(decl.dtype))
+            else:
+                if n not in bufs:
+                    raise ValueError(f"the emulation harness has no buffer for parameter {n}")
+                a = bufs[n]
+            ptrs.append(n)
+            raw = b"" if a is None else np.ascontiguousarray(a).tobytes()
+            blob += np.int64(len(raw)).tobytes() + raw
+        elif n in ("B", "Lq", "Lk", "q_offset", "kv_offset", "Lq_total", "Lk_total"):
+            blob += np.int32({"B": B, "Lq": Lq, "Lk": Lk, "q_offset": 0, "kv_offset": 0, "Lq_total": Lq, "Lk_total": Lk}[n]).tobytes()
+        elif n.startswith("in_"):
+            base, kind, i = n[3:].rsplit("_", 1)[0], n.rsplit("_", 1)[1][0], int(n.rsplit("_", 1)[1][1:])
+            a = np.ascontiguousarray(arrays[base])
+            blob += (np.int32(a.shape[i]) if kind == "n" else np.int64(a.strides[i] // a.itemsize)).tobytes()
+        else:
+            t, s = n.rsplit("_", 1)
+            blob += np.int64(strides(bufs[t])[("sb", "sh", "ss").index(s)]).tobytes()
+    ns = f"{kp.kernel_name}_impl"
+    tmp = workdir or tempfile.mkdtemp(prefix="attngen-fwd-emu-")
+    cpp, exe = os.path.join(tmp, "k.cpp"), os.path.join(tmp, "k")
+    fields = [type("F", (), dict(name=f.name, ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{ns}::elem_t")))() for f in kp.fields]
+    n_out = ptrs.index("lse") + 1 if v.lse else ptrs.index("o") + 1
+    Path(cpp).write_text(SHIM + FWD_SHIM + emulated_source(src)
+                         + _harness(ns, kp.kernel_name, fields, kp.smem_bytes, kp.threads, grid, n_out))
+    r = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", f"-DAG_WAIT_SECONDS={int(wait_seconds)}",
+                        f"-DAG_TEST_PATIENCE_MS={int(test_patience_ms)}", f"-I{CUDA_INCLUDE}",
+                        cpp, "-o", exe], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise RuntimeError("g++ rejected the emulated kernel:\n" + r.stderr[-6000:])
+    Path(tmp, "in.bin").write_bytes(bytes(blob))
+    r = subprocess.run([exe, os.path.join(tmp, "in.bin"), os.path.join(tmp, "out.bin")], capture_output=True, text=True,
+                       check=False, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"emulated kernel failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    m = re.search(r"votes: (\d+) true, (\d+) false", r.stderr)
+    last_votes = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    raw = Path(tmp, "out.bin").read_bytes()
+    res, off = {}, 0
+    for n in ptrs[:n_out]:
+        a = bufs[n]
+        if a is None:
+            continue
+        res[n] = np.frombuffer(raw[off:off + a.nbytes], dtype=a.dtype).reshape(a.shape)
+        off += a.nbytes
+    return res["o"].astype(np.float64), (res["lse"].astype(np.float64) if v.lse else None)

@@ -1,0 +1,81 @@
+"""The sm_90a forward kernel (wgmma engine: producer warpgroup, mbarrier rings, consumer
+warpgroups) run on the CPU through `_fwd_emu`, against the NumPy reference; the chained consumer
+(`WgmmaSoftmax.chain`) against the plain one, bit for bit; and a protocol bug (a lost mbarrier
+arrival) reported rather than hung. Shapes are small but give each of the two persistent CTAs
+several work tiles, so the rings and Q buffers wrap and (chained) work tiles follow one another."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attngen.check import fuzz
+from attngen.cuda.render import render_with_plan
+from attngen.lang import frontend
+from attngen.plan.schedule import Arch, Engine, WgmmaSoftmax
+
+import _fwd_emu
+
+pytestmark = pytest.mark.skipif(_fwd_emu.available() is not None, reason=f"no host emulation: {_fwd_emu.available()}")
+
+# (.attn body, (B, Lq, Lk)): the tiles and features the wgmma consumer branches on.
+CASES = {
+    # three consumer warpgroups (192 x 128), two Q buffers
+    "d64_causal": ("dtype bf16; head_dim 64; heads 2; mask causal", (1, 700, 700)),
+    # 128 x 176 on split K/V rings, one Q buffer
+    "d128_dense": ("dtype bf16; head_dim 128; heads 2", (1, 600, 600)),
+    # the short-loop tile: 128 x 128 x 2 stages on split rings, two Q buffers
+    "d128_short": ("dtype bf16; head_dim 128; heads 2; tile block_m 128 block_n 128 warps 8 stages 2", (1, 520, 520)),
+    # GQA, token-major layout, the LSE, fp16
+    "gqa_lse_bshd": ("dtype fp16; head_dim 128; heads 4 kv 2; layout bshd; mask causal; output lse", (2, 300, 300)),
+    # a mask that reads a tensor (visibility bits while S is in flight), random documents
+    "documents": ("dtype bf16; head_dim 64; heads 2\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal", (2, 400, 400)),
+    # cross attention with padding: batch 0 has no queries, batch 1 no keys (work tiles with no
+    # visible key tile between others)
+    "padding_cross": ("dtype bf16; head_dim 64; heads 2; kind cross; mask padding && causal; output lse", (3, 300, 420)),
+    # a score mod, a window and a sink
+    "softcap_window_sink": ("dtype bf16; head_dim 64; heads 4; mask causal && window(200, 0); score softcap(30.0)\n"
+                            " input sinks: fp32[H]\n sink sinks", (1, 500, 500)),
+}
+
+
+def _case(name: str) -> tuple:
+    body, (B, Lq, Lk) = CASES[name]
+    v = frontend.loads(f"attention {name} {{ {body} }}").get()
+    q_lens = kv_lens = None
+    if "padding" in body:
+        q_lens = tuple(0 if b == 0 else Lq - 37 * b for b in range(B))
+        kv_lens = tuple(0 if b == 1 else Lk - 51 * b for b in range(B))
+    case = fuzz.Case(B=B, Lq=Lq, Lk=Lk, dist="normal", seed=7, q_lens=q_lens, kv_lens=kv_lens)
+    return v, case, fuzz.case_inputs(v, case)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_forward_kernel_matches_the_reference_and_chaining_changes_no_bit(name: str, tmp_path) -> None:
+    v, case, arrays = _case(name)
+    plain_src, kp = render_with_plan(v, Arch.SM90A)
+    assert kp.engine == Engine.WGMMA
+    o, lse = _fwd_emu.run(plain_src, kp, v, arrays, workdir=str(tmp_path), timeout=300)
+    reports = fuzz.compare(v, arrays, o.astype(np.float32), None if lse is None else lse.astype(np.float32))
+    bad = [r.summary() for r in reports if not r.ok]
+    assert not bad, f"{name} at {case.describe()}:\n" + "\n".join(bad)
+    chain_src, kpc = render_with_plan(v, Arch.SM90A, softmax=WgmmaSoftmax(chain=True))
+    assert kpc.attention.softmax.chain
+    # A patient readiness test: the chained step is taken wherever a next tile exists.
+    oc, lsec = _fwd_emu.run(chain_src, kpc, v, arrays, workdir=str(tmp_path), timeout=300, test_patience_ms=200)
+    chained, alone = _fwd_emu.last_votes
+    assert chained > 0, f"{name}: no work tile was chained ({alone} ended alone)"
+    assert oc.tobytes() == o.tobytes(), f"{name}: the chained consumer's O differs from the plain one's"
+    if lse is not None:
+        assert lsec.tobytes() == lse.tobytes(), f"{name}: the chained consumer's LSE differs"
+
+
+def test_a_lost_arrival_is_reported_not_hung(tmp_path) -> None:
+    # The producer's arrival that publishes a slot's header, removed: every consumer waits on that
+    # slot forever. The emulation must name the mbarrier wait instead of hanging.
+    v, case, arrays = _case("d64_causal")
+    src, kp = render_with_plan(v, Arch.SM90A)
+    line = "        ag_bar_arrive(bar_full + 8 * slot);  // releases the header\n"
+    assert line in src
+    with pytest.raises(RuntimeError, match=r"waited 3 s for parity \d \(a lost arrival\?\)"):
+        _fwd_emu.run(src.replace(line, ""), kp, v, arrays, workdir=str(tmp_path), timeout=120, wait_seconds=3)
