@@ -218,7 +218,9 @@ class WgmmaSoftmax:
     warp-scheduler barriers), so that one warpgroup's softmax runs under the others' products.
     `chain`: a consumer issues the next work tile's first S before the last P.V of the tile it
     ends, so that S and that tile's first softmax run under the P.V rather than after the
-    epilogue (`wgmma_chain_ok` says where it applies; elsewhere the plan turns it off)."""
+    epilogue; where the next tile is not in yet, it issues the P.V, waits for the tile under it,
+    and runs the old tile's epilogue under the new first S (`wgmma_chain_ok` says where it
+    applies; elsewhere the plan turns it off)."""
 
     poly_groups: int = 0
     turns: bool = False
@@ -232,7 +234,7 @@ class WgmmaSoftmax:
         if self.turns:
             parts.append("consumer warpgroups issue their products in turn")
         if self.chain:
-            parts.append("a work tile's first S and softmax run under the last P.V of the tile before")
+            parts.append("a work tile's first S and softmax run under the last P.V of the tile before, or its first S under that tile's epilogue")
         return "; ".join(parts)
 
 
@@ -253,7 +255,9 @@ def wgmma_softmax(head_dim: int, value_head_dim: int, tile: TileConfig) -> Wgmma
     for A/B runs (tested against the reference on the GPU with both on). So does `chain`
     (tests/gpu/test_gpu_chain.py): TFLOP/s plain against chained at L1k / L16k, D64 dense 368 / 528
     against 370 / 510, D128 dense 493 / 603 against 487 / 574, D128 causal 384 / 558 against
-    379 / 600 (results/h200_chain_ab.jsonl): no gain at short lengths, where it was aimed."""
+    379 / 600 (results/h200_chain_ab.jsonl): no gain at short lengths, where it was aimed. That
+    run had no late step (the fallback was the plain end of tile); the late step is checked on the
+    CPU (tests/codegen/test_fwd_wgmma_emu.py) and not yet timed."""
     return WgmmaSoftmax()
 
 

@@ -108,8 +108,10 @@ PRIMS = {
     "ag_bar_arrive": "inline void ag_bar_arrive(unsigned bar) { ag_mbar_arrive(bar); }",
     "ag_cp_async_arrive": "inline void ag_cp_async_arrive(unsigned bar) { ag_mbar_arrive(bar); }",
     # A test may wait AG_TEST_PATIENCE_MS first, so that a run can make the chained consumer find the
-    # next tile ready wherever there is one (its threads otherwise race the producer's).
+    # next tile ready wherever there is one (its threads otherwise race the producer's); below 0 it
+    # always says no (every step the late one).
     "ag_bar_test": "inline bool ag_bar_test(unsigned bar, int parity) {\n"
+                   "  if (AG_TEST_PATIENCE_MS < 0) return false;\n"
                    "  const auto t0 = std::chrono::steady_clock::now();\n"
                    "  while (!ag_mbar_done(bar, parity)) {\n"
                    "    if (std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(AG_TEST_PATIENCE_MS)) return false;\n"
@@ -249,7 +251,8 @@ def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdi
     it on `arrays` (numpy q, k, v and runtime inputs in the variant's layout and dtypes); returns O
     (float64) and the LSE (or None). `grid` persistent CTAs (any grid is correct). A thread that
     waits on one mbarrier phase for `wait_seconds` aborts the run (a lost arrival: RuntimeError);
-    `test_patience_ms`: how long a non-blocking barrier test waits before it says no. The run's
+    `test_patience_ms`: how long a non-blocking barrier test waits before it says no (< 0: it
+    always does, at once). The run's
     warpgroup votes (chained steps taken and not) are left in `last_votes`."""
     global last_votes
     from attngen.check.reference import dtype_of

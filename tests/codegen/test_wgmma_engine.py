@@ -300,14 +300,16 @@ def test_dense_head_dim_64_takes_three_consumer_warpgroups() -> None:
       for sm in (WgmmaSoftmax(0, True), WgmmaSoftmax(2, False), WgmmaSoftmax(4, True))],
     ("dtype bf16; head_dim 128; heads 16", WgmmaSoftmax(0, True)),  # 128 x 176 on split K/V rings
     # chained work tiles (not the default; an A/B schedule): three and two consumer warpgroups, one
-    # and two Q buffers, split rings, a tensor-reading mask (visibility bits under S). (With the
-    # LSE or a sink in the epilogue, and on D128's 176-key tiles, ptxas spills 8 bytes there.)
+    # and two Q buffers, split rings (176-key tiles too), a tensor-reading mask (visibility bits
+    # under S), the LSE and a sink in the epilogue
     *[(b, WgmmaSoftmax(chain=True)) for b in (
         "dtype bf16; head_dim 64; heads 16; mask causal",
-        "dtype fp16; head_dim 64; heads 16",
+        "dtype fp16; head_dim 64; heads 16; output lse",
+        "dtype bf16; head_dim 128; heads 16",
         "dtype bf16; head_dim 128; heads 16; mask causal",
         "dtype bf16; head_dim 128; heads 16; mask causal; tile block_m 128 block_n 128 warps 8 stages 2",
-        "dtype bf16; head_dim 128; heads 16\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal")],
+        "dtype bf16; head_dim 128; heads 16\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal",
+        "dtype fp16; head_dim 128; heads 32 kv 8; mask causal; output lse\n input sinks: fp32[H]\n sink sinks")],
 ], ids=str)
 def test_softmax_schedules_compile_without_spills_or_serialised_wgmma(body: str, sm: WgmmaSoftmax) -> None:
     """Every schedule the A/B benchmark times (benchmarks/softmax_ab.py) on three and two consumer
