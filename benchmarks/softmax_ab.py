@@ -9,7 +9,9 @@ thread's 16 column groups, with and without turns; dense also at 128 x 128 with 
 warpgroups (the auto tile before issue 16; now 192 x 128 with three, like causal). At D128
 (FlashAttention-3's ping-pong case, two consumer warpgroups): plain and turns, on the main and the
 short-loop kernel alike. `chain` (work tiles chained: a tile's first S and softmax under the last
-P.V of the one before) runs on every configuration; `--schedules` keeps only the named ones. Every kernel of a cell times the same inputs in the same process,
+P.V of the one before) runs on every configuration; `--schedules` keeps only the named ones.
+`d128_documents` is the suite's document row (16 random documents a row) at each length, with
+FlexAttention beside it instead of cuDNN. Every kernel of a cell times the same inputs in the same process,
 interleaved by length; the plan's default is checked against cuDNN's output and every other
 schedule against the default's output on the same inputs (`extra.vs_default`). Results are JSON
 lines (`row`s as benchmarks/sweep.py writes them, with `extra.schedule`), then a table of TFLOP/s
@@ -42,6 +44,8 @@ CONFIGS = (
     ("d64_dense_128", "dtype bf16; head_dim 64; heads 16; tile block_m 128 block_n 128 warps 8 stages 3"),
     ("d128_dense", "dtype bf16; head_dim 128; heads 16"),
     ("d128_causal", "dtype bf16; head_dim 128; heads 16; mask causal"),
+    # The suite's document row at every length: 16 random documents a row (suite._documents).
+    ("d128_documents", "dtype bf16; head_dim 128; heads 16\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal"),
 )
 # (name, override; None: the plan's default)
 SCHEDULES = (
@@ -54,7 +58,16 @@ SCHEDULES = (
 )
 # The schedules each configuration times (the rest: every one).
 ONLY_SCHEDULES = {"d64_dense_128": ("default",), "d128_dense": ("default", "turns", "chain"),
-                  "d128_causal": ("default", "turns", "chain")}
+                  "d128_causal": ("default", "turns", "chain"), "d128_documents": ("default", "chain")}
+
+
+def _runtime_inputs(v, B: int, L: int) -> dict:
+    """The configuration's runtime inputs (host arrays): the suite's documents, or none."""
+    if not v.runtime_inputs():
+        return {}
+    from suite import _documents  # beside this script
+
+    return _documents(v, B, L, L)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,12 +104,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {label} {name}: {k.plan.attention.softmax} built in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
         for L in lengths:
             B = max(1, TOKENS // L)
-            vs_default = _agreement(v, kernels, B, L)
+            rt = _runtime_inputs(v, B, L)
+            vs_default = _agreement(v, kernels, B, L, rt)
             for name, k in kernels:
                 peer = name == "default" and not label.endswith("_128")
                 try:
+                    # cuDNN beside each cell; FlexAttention for the documents (SDPA cannot take them).
                     got = bench.bench_shape(v, k, B, L, L, workload=f"{label}_L{L}", peers=peer, repeats=args.repeats,
-                                            check_reference=False, only_peers={"sdpa-cudnn"})
+                                            check_reference=False, only_peers={"flex"} if rt else {"sdpa-cudnn"},
+                                            runtime_inputs=rt or None)
                 except Exception as e:  # one broken cell must not hide the others
                     got = [bench.Row(workload=f"{label}_L{L}", variant=label, impl="attngen", dtype="bf16", B=B, H=16,
                                      Lq=L, Lk=L, D=v.head_dim, error=f"{type(e).__name__}: {str(e)[:300]}")]
@@ -119,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _agreement(v, kernels: list, B: int, L: int) -> dict[str, dict]:
+def _agreement(v, kernels: list, B: int, L: int, rt: dict) -> dict[str, dict]:
     """Each non-default schedule's output against the default's on the same inputs: the
     tolerance policy's verdict and whether they are bit-identical (turns change no arithmetic)."""
     from attngen.check import fuzz, tolerance
@@ -127,10 +143,11 @@ def _agreement(v, kernels: list, B: int, L: int) -> dict[str, dict]:
     from attngen.tools import bench_rows
 
     ins = bench.device_qkv(v, B, L, L, 99)
+    dev_rt = {n: fuzz.to_device(a) for n, a in rt.items()}
     outs = {}
     for name, k in kernels:
         o = fuzz.empty_device(abi.o_shape(v, B, L), v.dtype)
-        k(ins["q"], ins["k"], ins["v"], out=o)
+        k(ins["q"], ins["k"], ins["v"], out=o, **dev_rt)
         fuzz.synchronize()
         outs[name] = bench_rows._to_np(o, v.dtype)
     ref = outs.get("default")
@@ -151,7 +168,7 @@ def table(rows: list[bench.Row]) -> str:
     for r in rows:
         if r.ms and r.tflops_visible is not None:
             cells.setdefault((r.extra["config"], r.Lq), {})[r.extra["schedule"]] = r.tflops_visible
-    names = [n for n, _ in SCHEDULES] + ["sdpa-cudnn"]
+    names = [n for n, _ in SCHEDULES] + ["sdpa-cudnn", "flex"]
     lines = [f"{'config':<16} {'L':>6} " + " ".join(f"{n:>12}" for n in names)]
     for (cfg, L), c in sorted(cells.items()):
         cud = c.get("sdpa-cudnn")
@@ -159,7 +176,7 @@ def table(rows: list[bench.Row]) -> str:
         for n in names:
             if n not in c:
                 cols.append(f"{'-':>12}")
-            elif cud and n != "sdpa-cudnn":
+            elif cud and n not in ("sdpa-cudnn", "flex"):
                 cols.append(f"{c[n]:6.0f} {c[n] / cud:4.2f}x")
             else:
                 cols.append(f"{c[n]:12.0f}")

@@ -54,13 +54,14 @@ fi
       decode) timeout 60 python3 benchmarks/decode_bench.py --quick --out "$OUT/h200_decode_shares.json" > "$LOGS/decode.txt" 2>&1 ;;
       # (not in the default list) the backward against Flex's (issue 14's window/document/softcap bar);
       # the GQA causal cells the twelfth session's Flex sweep did not reach, appended to a copy of the
-      # committed sweep; the chained consumer against the plain one at the lengths where it gained.
+      # committed sweep (drop the older rows of those cells after); the chained consumer (with its
+      # late step, untimed so far) against the plain one, documents included.
       bwdflex) timeout ${BWDFLEX_S:-150} python3 benchmarks/bwd_flex_bench.py --iters 3 --out "$OUT/h200_bwd_flex.json" > "$LOGS/bwdflex.txt" 2>&1 ;;
       sweepgqa) cp benchmarks/results/h200_sweep.jsonl "$OUT/h200_sweep.jsonl"
               timeout ${SWEEP_S:-170} python3 benchmarks/sweep.py --peers cudnn,flash,flex --repeats 10 --only d128_gqa32_8_causal \
                 --lengths 1024,2048,4096,8192,16384 --out "$OUT/h200_sweep.jsonl" --append > "$LOGS/sweepgqa.txt" 2>&1 ;;
-      chainab) timeout ${CHAIN_S:-150} python3 benchmarks/softmax_ab.py --only d128_causal d128_dense d64_causal --schedules chain \
-                --lengths 4096,8192,16384 --repeats 10 --out "$OUT/h200_chain_ab.jsonl" > "$LOGS/chainab.txt" 2>&1 ;;
+      chainab) timeout ${CHAIN_S:-240} python3 benchmarks/softmax_ab.py --only d128_causal d128_dense d64_causal d128_documents \
+                --schedules chain --lengths 1024,4096,16384 --repeats 10 --out "$OUT/h200_chain_ab.jsonl" > "$LOGS/chainab.txt" 2>&1 ;;
     esac
     echo "$b rc=$?" >> "$S"
   done

@@ -1,0 +1,54 @@
+"""The softmax A/B benchmark's CPU parts: every configuration and schedule plans on sm_90a, and the
+documents configuration gets the suite's document ids."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from attngen.cuda.render import plan
+from attngen.lang import frontend
+from attngen.plan.schedule import Arch, Engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("_bench_softmax_ab", ROOT / "benchmarks" / "softmax_ab.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_every_configuration_plans_every_schedule_it_times() -> None:
+    ab = _load()
+    for label, body in ab.CONFIGS:
+        v = frontend.loads(f"attention {label} {{ {body} }}").get()
+        for name, sm in ab.SCHEDULES:
+            if name not in ab.ONLY_SCHEDULES.get(label, (name,)):
+                continue
+            kp = plan(v, Arch.SM90A, softmax=sm)
+            assert kp.engine == Engine.WGMMA, (label, name)
+            if sm is not None:
+                assert kp.attention.softmax == sm, (label, name)  # no schedule silently turned off
+
+
+def test_documents_take_the_suite_ids() -> None:
+    ab = _load()
+    body = dict(ab.CONFIGS)["d128_documents"]
+    v = frontend.loads(f"attention d {{ {body} }}").get()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        rt = ab._runtime_inputs(v, 2, 1024)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert set(rt) == {"doc"} and rt["doc"].shape == (2, 1024)
+    assert all((rt["doc"][b, 1:] >= rt["doc"][b, :-1]).all() and rt["doc"][b, -1] == 15 for b in range(2))
+    plain = dict(ab.CONFIGS)["d128_causal"]
+    assert ab._runtime_inputs(frontend.loads(f"attention c {{ {plain} }}").get(), 2, 1024) == {}
