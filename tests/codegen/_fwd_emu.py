@@ -6,7 +6,8 @@ count, phase; waits spin), named barriers with their thread counts and the AND r
 as synchronous copies that arrive on their mbarrier at once, and wgmma as a synchronous product at
 issue that reads its shared operands through the descriptors with the 128-byte swizzle (the
 backward emulation's `ag_wg_ss` / `ag_wg_rs`). CTAs run one after another on one shared-memory
-array; the persistent schedule's counter is an atomic.
+array; the persistent schedule's counter is an atomic. A variant's prep kernels (norm statistics,
+normalised rows) run first, into workspaces poisoned with NaN bytes.
 
 What this checks without a GPU: the producer/consumer protocol (a lost arrival or a wrong parity
 hangs, which the caller's timeout reports), the ring and Q-buffer bookkeeping across work tiles,
@@ -215,7 +216,7 @@ def emulated_source(src: str) -> str:
     return text
 
 
-def _harness(ns: str, kernel: str, fields, smem: int, threads: int, grid: int, n_out: int) -> str:
+def _harness(ns: str, launches, fields, smem: int, n_out: int) -> str:
     lines = [f"namespace {ns} {{ alignas(1024) unsigned char ag_smem[{smem + 1024}]; }}",
              "static std::vector<std::vector<char>> blobs;",
              "int main(int argc, char** argv) {",
@@ -235,7 +236,8 @@ def _harness(ns: str, kernel: str, fields, smem: int, threads: int, grid: int, n
             lines.append(f"  long long a_{fl.name}; std::fread(&a_{fl.name}, 8, 1, f);")
             args.append(f"a_{fl.name}")
     lines.append("  std::fclose(f);")
-    lines.append(f"  ag_launch({grid}, 1, 1, {threads}, [&] {{ {kernel}({', '.join(args)}); }});")
+    for kernel, grid, threads in launches:  # the prep kernels, then the attention kernel, in order
+        lines.append(f"  ag_launch({grid}, 1, 1, {threads}, [&] {{ {kernel}({', '.join(args)}); }});")
     lines.append("  FILE* o = std::fopen(argv[2], \"wb\");")
     for i in range(n_out):
         lines.append(f"  std::fwrite(blobs[{i}].data(), 1, blobs[{i}].size(), o);")
@@ -270,6 +272,9 @@ def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdi
     lse = np.full((B, v.heads, Lq), np.nan, np.float32) if v.lse else None
     bufs = {"q": q, "k": k, "v": vv, "o": out, "lse": lse, "nan_flag": np.zeros(1, np.int32) if v.nan_check else None,
             "work_counter": np.zeros(1, np.int32)}
+    for pr in kp.preps:  # workspaces the prep kernels fill: 0xFF bytes (NaN as floats) until written
+        n = int(eval(pr.bytes_expr.replace("(size_t)", ""), {"__builtins__": {}}, {"B": B, "Lq": Lq, "Lk": Lk}))
+        bufs[pr.field.name] = np.full(n, 0xFF, np.uint8)
 
     def strides(a):
         s = [x // a.itemsize for x in a.strides]
@@ -304,8 +309,8 @@ def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdi
     cpp, exe = os.path.join(tmp, "k.cpp"), os.path.join(tmp, "k")
     fields = [type("F", (), dict(name=f.name, ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{ns}::elem_t")))() for f in kp.fields]
     n_out = ptrs.index("lse") + 1 if v.lse else ptrs.index("o") + 1
-    Path(cpp).write_text(SHIM + FWD_SHIM + emulated_source(src)
-                         + _harness(ns, kp.kernel_name, fields, kp.smem_bytes, kp.threads, grid, n_out))
+    launches = [(k.name, 2 if k.prep is not None else grid, k.threads) for k in kp.kernels]  # preps: grid-stride loops
+    Path(cpp).write_text(SHIM + FWD_SHIM + emulated_source(src) + _harness(ns, launches, fields, kp.smem_bytes, n_out))
     r = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", f"-DAG_WAIT_SECONDS={int(wait_seconds)}",
                         f"-DAG_TEST_PATIENCE_MS={int(test_patience_ms)}", f"-I{CUDA_INCLUDE}",
                         cpp, "-o", exe], capture_output=True, text=True, check=False)
