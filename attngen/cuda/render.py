@@ -54,6 +54,7 @@ from attngen.plan.schedule import (
     variant_tile,
     wgmma_regs,
     wgmma_chain_ok,
+    wgmma_chain_smem,
     wgmma_softmax,
     WgmmaSoftmax,
 )
@@ -442,10 +443,13 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSo
     if v.layout == Layout.VARLEN:
         attention = dataclasses.replace(attention, varlen=True)
     sm = attention.softmax
-    if sm is not None and sm.chain and not wgmma_chain_ok(
-            attention.smem, varlen=v.layout == Layout.VARLEN, token_norm=q_token_norm(v),
-            wide_rows=max(v.head_dim, v.value_head_dim) > 128, turns=sm.turns):
-        attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, chain=False))
+    if sm is not None and sm.chain:
+        chained_smem = wgmma_chain_smem(attention.smem, v.dtype, v.head_dim, tile, arch)
+        if chained_smem is None or not wgmma_chain_ok(
+                varlen=v.layout == Layout.VARLEN, wide_rows=max(v.head_dim, v.value_head_dim) > 128, turns=sm.turns):
+            attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, chain=False))
+        else:
+            attention = dataclasses.replace(attention, smem=chained_smem)
     prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
                          for pr in preps)
     return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=_fields(v, preps, pers), workspaces=preps)
@@ -676,6 +680,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         score_codes=[elem.emit(s) for s in v.scores],
         residual=v.residual,
         residual_smem=kp.smem.residual_copy,
+        residual_bufs=kp.smem.residual_bufs,
         nan_check=v.nan_check,
         lse=v.lse,
         sink=v.sink is not None,

@@ -9,6 +9,7 @@ located error and `tile auto` can pick a good one.
 from __future__ import annotations
 
 import enum
+import dataclasses
 from dataclasses import dataclass
 
 from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, Layout, NormScope, NormTarget, TileConfig, Variant
@@ -261,13 +262,26 @@ def wgmma_softmax(head_dim: int, value_head_dim: int, tile: TileConfig) -> Wgmma
     return WgmmaSoftmax()
 
 
-def wgmma_chain_ok(smem: "SmemLayout", *, varlen: bool, token_norm: bool, wide_rows: bool, turns: bool) -> bool:
+def wgmma_chain_ok(*, varlen: bool, wide_rows: bool, turns: bool) -> bool:
     """Whether the consumers can chain work tiles (`WgmmaSoftmax.chain`): the next tile's work
-    index must not change the Params (varlen), its Q must need no in-place norm (token-scope
-    pre-norm, and its residual copy), and the turns and the wide rows' scan keep the plain loop.
-    (With one Q buffer the next Q loads only once the last S of a tile has read the old one, so
-    the chained step waits for that copy.)"""
-    return not (varlen or token_norm or wide_rows or turns)
+    index must not change the Params (varlen), and the turns and the wide rows' scan keep the
+    plain loop. A token-scope q norm normalises the next Q in place under the last P.V (the late
+    step only), and its residual copy needs one buffer a Q buffer (`wgmma_chain_smem`). (With one
+    Q buffer the next Q loads only once the last S of a tile has read the old one, so the step
+    waits for that copy.)"""
+    return not (varlen or wide_rows or turns)
+
+
+def wgmma_chain_smem(smem: "SmemLayout", dtype: DType, head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> "SmemLayout | None":
+    """The shared memory of a chained kernel: with a residual copy, one copy a Q buffer (the old
+    tile's epilogue reads its rows while the next tile's norm writes its own); None where that
+    does not fit the budget."""
+    if not smem.residual_copy or smem.q_buffers == smem.residual_bufs:
+        return smem
+    extra = (smem.q_buffers - smem.residual_bufs) * tile.block_m * (head_dim * dtype.itemsize + 16)
+    if smem.bytes + extra > arch.smem_budget:
+        return None
+    return dataclasses.replace(smem, bytes=smem.bytes + extra, residual_bufs=smem.q_buffers)
 
 
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
@@ -314,6 +328,7 @@ class SmemLayout:
     q_buffers: int = 1
     residual_copy: bool = False
     kv_split: bool = False
+    residual_bufs: int = 1  # residual copies: one a Q buffer for chained consumers (`wgmma_chain_smem`)
 
 
 def smem_layout(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,

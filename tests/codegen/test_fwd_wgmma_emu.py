@@ -33,6 +33,10 @@ CASES = {
     # cross attention with padding: batch 0 has no queries, batch 1 no keys (work tiles with no
     # visible key tile between others)
     "padding_cross": ("dtype bf16; head_dim 64; heads 2; kind cross; mask padding && causal; output lse", (3, 300, 420)),
+    # the suite's pre-LN row in small: a token-scope LayerNorm of q (prep kernel, in-place norm)
+    # and the residual from shared memory (chained: one copy a Q buffer, the late step only)
+    "preln_cross_residual": ("dtype bf16; head_dim 64; heads 4; kind cross; layout bshd\n norm q layernorm(1e-5) scope token\n"
+                             " residual", (2, 500, 300)),
     # a score mod, a window and a sink
     "softcap_window_sink": ("dtype bf16; head_dim 64; heads 4; mask causal && window(200, 0); score softcap(30.0)\n"
                             " input sinks: fp32[H]\n sink sinks", (1, 500, 500)),
@@ -66,7 +70,10 @@ def test_forward_kernel_matches_the_reference_and_chaining_changes_no_bit(name: 
     for patience, step in ((200, "chained"), (-1, "late")):
         oc, lsec = _fwd_emu.run(chain_src, kpc, v, arrays, workdir=str(tmp_path), timeout=300, test_patience_ms=patience)
         yes, no = _fwd_emu.last_votes
-        assert (yes > 0) if step == "chained" else (yes == 0 and no > 0), f"{name}: votes {yes} / {no}"
+        if "scope token" in CASES[name][0]:  # the late step only: no vote is taken
+            assert (yes, no) == (0, 0), f"{name}: votes {yes} / {no}"
+        else:
+            assert (yes > 0) if step == "chained" else (yes == 0 and no > 0), f"{name}: votes {yes} / {no}"
         assert oc.tobytes() == o.tobytes(), f"{name}, {step} step: O differs from the plain consumer's"
         if lse is not None:
             assert lsec.tobytes() == lse.tobytes(), f"{name}, {step} step: the LSE differs"

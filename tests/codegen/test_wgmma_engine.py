@@ -309,7 +309,8 @@ def test_dense_head_dim_64_takes_three_consumer_warpgroups() -> None:
         "dtype bf16; head_dim 128; heads 16; mask causal",
         "dtype bf16; head_dim 128; heads 16; mask causal; tile block_m 128 block_n 128 warps 8 stages 2",
         "dtype bf16; head_dim 128; heads 16\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal",
-        "dtype fp16; head_dim 128; heads 32 kv 8; mask causal; output lse\n input sinks: fp32[H]\n sink sinks")],
+        "dtype fp16; head_dim 128; heads 32 kv 8; mask causal; output lse\n input sinks: fp32[H]\n sink sinks",
+        "dtype bf16; head_dim 64; heads 16; kind cross; layout bshd\n norm q layernorm(1e-5) scope token\n residual")],
 ], ids=str)
 def test_softmax_schedules_compile_without_spills_or_serialised_wgmma(body: str, sm: WgmmaSoftmax) -> None:
     """Every schedule the A/B benchmark times (benchmarks/softmax_ab.py) on three and two consumer

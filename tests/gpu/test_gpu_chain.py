@@ -5,7 +5,8 @@ Chaining changes when products run, never what they compute, so its outputs must
 kernel's bit for bit. The shapes give every CTA several work tiles (more tiles than the H200's
 132 SMs), tails past a tile multiple, and with `padding` whole work tiles with no visible key tile
 between chained ones (batch 0 has no queries, batch 1 no keys), which the consumer must finish
-alone and start again from.
+alone and start again from; and a token-scope pre-norm with the residual, whose next Q is
+normalised under the last P.V.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ SPECS = [
     spec_text("ch_d64_padding_cross", dtype="bf16", D=64, H=4, kind="cross", mask="padding && causal", lse=True),
     spec_text("ch_d128_documents", dtype="bf16", D=128, H=4, mask="document(doc) && causal",
               extra=("input doc: i32[B, Lk] sorted",)),
+    # a token-scope pre-norm with the residual (chained: the late step, one residual copy a Q buffer)
+    spec_text("ch_preln_cross", dtype="bf16", D=64, H=4, kind="cross", layout="bshd",
+              extra=("norm q layernorm(1e-5) scope token", "residual")),
 ]
 # (B, Lq, Lk): self-attention specs take Lk = Lq. Lengths to 2k run the short-loop kernel where
 # the plan has one (schedule.short_tile), 4100 the main one.
