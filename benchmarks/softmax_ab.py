@@ -11,7 +11,8 @@ warpgroups (the auto tile before issue 16; now 192 x 128 with three, like causal
 short-loop kernel alike. `chain` (work tiles chained: a tile's first S and softmax under the last
 P.V of the one before) runs on every configuration; `--schedules` keeps only the named ones.
 `d128_documents` is the suite's document row (16 random documents a row) at each length, with
-FlexAttention beside it instead of cuDNN. Every kernel of a cell times the same inputs in the same process,
+FlexAttention beside it instead of cuDNN; `d64_preln_cross` the suite's pre-LN row at its own
+shape (B32 Lq2048 Lk512), with torch.compile of the unfused block beside it. Every kernel of a cell times the same inputs in the same process,
 interleaved by length; the plan's default is checked against cuDNN's output and every other
 schedule against the default's output on the same inputs (`extra.vs_default`). Results are JSON
 lines (`row`s as benchmarks/sweep.py writes them, with `extra.schedule`), then a table of TFLOP/s
@@ -46,7 +47,11 @@ CONFIGS = (
     ("d128_causal", "dtype bf16; head_dim 128; heads 16; mask causal"),
     # The suite's document row at every length: 16 random documents a row (suite._documents).
     ("d128_documents", "dtype bf16; head_dim 128; heads 16\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal"),
+    # The suite's pre-LN row, at its own shape only (SHAPES).
+    ("d64_preln_cross", "dtype bf16; head_dim 64; heads 16; kind cross; layout bshd\n norm q layernorm(1e-5) scope token\n residual"),
 )
+# Configurations timed at one fixed (B, Lq, Lk) instead of the lengths: the suite's pre-LN shape.
+SHAPES = {"d64_preln_cross": (32, 2048, 512)}
 # (name, override; None: the plan's default)
 SCHEDULES = (
     ("default", None),
@@ -58,16 +63,30 @@ SCHEDULES = (
 )
 # The schedules each configuration times (the rest: every one).
 ONLY_SCHEDULES = {"d64_dense_128": ("default",), "d128_dense": ("default", "turns", "chain"),
-                  "d128_causal": ("default", "turns", "chain"), "d128_documents": ("default", "chain")}
+                  "d128_causal": ("default", "turns", "chain"), "d128_documents": ("default", "chain"),
+                  "d64_preln_cross": ("default", "chain")}
 
 
-def _runtime_inputs(v, B: int, L: int) -> dict:
-    """The configuration's runtime inputs (host arrays): the suite's documents, or none."""
+def _runtime_inputs(v, B: int, Lq: int, Lk: int) -> dict:
+    """The configuration's runtime inputs (host arrays): the suite's documents, the workload's
+    inputs otherwise (norm weights), or none."""
     if not v.runtime_inputs():
         return {}
-    from suite import _documents  # beside this script
+    if "doc" in {d.name for d in v.runtime_inputs()}:
+        from suite import _documents  # beside this script
 
-    return _documents(v, B, L, L)
+        return _documents(v, B, Lq, Lk)
+    return bench.host_runtime_inputs(v, B, Lq, Lk, 0)
+
+
+def _peers(v, rt: dict) -> set[str]:
+    """The peer beside a configuration: cuDNN, FlexAttention for the documents (SDPA cannot take
+    them), torch.compile of norms + SDPA + residual for the pre-LN row (the suite's peer)."""
+    if "doc" in rt:
+        return {"flex"}
+    if v.residual or v.norms:
+        return {"torch-compile"}
+    return {"sdpa-cudnn"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,20 +121,18 @@ def run(args: argparse.Namespace) -> int:
             k = runtime.compile(v, family="forward", softmax=sm)
             kernels.append((name, k))
             print(f"  {label} {name}: {k.plan.attention.softmax} built in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
-        for L in lengths:
-            B = max(1, TOKENS // L)
-            rt = _runtime_inputs(v, B, L)
-            vs_default = _agreement(v, kernels, B, L, rt)
+        shapes = [SHAPES[label]] if label in SHAPES else [(max(1, TOKENS // L), L, L) for L in lengths]
+        for B, L, Lk in shapes:
+            rt = _runtime_inputs(v, B, L, Lk)
+            vs_default = _agreement(v, kernels, B, L, Lk, rt)
             for name, k in kernels:
                 peer = name == "default" and not label.endswith("_128")
                 try:
-                    # cuDNN beside each cell; FlexAttention for the documents (SDPA cannot take them).
-                    got = bench.bench_shape(v, k, B, L, L, workload=f"{label}_L{L}", peers=peer, repeats=args.repeats,
-                                            check_reference=False, only_peers={"flex"} if rt else {"sdpa-cudnn"},
-                                            runtime_inputs=rt or None)
+                    got = bench.bench_shape(v, k, B, L, Lk, workload=f"{label}_L{L}", peers=peer, repeats=args.repeats,
+                                            check_reference=False, only_peers=_peers(v, rt), runtime_inputs=rt or None)
                 except Exception as e:  # one broken cell must not hide the others
                     got = [bench.Row(workload=f"{label}_L{L}", variant=label, impl="attngen", dtype="bf16", B=B, H=16,
-                                     Lq=L, Lk=L, D=v.head_dim, error=f"{type(e).__name__}: {str(e)[:300]}")]
+                                     Lq=L, Lk=Lk, D=v.head_dim, error=f"{type(e).__name__}: {str(e)[:300]}")]
                 for r in got:
                     r.extra["config"] = label
                     r.extra["schedule"] = name if r.impl == "attngen" else r.impl
@@ -135,14 +152,14 @@ def run(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _agreement(v, kernels: list, B: int, L: int, rt: dict) -> dict[str, dict]:
+def _agreement(v, kernels: list, B: int, L: int, Lk: int, rt: dict) -> dict[str, dict]:
     """Each non-default schedule's output against the default's on the same inputs: the
     tolerance policy's verdict and whether they are bit-identical (turns change no arithmetic)."""
     from attngen.check import fuzz, tolerance
     from attngen.ir import abi
     from attngen.tools import bench_rows
 
-    ins = bench.device_qkv(v, B, L, L, 99)
+    ins = bench.device_qkv(v, B, L, Lk, 99)
     dev_rt = {n: fuzz.to_device(a) for n, a in rt.items()}
     outs = {}
     for name, k in kernels:
@@ -168,7 +185,7 @@ def table(rows: list[bench.Row]) -> str:
     for r in rows:
         if r.ms and r.tflops_visible is not None:
             cells.setdefault((r.extra["config"], r.Lq), {})[r.extra["schedule"]] = r.tflops_visible
-    names = [n for n, _ in SCHEDULES] + ["sdpa-cudnn", "flex"]
+    names = [n for n, _ in SCHEDULES] + ["sdpa-cudnn", "flex", "torch-compile"]
     lines = [f"{'config':<16} {'L':>6} " + " ".join(f"{n:>12}" for n in names)]
     for (cfg, L), c in sorted(cells.items()):
         cud = c.get("sdpa-cudnn")
@@ -176,7 +193,7 @@ def table(rows: list[bench.Row]) -> str:
         for n in names:
             if n not in c:
                 cols.append(f"{'-':>12}")
-            elif cud and n not in ("sdpa-cudnn", "flex"):
+            elif cud and n not in ("sdpa-cudnn", "flex", "torch-compile"):
                 cols.append(f"{c[n]:6.0f} {c[n] / cud:4.2f}x")
             else:
                 cols.append(f"{c[n]:12.0f}")

@@ -60,7 +60,7 @@ fi
       sweepgqa) cp benchmarks/results/h200_sweep.jsonl "$OUT/h200_sweep.jsonl"
               timeout ${SWEEP_S:-170} python3 benchmarks/sweep.py --peers cudnn,flash,flex --repeats 10 --only d128_gqa32_8_causal \
                 --lengths 1024,2048,4096,8192,16384 --out "$OUT/h200_sweep.jsonl" --append > "$LOGS/sweepgqa.txt" 2>&1 ;;
-      chainab) timeout ${CHAIN_S:-240} python3 benchmarks/softmax_ab.py --only d128_causal d128_dense d64_causal d128_documents \
+      chainab) timeout ${CHAIN_S:-270} python3 benchmarks/softmax_ab.py --only d128_causal d128_dense d64_causal d128_documents d64_preln_cross \
                 --schedules chain --lengths 1024,4096,16384 --repeats 10 --out "$OUT/h200_chain_ab.jsonl" > "$LOGS/chainab.txt" 2>&1 ;;
     esac
     echo "$b rc=$?" >> "$S"

@@ -45,10 +45,14 @@ def test_documents_take_the_suite_ids() -> None:
     v = frontend.loads(f"attention d {{ {body} }}").get()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        rt = ab._runtime_inputs(v, 2, 1024)
+        rt = ab._runtime_inputs(v, 2, 1024, 1024)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     assert set(rt) == {"doc"} and rt["doc"].shape == (2, 1024)
     assert all((rt["doc"][b, 1:] >= rt["doc"][b, :-1]).all() and rt["doc"][b, -1] == 15 for b in range(2))
     plain = dict(ab.CONFIGS)["d128_causal"]
-    assert ab._runtime_inputs(frontend.loads(f"attention c {{ {plain} }}").get(), 2, 1024) == {}
+    assert ab._runtime_inputs(frontend.loads(f"attention c {{ {plain} }}").get(), 2, 1024, 1024) == {}
+    preln = frontend.loads(f"attention p {{ {dict(ab.CONFIGS)['d64_preln_cross']} }}").get()
+    assert ab.SHAPES["d64_preln_cross"] == (32, 2048, 512)
+    assert set(ab._runtime_inputs(preln, 2, 64, 32)) == {"q_norm_weight", "q_norm_bias"}
+    assert ab._peers(preln, {}) == {"torch-compile"} and ab._peers(preln, {"doc": None}) == {"flex"}
