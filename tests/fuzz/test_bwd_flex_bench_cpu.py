@@ -4,7 +4,6 @@ script refuses to time without a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -15,19 +14,12 @@ from attngen.lang import frontend
 from attngen.plan.bwd import BwdEngine, plan as plan_bwd
 from attngen.plan.schedule import Arch
 
+import _benchmarks
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod  # dataclasses look their module up while the class is made
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+_load = _benchmarks.load
 
 
 @pytest.mark.parametrize("row", ["sliding_window_1024", "document_causal_16", "causal_softcap_30"])

@@ -3,7 +3,6 @@ documents configuration gets the suite's document ids."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -11,19 +10,13 @@ from attngen.cuda.render import plan
 from attngen.lang import frontend
 from attngen.plan.schedule import Arch, Engine
 
+import _benchmarks
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("_bench_softmax_ab", ROOT / "benchmarks" / "softmax_ab.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return _benchmarks.load("softmax_ab")
 
 
 def test_every_configuration_plans_every_schedule_it_times() -> None:

@@ -3,7 +3,6 @@ the peers of the same cell, and a results file round-trips through --plot-only."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -11,14 +10,13 @@ from pathlib import Path
 from attngen.tools import bench
 from attngen.lang import frontend
 
+import _benchmarks
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sweep():
-    spec = importlib.util.spec_from_file_location("sweep", ROOT / "benchmarks" / "sweep.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _benchmarks.load("sweep")
 
 
 def test_every_configuration_checks():
