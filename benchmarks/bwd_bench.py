@@ -128,7 +128,15 @@ def main() -> int:
     ap.add_argument("--no-rotate", action="store_true", help="experiment: every CTA walks the query tiles from the first")
     ap.add_argument("--also-engine", choices=["mma", "wgmma"], action="append", default=[],
                     help="also time attngen's backward with this dK/dV engine (keys <engine>_ms, <engine>_tflops)")
+    ap.add_argument("--wg-dq", choices=["tile", "red", "rows"], default=None,
+                    help="experiment: the wgmma kernel's dQ reductions: a bulk reduction of the step's tile, "
+                         "red.global.add.v2 from the accumulators, or bulk reductions a row (the plan's choice otherwise)")
     args = ap.parse_args()
+    if args.wg_dq:
+        from attngen.plan import bwd as plan_bwd
+
+        plan_bwd.WG_DQ_TILE = {bm: args.wg_dq == "tile" for bm in plan_bwd.WG_DQ_TILE}
+        plan_bwd.WG_DQ_BULK = {bm: args.wg_dq == "rows" for bm in plan_bwd.WG_DQ_BULK}
     if args.no_rotate:
         from attngen.plan import bwd as plan_bwd
 

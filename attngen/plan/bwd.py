@@ -88,6 +88,16 @@ WG_DQ_PAD = 8  # fp32 words padding each staged dQ row (wg_dq_buffer_bytes)
 # (whole rows of 64) 2-3% slower (benchmarks/bwd_bench.py; FlashAttention-3 reduces whole tiles
 # through a producer-side dQ layout, which this kernel does not have).
 WG_DQ_BULK = {64: False, 128: False}
+# Or the whole step's dQ tile staged in shared memory row-major, as ws_dq holds it (a head's rows
+# are contiguous there), and added by one bulk reduction of all its rows, issued by one thread once
+# the others have written and fenced their parts (they only arrive at that barrier): a 32 KB
+# transfer a step in place of 4096 red.global.add.v2 (those cost 36% of the D128 L16k backward:
+# benchmarks/bwd_ablate.py, no_dq_red). Takes precedence over WG_DQ_BULK. H200, bf16
+# (bwd_bench.py --wg-dq tile against red, one session): 283 / 290 / 263 / 245 / 229 TFLOP/s on the
+# five rows against 365 / 370 / 288 / 261 / 279, so off: the warps' stores of the accumulator
+# layout into row-major fp32 rows take 8 wavefronts each, and warp 0 waits for all eight warps a
+# step before it issues (its warpgroup's next products wait with it).
+WG_DQ_TILE = {64: False, 128: False}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
 # `plan(..., engine=BwdEngine.WGMMA)`).
@@ -244,13 +254,20 @@ def wg_dq_bulk(D: int, Dv: int, deterministic: bool = False) -> bool:
     return not deterministic and WG_DQ_BULK[wg_block_m(D, Dv, deterministic)]
 
 
+def wg_dq_tile(D: int, Dv: int, deterministic: bool = False) -> bool:
+    """Whether the wgmma kernel adds each step's dQ tile by one bulk reduction (WG_DQ_TILE)."""
+    return not deterministic and WG_DQ_TILE[wg_block_m(D, Dv, deterministic)]
+
+
 def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
     (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and
-    with bulk dQ reductions the staging buffer (`wg_dq_buffer_bytes`)."""
+    the dQ tile (`wg_dq_tile`: WG_BLOCK_M x D fp32) or with bulk dQ row reductions their staging
+    buffer (`wg_dq_buffer_bytes`)."""
     bm = wg_block_m(D, Dv, deterministic)
     return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * bm * D + 2 * bm * Dv + WG_BLOCK_N * bm) + 4 * 4 * bm
-            + (wg_dq_buffer_bytes(D, bm) if wg_dq_bulk(D, Dv, deterministic) else 0))
+            + (4 * bm * D if wg_dq_tile(D, Dv, deterministic)
+               else wg_dq_buffer_bytes(D, bm) if wg_dq_bulk(D, Dv, deterministic) else 0))
 
 
 def wgmma_fits(v: Variant, arch: Arch) -> str | None:
@@ -446,7 +463,9 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", WG_THREADS, wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic),
                                  f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
                                  "warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
-                                 "query tiles of the group" + ("" if deterministic else "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory"
+                                 "query tiles of the group" + ("" if deterministic else "; dQ a step by one bulk fp32 reduction (cp.reduce.async.bulk) of its tile"
+                                                              if wg_dq_tile(v.head_dim, v.value_head_dim) else
+                                                              "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory"
                                                               if wg_dq_bulk(v.head_dim, v.value_head_dim) else "; dQ by fp32 atomics")))
     elif bn is not None:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
@@ -531,4 +550,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_BULK", "wg_dq_bulk", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_BULK", "WG_DQ_TILE", "wg_dq_bulk", "wg_dq_tile", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

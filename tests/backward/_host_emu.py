@@ -27,6 +27,8 @@ SHIM = r"""
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <condition_variable>
+#include <mutex>
 #include <functional>
 #include <thread>
 #include <type_traits>
@@ -65,6 +67,43 @@ inline T ag_warp_exchange(T x, F src) {
   return r;
 }
 template <class T> inline T __shfl_xor_sync(unsigned, T x, int o) { return ag_warp_exchange(x, [o](int l) { return l ^ o; }); }
+inline unsigned __ballot_sync(unsigned, int pred) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  ag_warp_bar[w]->arrive_and_wait();
+  ag_warp_buf[w][l] = pred != 0;
+  ag_warp_bar[w]->arrive_and_wait();
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i) r |= ag_warp_buf[w][i] << i;
+  return r;
+}
+inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
+// Named barriers (bar.sync / bar.arrive / bar.red.and with a thread count): a generation counter a
+// barrier id; they reset themselves at each completion, so one set serves every block.
+struct ag_named_t {
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  unsigned gen = 0;
+  bool all = true, result = true;
+};
+static ag_named_t ag_named[16];
+inline bool ag_named_bar(int id, int count, bool wait, bool v = true) {
+  ag_named_t& b = ag_named[id];
+  std::unique_lock<std::mutex> lk(b.mu);
+  const unsigned gen = b.gen;
+  b.all = b.all && v;
+  if (++b.arrived == count) {
+    b.result = b.all;
+    b.arrived = 0;
+    b.all = true;
+    ++b.gen;
+    b.cv.notify_all();
+    return b.result;
+  }
+  if (!wait) return true;
+  b.cv.wait(lk, [&] { return b.gen != gen; });
+  return b.result;
+}
 inline float __fdividef(float a, float b) { return a / b; }  // (declared for ag_tanh_fast, unused here)
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 template <class T> inline T __ldg(const T* p) { return *p; }
@@ -170,6 +209,8 @@ template <int N> inline void ag_wgmma_wait() {}
 template <class T> inline void ag_reg_fence(T&) {}
 inline void ag_red_add2(float* d, float a, float b) { atomicAdd(d, a); atomicAdd(d + 1, b); }
 inline void ag_warp_sync() { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+inline void ag_dq_bar_arrive() { ag_named_bar(1, 256, false); }
+inline void ag_dq_bar_sync() { ag_named_bar(1, 256, true); }
 // A bulk reduction: the PTX's preconditions (16-byte aligned addresses and sizes) checked at
 // issue; the reads of the shared source happen at the issuing thread's next wait, as late as the
 // hardware may read them, so a kernel that rewrites the source before waiting (or never waits)

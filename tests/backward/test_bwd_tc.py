@@ -167,3 +167,11 @@ def test_norms_residual_and_score_input_gradients(monkeypatch):
 def test_half_precision_on_sm75_stays_ffma():
     v = T.variant(T.causal(), (T.softcap(4.0),), D=16, heads=2, dtype=DType.FP16)
     _run(v, 1, 70, 70, seed=7, arch=Arch.SM75, engine=BwdEngine.FFMA)
+
+
+@pytestmark_emu
+def test_long_walk_window_gqa_several_classification_rounds():
+    # 4 heads a kv head and 17 query tiles: 68 pairs a key tile in three rounds of 32, the window
+    # leaving most of each round invisible.
+    v = T.variant(T.window(90, 0), (), D=32, heads=4, kv_heads=1, dtype=DType.FP16)
+    _run(v, 1, 1050, 1050, seed=7)

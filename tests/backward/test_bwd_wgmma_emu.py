@@ -74,8 +74,8 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     bp = plan_bwd.plan(bf, Arch.SM90A)
     k = bp.kernel("ag_bwd_dkdv")
     assert (bp.tc_block_m, bp.tc_block_n, k.threads) == (64, 128, 256)
-    # 64-query steps: red.global dQ reductions, no staging buffer.
-    assert not plan_bwd.wg_dq_bulk(128, 128)
+    # 64-query steps: red.global dQ reductions, no staging buffer (neither bulk mode by default).
+    assert not plan_bwd.wg_dq_bulk(128, 128) and not plan_bwd.wg_dq_tile(128, 128) and not plan_bwd.wg_dq_tile(64, 64)
     assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 and k.smem <= Arch.SM90A.smem_budget
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, True) == 148480
     # D64 = Dv: steps of 128 queries (two sub-steps of 64), dQ split by rows (N = 64), one CTA an SM
@@ -180,15 +180,31 @@ def test_qk_norms_residual():
 
 
 @emu
-@pytest.mark.parametrize("bulk", [False, True])
-def test_bf16_dense_d64_whole_and_partial_128_query_steps(bulk, monkeypatch):
+@pytest.mark.parametrize("mode", ["red", "rows", "tile"])
+def test_bf16_dense_d64_whole_and_partial_128_query_steps(mode, monkeypatch):
     # D64: steps of 128 queries as two sub-steps. Queries 0-255 are whole steps over whole key
     # tiles (the unmasked step, no score modifications: the two-pass softmax gradient); the third
-    # step has 44 rows, so its second sub-step lies wholly past Lq. Both dQ reduction paths.
-    monkeypatch.setitem(plan_bwd.WG_DQ_BULK, 128, bulk)
+    # step has 44 rows, so its second sub-step lies wholly past Lq. Every dQ reduction path: red
+    # from the accumulators, bulk reductions a row, and the step's tile by one bulk reduction (its
+    # 44-row last tile adds only the valid rows; the emulation reads a bulk source at the issuer's
+    # next wait, so a buffer rewritten before that wait adds wrong values).
+    monkeypatch.setitem(plan_bwd.WG_DQ_BULK, 128, mode == "rows")
+    monkeypatch.setitem(plan_bwd.WG_DQ_TILE, 128, mode == "tile")
     v = T.variant(scores=(), D=64, heads=2, kv_heads=1, dtype=DType.BF16, kind=AttnKind.CROSS)
     _, _, bp = _run(v, 1, 300, 256, seed=6)
-    assert bp.tc_block_m == 128 and plan_bwd.wg_dq_bulk(64, 64) == bulk
+    assert bp.tc_block_m == 128 and plan_bwd.wg_dq_bulk(64, 64) == (mode == "rows") and plan_bwd.wg_dq_tile(64, 64) == (mode == "tile")
+
+
+@emu
+def test_dq_tile_mode_d128_causal_odd_lengths(monkeypatch):
+    # The tile mode at D128 (64-query steps, the warpgroups split dQ by columns): causal with a
+    # partial last query tile, two heads a kv head.
+    monkeypatch.setitem(plan_bwd.WG_DQ_TILE, 64, True)
+    v = T.variant(T.causal(), (), D=128, heads=4, kv_heads=2, dtype=DType.BF16)
+    _, _, bp = _run(v, 1, 200, 200, seed=8)
+    src = render_bwd.render(v, Arch.SM90A)
+    assert "SDQ_BYTES = WG_BLOCK_M * D * 4;" in src and "ag_dq_bar_sync()" in src and "ag_red_add2(row" not in src
+    assert bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 64 * 128 * 4
 
 
 # ---- the token-scope q norm (pre-LN block) and the o post-norm on the wgmma engine: it reads the
@@ -234,3 +250,14 @@ def test_o_post_norm(kind, residual):
         scale = float(np.abs(want[n]).max())
         err = float(np.abs(got[n] - want[n]).max())
         assert scale > 0 and err <= TOL[v.dtype] * scale, f"{n}: max error {err:.3g} vs max |ref| {scale:.3g}"
+
+
+@emu
+def test_long_walk_document_causal_gqa_several_classification_rounds():
+    # Regression (regressions/document_causal_long_walk.attn, its header says why): 72 (head,
+    # query tile) pairs a key tile, walked from a rotated start in three classification rounds.
+    from attngen.lang import frontend
+
+    v = frontend.load(Path(__file__).parent / "regressions" / "document_causal_long_walk.attn").get()
+    got, want, bp = _run(v, 1, 1100, 1100, seed=6)
+    assert bp.tc_rotate and bp.engine == BwdEngine.WGMMA

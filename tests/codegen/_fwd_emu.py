@@ -37,56 +37,17 @@ last_votes: tuple[int, int] = (0, 0)  # the latest run's warpgroup votes: (true,
 # Intrinsics the forward uses beyond the backward's shim.
 FWD_SHIM = r"""
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #define __align__(n)  // (the harness defines ag_smem with its alignment)
 template <class T> inline T __shfl_sync(unsigned, T x, int src) { return ag_warp_exchange(x, [src](int) { return src; }); }
 inline void __syncwarp(unsigned = 0xffffffffu) { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
-inline unsigned __ballot_sync(unsigned, int pred) {
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  ag_warp_bar[w]->arrive_and_wait();
-  ag_warp_buf[w][l] = pred != 0;
-  ag_warp_bar[w]->arrive_and_wait();
-  unsigned r = 0;
-  for (int i = 0; i < 32; ++i) r |= ag_warp_buf[w][i] << i;
-  return r;
-}
 inline bool __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
-inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __log2f(float x) { return std::log2(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline int atomicAdd(int* a, int v) { return std::atomic_ref<int>(*a).fetch_add(v); }
 inline int atomicExch(int* a, int v) { return std::atomic_ref<int>(*a).exchange(v); }
-// Named barriers (bar.sync / bar.arrive / bar.red.and with a thread count): a generation counter a
-// barrier id; they reset themselves at each completion, so one set serves every block.
-struct ag_named_t {
-  std::mutex mu;
-  std::condition_variable cv;
-  int arrived = 0;
-  unsigned gen = 0;
-  bool all = true, result = true;
-};
-static ag_named_t ag_named[16];
 // Warpgroup votes (ag_wg_all) that came out true and false, reported on stderr at exit.
 static std::atomic<long long> ag_votes_true{0}, ag_votes_false{0};
-inline bool ag_named_bar(int id, int count, bool wait, bool v = true) {
-  ag_named_t& b = ag_named[id];
-  std::unique_lock<std::mutex> lk(b.mu);
-  const unsigned gen = b.gen;
-  b.all = b.all && v;
-  if (++b.arrived == count) {
-    b.result = b.all;
-    b.arrived = 0;
-    b.all = true;
-    ++b.gen;
-    b.cv.notify_all();
-    return b.result;
-  }
-  if (!wait) return true;
-  b.cv.wait(lk, [&] { return b.gen != gen; });
-  return b.result;
-}
 """
 
 # The PTX primitives of backends/cuda/fwd/_wgmma.cu.j2 (and the common helpers it includes),

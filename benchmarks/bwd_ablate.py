@@ -1,0 +1,134 @@
+"""Where the wgmma backward's time goes (issue 14): the whole backward of a row timed with parts of
+its dK/dV kernel's step taken out of the rendered source, one at a time. The ablated kernels compute
+wrong gradients; only their time means anything, as the share of the step each part costs on the
+critical path.
+
+    python benchmarks/bwd_ablate.py [--out PATH] [--iters N] [--only ROW ...]
+
+Ablations (each a text edit of the rendered source, refused if its text is not found):
+  base          the kernel as rendered;
+  no_dq_red     the dQ product stays, its fp32 reductions into ws_dq go;
+  no_dq         the whole dQ part goes: the barrier that publishes dS^T, the dQ product, the
+                reductions (the step's last wait stays);
+  no_dq_bar     only that barrier goes (the dQ product reads dS^T half written);
+  no_loop_bar   the barrier at the top of each step goes (stage buffers race);
+  no_exp        P = exp2(x) becomes P = x (the MUFU work of the softmax).
+Rows: the backward bench's D128 B2 H16 L16k dense and causal. Inputs random normal; every timed
+launch queued behind a spin kernel. Results: JSON to PATH (default $OUT/h200_bwd_ablate.json if
+$OUT is set, else benchmarks/results/h200_bwd_ablate.json) and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from _queued import queued_ms  # noqa: E402  (beside this script)
+
+B, H, L, D = 2, 16, 16384, 128
+ROWS = {"d128_l16k_dense": "mask true", "d128_l16k_causal": "mask causal"}
+
+_DQ_START = "  ag_fence_proxy_async();\n  __syncthreads();\n  {\n    float dq[DQ_N / 2];"
+_DQ_END = "\n  }\n  ag_reg_fence(dv);"
+_RED = "ag_red_add2(row + j * 8, SCALE * dq[4 * j + 2 * half], SCALE * dq[4 * j + 2 * half + 1]);"
+_LOOP_BAR = ("    ag_fence_proxy_async();\n    // This step's tiles have landed (and are visible to wgmma), and every warp is done with the\n"
+             "    // previous step (its stage buffers and dS^T: each step waits for its products), so the next\n"
+             "    // step may load into the other stage.\n    __syncthreads();\n")
+_EXP = "ag_ex2(s[4 * j + e] * (SCALE * LOG2E) - sl[qc])"
+
+
+def ablate(src: str, what: str) -> str:
+    """`src` with the part `what` taken out (see the module doc); ValueError if its text is absent."""
+    def need(s: str) -> None:
+        if src.count(s) != 1:
+            raise ValueError(f"ablation {what}: expected text found {src.count(s)} times: {s[:60]!r}")
+
+    if what == "base":
+        return src
+    if what == "no_dq_red":
+        need(_RED)
+        return src.replace(_RED, ";")
+    if what == "no_dq":
+        need(_DQ_START)
+        a = src.index(_DQ_START)
+        e = src.index(_DQ_END, a)
+        return src[:a] + "  ag_wgmma_wait<0>();" + src[e + len("\n  }"):]
+    if what == "no_dq_bar":
+        need(_DQ_START)
+        return src.replace(_DQ_START, _DQ_START.replace("  __syncthreads();\n", "", 1))
+    if what == "no_loop_bar":
+        need(_LOOP_BAR)
+        return src.replace(_LOOP_BAR, _LOOP_BAR.replace("    __syncthreads();\n", ""))
+    if what == "no_exp":
+        need(_EXP)
+        return src.replace(_EXP, "(s[4 * j + e] * (SCALE * LOG2E) - sl[qc])")
+    raise ValueError(f"unknown ablation {what}")
+
+
+ABLATIONS = ("base", "no_dq_red", "no_dq", "no_dq_bar", "no_loop_bar", "no_exp")
+
+
+def spec_text(name: str) -> str:
+    return f"attention {name} {{\n  dtype bf16\n  head_dim {D}\n  heads {H}\n  {ROWS[name]}\n  output lse\n}}\n"
+
+
+def _row(name: str, iters: int) -> list[dict]:
+    import torch
+
+    from attngen.cuda import render_bwd
+    from attngen.lang import frontend
+    from attngen.runtime import bwd as rbwd
+    from attngen.runtime import kernel as runtime
+
+    v = frontend.loads(spec_text(name), "<bwd-ablate>").get()
+    kern = runtime.compile(v)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, vv, dO = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    o, lse = kern(q, k, vv)
+    causal = "causal" in ROWS[name]
+    flops = 2.5 * 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+    real = render_bwd.render_with_plan
+    out = []
+    try:
+        for what in ABLATIONS:
+            rbwd._CACHE.clear()
+            rbwd.render_with_plan = lambda *a, _w=what, **kw: (lambda sb: (ablate(sb[0], _w), sb[1]))(real(*a, **kw))
+            ms = queued_ms(lambda: rbwd.backward(kern, q, k, vv, dO, o=o, lse=lse), iters)
+            out.append({"row": name, "ablation": what, "ms": ms, "tflops": flops / ms / 1e9, "B": B, "H": H, "L": L, "D": D,
+                        "device": torch.cuda.get_device_name()})
+            print(f"{name:18s} {what:12s} {ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s", flush=True)
+    finally:
+        rbwd.render_with_plan = real
+        rbwd._CACHE.clear()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--only", choices=sorted(ROWS), nargs="*", default=None)
+    args = ap.parse_args()
+    from attngen.check import fuzz
+
+    ok, why = fuzz.gpu_status()
+    if not ok:
+        print(f"bwd_ablate: no GPU ({why}); nothing to time", file=sys.stderr)
+        return 2
+    results = [r for name in args.only or list(ROWS) for r in _row(name, args.iters)]
+    out = args.out or (os.path.join(os.environ["OUT"], "h200_bwd_ablate.json") if os.environ.get("OUT")
+                       else str(ROOT / "benchmarks/results/h200_bwd_ablate.json"))
+    Path(out).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
