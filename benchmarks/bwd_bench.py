@@ -128,15 +128,14 @@ def main() -> int:
     ap.add_argument("--no-rotate", action="store_true", help="experiment: every CTA walks the query tiles from the first")
     ap.add_argument("--also-engine", choices=["mma", "wgmma"], action="append", default=[],
                     help="also time attngen's backward with this dK/dV engine (keys <engine>_ms, <engine>_tflops)")
-    ap.add_argument("--wg-dq", choices=["tile", "red", "rows"], default=None,
-                    help="experiment: the wgmma kernel's dQ reductions: a bulk reduction of the step's tile, "
-                         "red.global.add.v2 from the accumulators, or bulk reductions a row (the plan's choice otherwise)")
+    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile"], default=None,
+                    help="experiment: the wgmma kernel's dQ reductions (plan_bwd.WgDq: red.global.add.v2 or .v4, bulk "
+                         "reductions a row, or one of the step's tile; the plan's choice otherwise)")
     args = ap.parse_args()
     if args.wg_dq:
         from attngen.plan import bwd as plan_bwd
 
-        plan_bwd.WG_DQ_TILE = {bm: args.wg_dq == "tile" for bm in plan_bwd.WG_DQ_TILE}
-        plan_bwd.WG_DQ_BULK = {bm: args.wg_dq == "rows" for bm in plan_bwd.WG_DQ_BULK}
+        plan_bwd.WG_DQ = {bm: plan_bwd.WgDq(args.wg_dq) for bm in plan_bwd.WG_DQ}
     if args.no_rotate:
         from attngen.plan import bwd as plan_bwd
 

@@ -99,7 +99,13 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--only", choices=sorted(ROWS), nargs="*", default=None)
+    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile"], default=None,
+                    help="experiment: the wgmma kernel's dQ reductions (plan_bwd.WgDq; the plan's choice otherwise)")
     args = ap.parse_args()
+    if args.wg_dq:
+        from attngen.plan import bwd as plan_bwd
+
+        plan_bwd.WG_DQ = {bm: plan_bwd.WgDq(args.wg_dq) for bm in plan_bwd.WG_DQ}
     from attngen.check import fuzz
 
     ok, why = fuzz.gpu_status()

@@ -13,7 +13,7 @@ from attngen import __version__
 from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.bwd import PRE_THREADS, THREADS, VEC_ELEMS, WG_DQ_PAD, WG_SUB_M, BwdEngine, BwdPlan, plan, wg_dq_bulk, wg_dq_cols, wg_dq_tile
+from attngen.plan.bwd import PRE_THREADS, THREADS, VEC_ELEMS, WG_DQ_PAD, WG_SUB_M, BwdEngine, BwdPlan, plan, wg_dq_cols, WgDq
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -39,7 +39,7 @@ def _header(v: Variant, bp: BwdPlan) -> str:
            f"{v.dtype.value} products (P and dS rounded to {v.dtype.value}), fp32 accumulators; the other kernels in fp32 (FFMA)."]),
         "dQ: " + ("deterministic (a dQ kernel per query tile, no atomics)." if bp.deterministic else
                   "fp32 bulk reductions into ws_dq (one a step, cp.reduce.async.bulk), then converted; ws_dq 16-byte aligned."
-                  if bp.engine == BwdEngine.WGMMA and wg_dq_tile(v.head_dim, v.value_head_dim) else
+                  if bp.wg_dq == WgDq.TILE else
                   "fp32 atomics into ws_dq, then converted."),
         f"Tile: block_m {bp.block_m}, block_n {bp.block_n}; target {bp.arch.value}."
         + (f" Tensor-core dK/dV tile: {bp.tc_block_m} queries x {bp.tc_block_n} keys." if bp.engine != BwdEngine.FFMA else ""),
@@ -182,9 +182,9 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         tc_rotate=bp.tc_rotate,
         wg_dq_pad=WG_DQ_PAD,
         wg_sub_m=WG_SUB_M,
-        dq_tile=bp.engine == BwdEngine.WGMMA and wg_dq_tile(v.head_dim, v.value_head_dim, deterministic),
-        dq_bulk=bp.engine == BwdEngine.WGMMA and not wg_dq_tile(v.head_dim, v.value_head_dim, deterministic)
-        and wg_dq_bulk(v.head_dim, v.value_head_dim, deterministic),
+        dq_tile=bp.wg_dq == WgDq.TILE,
+        dq_bulk=bp.wg_dq == WgDq.ROWS,
+        dq_red4=bp.wg_dq == WgDq.RED4,
         # the wgmma step's mask tests: per element after S^T lands with sub-steps (the registers of
         # a visibility word per sub-step are not to spare), else one word before the products
         vis_inline=bp.tc_block_m > WG_SUB_M,

@@ -70,6 +70,17 @@ class BwdEngine(enum.Enum):
     WGMMA = "wgmma"  # warpgroup MMA (sm_90a), fp16/bf16 inputs, fp32 accumulators, head dims 64 / 128
 
 
+class WgDq(enum.Enum):
+    """How the wgmma dK/dV kernel adds a step's dQ partial into ws_dq (the atomic dQ mode)."""
+
+    RED2 = "red2"  # red.global.add.v2.f32 straight from the accumulators (two adjacent values)
+    RED4 = "red4"  # lane pairs swap halves (two shuffles a pair of values) so that each adds four
+    # adjacent values by red.global.add.v4.f32: half the reductions of RED2
+    ROWS = "rows"  # staged in shared memory, one cp.reduce.async.bulk a row (a lane a row)
+    TILE = "tile"  # the step's tile staged row-major (column groups rotated by row: conflict-free
+    # stores), one cp.reduce.async.bulk a step, issued by the last warp to have written its part
+
+
 # The wgmma dK/dV kernel: a CTA per 128 keys, two warpgroups of 64 keys each (the wgmma M
 # dimension), 64 query rows a step (the N of S^T and dP^T, the M of dQ), or WG_BLOCK_M_D64 at
 # head dims 64: a step of 128 queries runs S^T, dP^T, the softmax gradient, dV and dK as two
@@ -81,23 +92,21 @@ WG_SUB_M = 64
 WG_BLOCK_N = 128
 WG_THREADS = 256
 WG_DQ_PAD = 8  # fp32 words padding each staged dQ row (wg_dq_buffer_bytes)
-# The atomic dQ mode's reductions by query rows a step: staged in shared memory and added by bulk
-# asynchronous reductions (True, FlashAttention-3's path; a row a lane: DQ_N values, 64 with 128-
-# query steps) or by red.global.add.v2 from the accumulators (False). H200, bf16: with 64-query
-# steps (half rows of 32 or 64 values) the bulk path was 4-11% slower, with 128-query steps at D64
-# (whole rows of 64) 2-3% slower (benchmarks/bwd_bench.py; FlashAttention-3 reduces whole tiles
-# through a producer-side dQ layout, which this kernel does not have).
-WG_DQ_BULK = {64: False, 128: False}
-# Or the whole step's dQ tile staged in shared memory row-major, as ws_dq holds it (a head's rows
-# are contiguous there), and added by one bulk reduction of all its rows, issued by one thread once
-# the others have written and fenced their parts (they only arrive at that barrier): a 32 KB
-# transfer a step in place of 4096 red.global.add.v2 (those cost 36% of the D128 L16k backward:
-# benchmarks/bwd_ablate.py, no_dq_red). Takes precedence over WG_DQ_BULK. H200, bf16
-# (bwd_bench.py --wg-dq tile against red, one session): 283 / 290 / 263 / 245 / 229 TFLOP/s on the
-# five rows against 365 / 370 / 288 / 261 / 279, so off: the warps' stores of the accumulator
-# layout into row-major fp32 rows take 8 wavefronts each, and warp 0 waits for all eight warps a
-# step before it issues (its warpgroup's next products wait with it).
-WG_DQ_TILE = {64: False, 128: False}
+# The atomic dQ mode's reductions (WgDq), by query rows a step (64 or 128). H200, bf16
+# (benchmarks/bwd_bench.py, peers in each run): ROWS was 4-11% slower than RED2 with 64-query
+# steps (half rows of 32 or 64 values) and 2-3% slower with 128-query steps at D64 (whole rows of
+# 64). TILE's first form (a 32 KB transfer a step in place of 4096 red.global.add.v2) ran 283 / 290
+# / 263 / 245 / 229 TFLOP/s on the five rows against RED2's 365 / 370 / 288 / 261 / 279
+# (results/h200_bwd_dq_modes.json): the warps' stores of the accumulator layout into row-major fp32
+# rows took 8 wavefronts each, and warp 0 waited for all eight warps a step before it issued (its
+# warpgroup's next products waited with it). The reductions cost 36% of the D128 L16k backward
+# (benchmarks/bwd_ablate.py, no_dq_red: 365 -> 575 TFLOP/s). TILE now stores conflict-free (each
+# row's 8-column groups rotated by the row mod 4: 2 wavefronts a store) and is issued by whichever
+# warp finishes its part last (a shared-memory count), so no warp waits; FlashAttention-3 gets the
+# same from a dQ layout in the accumulator's own order and a warp of its own. The new TILE and RED4
+# are checked on the CPU (tests/backward/test_bwd_wgmma_emu.py) and by ptxas, not yet timed: RED2
+# stays the default until a GPU A/B (tools/device_s13.sh, item dqab) says otherwise.
+WG_DQ = {64: WgDq.RED2, 128: WgDq.RED2}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
 # `plan(..., engine=BwdEngine.WGMMA)`).
@@ -143,6 +152,7 @@ class BwdPlan:
     # finish kernel's dgamma/dbeta sums take a shared-memory slice a warp.
     tok_vecs: int = 0
     tok_grad_slices: bool = False
+    wg_dq: WgDq | None = None  # the wgmma kernel's dQ reductions (None: another engine, or deterministic)
 
     @property
     def launcher(self) -> str:
@@ -249,25 +259,20 @@ def wg_dq_buffer_bytes(D: int, block_m: int) -> int:
     return (WG_THREADS // 32) * 16 * (wg_dq_cols(D, block_m) + WG_DQ_PAD) * 4
 
 
-def wg_dq_bulk(D: int, Dv: int, deterministic: bool = False) -> bool:
-    """Whether the wgmma kernel adds dQ by bulk reductions from shared memory (WG_DQ_BULK)."""
-    return not deterministic and WG_DQ_BULK[wg_block_m(D, Dv, deterministic)]
-
-
-def wg_dq_tile(D: int, Dv: int, deterministic: bool = False) -> bool:
-    """Whether the wgmma kernel adds each step's dQ tile by one bulk reduction (WG_DQ_TILE)."""
-    return not deterministic and WG_DQ_TILE[wg_block_m(D, Dv, deterministic)]
+def wg_dq_mode(D: int, Dv: int, deterministic: bool = False) -> WgDq | None:
+    """The wgmma kernel's dQ reductions (WG_DQ by its query rows a step); None in the deterministic
+    mode, whose dQ kernel adds nothing."""
+    return None if deterministic else WG_DQ[wg_block_m(D, Dv, deterministic)]
 
 
 def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
     (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and
-    the dQ tile (`wg_dq_tile`: WG_BLOCK_M x D fp32) or with bulk dQ row reductions their staging
-    buffer (`wg_dq_buffer_bytes`)."""
+    the dQ tile (WgDq.TILE: WG_BLOCK_M x D fp32 and a 16-byte slot for its warp count) or the staging buffer of the bulk dQ row reductions
+    (WgDq.ROWS: `wg_dq_buffer_bytes`)."""
     bm = wg_block_m(D, Dv, deterministic)
     return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * bm * D + 2 * bm * Dv + WG_BLOCK_N * bm) + 4 * 4 * bm
-            + (4 * bm * D if wg_dq_tile(D, Dv, deterministic)
-               else wg_dq_buffer_bytes(D, bm) if wg_dq_bulk(D, Dv, deterministic) else 0))
+            + {WgDq.TILE: 4 * bm * D + 16, WgDq.ROWS: wg_dq_buffer_bytes(D, bm)}.get(wg_dq_mode(D, Dv, deterministic), 0))
 
 
 def wgmma_fits(v: Variant, arch: Arch) -> str | None:
@@ -406,6 +411,11 @@ def tok_vecs(v: Variant) -> int:
     return n if rem == 0 and n <= TOK_MAX_VECS else 0
 
 
+_WG_DQ_DOC = {None: "", WgDq.RED2: "; dQ by fp32 atomics", WgDq.RED4: "; dQ by fp32 atomics, four values each",
+              WgDq.ROWS: "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory",
+              WgDq.TILE: "; dQ a step by one bulk fp32 reduction (cp.reduce.async.bulk) of its tile"}
+
+
 def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, engine: BwdEngine | None = None) -> BwdPlan:
     """The backward kernels of a variant. ValueError if a construct is unsupported (see
     `unsupported`, which locates it), no tile fits, or the requested `engine` (None: the default
@@ -463,10 +473,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", WG_THREADS, wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic),
                                  f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
                                  "warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
-                                 "query tiles of the group" + ("" if deterministic else "; dQ a step by one bulk fp32 reduction (cp.reduce.async.bulk) of its tile"
-                                                              if wg_dq_tile(v.head_dim, v.value_head_dim) else
-                                                              "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory"
-                                                              if wg_dq_bulk(v.head_dim, v.value_head_dim) else "; dQ by fp32 atomics")))
+                                 "query tiles of the group" + _WG_DQ_DOC[wg_dq_mode(v.head_dim, v.value_head_dim, deterministic)]))
     elif bn is not None:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
                                  tiles("p.Lk", bn, v.kv_heads),
@@ -500,7 +507,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     tc = engine != BwdEngine.FFMA
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
                    (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen,
-                   tv, slices)
+                   tv, slices, wg_dq_mode(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else None)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
@@ -550,4 +557,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_BULK", "WG_DQ_TILE", "wg_dq_bulk", "wg_dq_tile", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ", "WgDq", "wg_dq_mode", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

@@ -208,23 +208,36 @@ inline void ag_wgmma_commit() {}
 template <int N> inline void ag_wgmma_wait() {}
 template <class T> inline void ag_reg_fence(T&) {}
 inline void ag_red_add2(float* d, float a, float b) { atomicAdd(d, a); atomicAdd(d + 1, b); }
+inline void ag_red_add4(float* d, float a, float b, float c, float e) {
+  if ((uintptr_t)d % 16u) { std::fprintf(stderr, "red.global.add.v4.f32: 16-byte alignment\n"); std::abort(); }
+  atomicAdd(d, a); atomicAdd(d + 1, b); atomicAdd(d + 2, c); atomicAdd(d + 3, e);
+}
 inline void ag_warp_sync() { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 inline void ag_dq_bar_arrive() { ag_named_bar(1, 256, false); }
 inline void ag_dq_bar_sync() { ag_named_bar(1, 256, true); }
 // A bulk reduction: the PTX's preconditions (16-byte aligned addresses and sizes) checked at
 // issue; the reads of the shared source happen at the issuing thread's next wait, as late as the
 // hardware may read them, so a kernel that rewrites the source before waiting (or never waits)
-// reduces the wrong values (or none).
-struct ag_bulk_op { float* d; unsigned src, bytes; };
+// reduces the wrong values (or none). The source is also copied at issue, as early as the hardware
+// may read it, and a source that changed in between aborts the run: it was not all written before
+// the issue, or was rewritten before the wait.
+struct ag_bulk_op { float* d; unsigned src, bytes; std::vector<unsigned char> at_issue; };
 thread_local std::vector<ag_bulk_op> ag_bulk_pending;
 inline void ag_bulk_reduce_add(float* d, unsigned src, unsigned bytes) {
   if (((uintptr_t)d | src | bytes) % 16u) { std::fprintf(stderr, "cp.reduce.async.bulk: 16-byte alignment\n"); std::abort(); }
-  ag_bulk_pending.push_back({d, src, bytes});
+  ag_bulk_pending.push_back({d, src, bytes, std::vector<unsigned char>(ag_smem + src, ag_smem + src + bytes)});
 }
 inline void ag_bulk_commit() {}
+// atom.acq_rel.cta.shared::cta.add.u32: the old count.
+inline unsigned ag_smem_count(unsigned addr) { return std::atomic_ref<unsigned>(*reinterpret_cast<unsigned*>(ag_smem + addr)).fetch_add(1u); }
 inline void ag_bulk_wait_read() {
-  for (const ag_bulk_op& o : ag_bulk_pending)
+  for (const ag_bulk_op& o : ag_bulk_pending) {
+    if (std::memcmp(o.at_issue.data(), ag_smem + o.src, o.bytes) != 0) {
+      std::fprintf(stderr, "cp.reduce.async.bulk: the shared source changed between the issue and the wait\n");
+      std::abort();
+    }
     for (unsigned i = 0; i < o.bytes / 4; ++i) { float x; std::memcpy(&x, ag_smem + o.src + 4 * i, 4); atomicAdd(o.d + i, x); }
+  }
   ag_bulk_pending.clear();
 }
 inline void ag_bulk_wait() { ag_bulk_wait_read(); }

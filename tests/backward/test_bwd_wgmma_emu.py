@@ -75,7 +75,8 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     k = bp.kernel("ag_bwd_dkdv")
     assert (bp.tc_block_m, bp.tc_block_n, k.threads) == (64, 128, 256)
     # 64-query steps: red.global dQ reductions, no staging buffer (neither bulk mode by default).
-    assert not plan_bwd.wg_dq_bulk(128, 128) and not plan_bwd.wg_dq_tile(128, 128) and not plan_bwd.wg_dq_tile(64, 64)
+    assert bp.wg_dq == plan_bwd.wg_dq_mode(128, 128) == plan_bwd.WgDq.RED2 and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.RED2
+    assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).wg_dq is None and plan_bwd.plan(bf, Arch.SM80).wg_dq is None
     assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 and k.smem <= Arch.SM90A.smem_budget
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, True) == 148480
     # D64 = Dv: steps of 128 queries (two sub-steps of 64), dQ split by rows (N = 64), one CTA an SM
@@ -83,14 +84,14 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     h64_bp = plan_bwd.plan(h64, Arch.SM90A)
     assert h64_bp.tc_block_m == 128 and plan_bwd.wg_dq_cols(64, 128) == 64 and plan_bwd.wg_dq_cols(128, 64) == 64
     # ... dQ staged (8 warps x 16 rows x (64 + 8) fp32 words) and added by bulk reductions, a row a lane.
-    assert plan_bwd.wg_dq_bulk(64, 64) == plan_bwd.WG_DQ_BULK[128]
-    staging = 8 * 16 * 72 * 4 if plan_bwd.WG_DQ_BULK[128] else 0
+    rows = plan_bwd.WG_DQ[128] == plan_bwd.WgDq.ROWS
+    staging = 8 * 16 * 72 * 4 if rows else 0
     assert h64_bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(64, 64) == 2 * (6 * 128 * 64 + 128 * 128) + 16 * 128 + staging
     assert plan_bwd.plan(T.variant(T.causal(), (), D=64, Dv=128, heads=2, dtype=DType.BF16), Arch.SM90A).tc_block_m == 64
     h64_src = render_bwd.render(h64, Arch.SM90A)
     assert "constexpr int WG_BLOCK_M = 128;" in h64_src and "constexpr int WG_SUB = WG_BLOCK_M / WG_SUB_M;" in h64_src
     assert "m64n64k16.f32.f16.f16" in h64_src and "m64n32k16" not in h64_src
-    assert ("ag_bulk_reduce_add(p.ws_dq" in h64_src) == plan_bwd.WG_DQ_BULK[128] and ("ag_red_add2(row" in h64_src) != plan_bwd.WG_DQ_BULK[128]
+    assert ("ag_bulk_reduce_add(p.ws_dq" in h64_src) == rows and ("ag_red_add2(row" in h64_src) == (plan_bwd.WG_DQ[128] == plan_bwd.WgDq.RED2)
     assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
     text = "\n".join(plan_bwd.describe(bf, Arch.SM90A))
     assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
@@ -180,31 +181,38 @@ def test_qk_norms_residual():
 
 
 @emu
-@pytest.mark.parametrize("mode", ["red", "rows", "tile"])
+@pytest.mark.parametrize("mode", list(plan_bwd.WgDq), ids=lambda m: m.value)
 def test_bf16_dense_d64_whole_and_partial_128_query_steps(mode, monkeypatch):
     # D64: steps of 128 queries as two sub-steps. Queries 0-255 are whole steps over whole key
     # tiles (the unmasked step, no score modifications: the two-pass softmax gradient); the third
-    # step has 44 rows, so its second sub-step lies wholly past Lq. Every dQ reduction path: red
-    # from the accumulators, bulk reductions a row, and the step's tile by one bulk reduction (its
-    # 44-row last tile adds only the valid rows; the emulation reads a bulk source at the issuer's
-    # next wait, so a buffer rewritten before that wait adds wrong values).
-    monkeypatch.setitem(plan_bwd.WG_DQ_BULK, 128, mode == "rows")
-    monkeypatch.setitem(plan_bwd.WG_DQ_TILE, 128, mode == "tile")
+    # step has 44 rows, so its second sub-step lies wholly past Lq. Every dQ reduction path
+    # (WgDq): red of two or four values (the four through lane-pair shuffles), bulk reductions a
+    # row, and the step's tile by one bulk reduction (its 44-row last tile adds only the valid rows;
+    # the emulation reads a bulk source at the issuer's next wait, so a buffer rewritten before that
+    # wait adds wrong values).
+    monkeypatch.setitem(plan_bwd.WG_DQ, 128, mode)
     v = T.variant(scores=(), D=64, heads=2, kv_heads=1, dtype=DType.BF16, kind=AttnKind.CROSS)
     _, _, bp = _run(v, 1, 300, 256, seed=6)
-    assert bp.tc_block_m == 128 and plan_bwd.wg_dq_bulk(64, 64) == (mode == "rows") and plan_bwd.wg_dq_tile(64, 64) == (mode == "tile")
+    assert bp.tc_block_m == 128 and bp.wg_dq == mode
 
 
 @emu
-def test_dq_tile_mode_d128_causal_odd_lengths(monkeypatch):
-    # The tile mode at D128 (64-query steps, the warpgroups split dQ by columns): causal with a
-    # partial last query tile, two heads a kv head.
-    monkeypatch.setitem(plan_bwd.WG_DQ_TILE, 64, True)
+@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED4, plan_bwd.WgDq.TILE], ids=lambda m: m.value)
+def test_dq_modes_d128_causal_odd_lengths(mode, monkeypatch):
+    # The four-value and tile modes at D128 (64-query steps, the warpgroups split dQ by columns):
+    # causal with a partial last query tile (rows past Lq are never added), two heads a kv head.
+    monkeypatch.setitem(plan_bwd.WG_DQ, 64, mode)
     v = T.variant(T.causal(), (), D=128, heads=4, kv_heads=2, dtype=DType.BF16)
     _, _, bp = _run(v, 1, 200, 200, seed=8)
     src = render_bwd.render(v, Arch.SM90A)
-    assert "SDQ_BYTES = WG_BLOCK_M * D * 4;" in src and "ag_dq_bar_sync()" in src and "ag_red_add2(row" not in src
-    assert bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 64 * 128 * 4
+    assert "ag_red_add2(row" not in src
+    if mode == plan_bwd.WgDq.TILE:
+        # the tile staged by rotated column groups, issued by the last warp to have written its part
+        assert "SDQ_BYTES = WG_BLOCK_M * D * 4 + 16;" in src and "ag_smem_count(base + SDQ_CNT_OFF)" in src
+        assert bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 64 * 128 * 4 + 16
+    else:
+        assert "ag_red_add4(row + j * 8" in src and "SDQ_BYTES = 0;" in src
+        assert bp.kernel("ag_bwd_dkdv").smem == 148480
 
 
 # ---- the token-scope q norm (pre-LN block) and the o post-norm on the wgmma engine: it reads the

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The thirteenth session's device calls (one H200):
+#   source .whl/env.sh && ITEMS="..." bash tools/device_s13.sh
+# Items, in the order given:
+#   dqab      the wgmma backward's dQ reduction modes A/B: benchmarks/bwd_bench.py --wg-dq red2, tile,
+#             red4 (peers re-timed in each run), then the Flex backward rows with tile and red2
+#   gpubwd    the GPU backward tests with the dQ mode forced to $AG_WG_DQ (tools/pytest_wg_dq.py)
+#   gpu       the whole GPU test suite (default modes)
+#   san       compute-sanitizer memcheck of the forward and backward odd shapes, backward racecheck
+#   fuzzbwd   fuzz --pass backward over the training examples
+# Results under $OUT, logs in $OUT/logs.tgz, a summary last.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache
+OUT=${OUT:-/tmp/out}
+LOGS=/tmp/device-s13-logs
+mkdir -p "$OUT" "$LOGS"
+S="$OUT/summary.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee -a "$S"
+for it in ${ITEMS:-dqab}; do
+  t0=$(date +%s)
+  case $it in
+    dqab)
+      for m in ${DQ_MODES:-red2 tile red4}; do
+        timeout ${BWD_S:-100} python3 benchmarks/bwd_bench.py --iters 3 --wg-dq "$m" --out "$OUT/bwd_$m.json" > "$LOGS/bwd_$m.txt" 2>&1
+        echo "bwd_bench --wg-dq $m rc=$?" >> "$S"
+      done
+      for m in ${FLEX_MODES:-tile red2}; do
+        timeout ${FLEX_S:-120} python3 benchmarks/bwd_flex_bench.py --iters 3 --wg-dq "$m" --out "$OUT/bwd_flex_$m.json" > "$LOGS/bwd_flex_$m.txt" 2>&1
+        echo "bwd_flex_bench --wg-dq $m rc=$?" >> "$S"
+      done ;;
+    gpubwd)
+      AG_WG_DQ=${AG_WG_DQ:-tile} PYTHONPATH=tools${PYTHONPATH:+:$PYTHONPATH} HYPOTHESIS_PROFILE=ci timeout ${GPUBWD_S:-200} \
+        python3 -m pytest -q -m gpu -p pytest_wg_dq -p no:cacheprovider -n 15 -rfE --tb=short \
+        tests/gpu/test_gpu_backward_wgmma.py tests/gpu/test_gpu_backward.py tests/gpu/test_gpu_backward_features.py tests/gpu/test_gpu_autograd.py \
+        > "$LOGS/pytest_gpubwd.txt" 2>&1
+      echo "gpu backward tests (dQ ${AG_WG_DQ:-tile}) rc=$?: $(tail -n 1 "$LOGS/pytest_gpubwd.txt")" >> "$S"
+      grep -E "^(FAILED|ERROR)" "$LOGS/pytest_gpubwd.txt" | head -n 20 >> "$S" ;;
+    gpu)
+      HYPOTHESIS_PROFILE=ci timeout ${PYTEST_S:-470} python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 15 -rfE --tb=short \
+        > "$LOGS/pytest_gpu.txt" 2>&1
+      echo "gpu pytest rc=$?: $(tail -n 1 "$LOGS/pytest_gpu.txt")" >> "$S"
+      grep -E "^(FAILED|ERROR)" "$LOGS/pytest_gpu.txt" | head -n 30 >> "$S" ;;
+    san)
+      timeout 70 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_cases.py > "$LOGS/san_fwd.txt" 2>&1
+      echo "memcheck forward rc=$? ($(tail -n 1 "$LOGS/san_fwd.txt"))" >> "$S"
+      timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_bwd_cases.py > "$LOGS/san_bwd.txt" 2>&1
+      echo "memcheck backward rc=$? ($(tail -n 1 "$LOGS/san_bwd.txt"))" >> "$S"
+      timeout 70 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_bwd_cases.py --quick > "$LOGS/san_race.txt" 2>&1
+      echo "racecheck backward rc=$? ($(grep -E 'RACECHECK SUMMARY' "$LOGS/san_race.txt" | tail -n 1); $(tail -n 1 "$LOGS/san_race.txt"))" >> "$S" ;;
+    fuzzbwd)
+      OUT="$LOGS" timeout 60 bash tests/gpu/bwd_features_gpu.sh 4 > "$LOGS/fuzz_bwd.txt" 2>&1
+      echo "fuzz --pass backward rc=$?: $(grep -E 'on GPU in' "$LOGS/fuzz_bwd.txt" | sed 's/.*attngen fuzz: //' | tr '\n' ';')" >> "$S" ;;
+  esac
+  echo "  ($it: $(( $(date +%s) - t0 )) s)" >> "$S"
+done
+tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+for f in "$LOGS"/bwd_*.txt; do
+  [ -f "$f" ] || continue
+  echo "== $(basename "$f")" >> "$S"; grep -vE "^\s*$|built in|wrote " "$f" | tail -n 8 >> "$S"
+done
+cat "$S"
