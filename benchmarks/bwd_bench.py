@@ -135,7 +135,7 @@ def main() -> int:
     if args.wg_dq:
         from attngen.plan import bwd as plan_bwd
 
-        plan_bwd.WG_DQ = {bm: plan_bwd.WgDq(args.wg_dq) for bm in plan_bwd.WG_DQ}
+        plan_bwd.force_wg_dq(args.wg_dq)
     if args.no_rotate:
         from attngen.plan import bwd as plan_bwd
 

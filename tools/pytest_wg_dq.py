@@ -12,5 +12,5 @@ def pytest_configure(config) -> None:  # noqa: ARG001  (pytest's hook signature)
     if mode:
         from attngen.plan import bwd as plan_bwd
 
-        plan_bwd.WG_DQ = {bm: plan_bwd.WgDq(mode) for bm in plan_bwd.WG_DQ}
+        plan_bwd.force_wg_dq(mode)
         print(f"pytest_wg_dq: wgmma backward dQ reductions forced to {mode}")

@@ -265,6 +265,12 @@ def wg_dq_mode(D: int, Dv: int, deterministic: bool = False) -> WgDq | None:
     return None if deterministic else WG_DQ[wg_block_m(D, Dv, deterministic)]
 
 
+def force_wg_dq(mode: str | WgDq) -> None:
+    """For experiments (the benchmarks' --wg-dq, tools/pytest_wg_dq.py): every step size's dQ mode
+    set to `mode` in WG_DQ, for the plans made after the call."""
+    WG_DQ.update({bm: WgDq(mode) for bm in WG_DQ})
+
+
 def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
     (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and
@@ -557,4 +563,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ", "WgDq", "wg_dq_mode", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ", "WgDq", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

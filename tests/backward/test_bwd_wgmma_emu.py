@@ -180,6 +180,24 @@ def test_qk_norms_residual():
     _run(v, 1, 80, 80, seed=5, wrt=plan_bwd.norm_params(v), edit=edit)
 
 
+def test_force_wg_dq_reaches_plan_render_and_explain(monkeypatch):
+    # The experiments' switch (benchmarks' --wg-dq, tools/pytest_wg_dq.py) sets every step size's
+    # mode, and the plan, the kernel text and the plan's kernel description follow it.
+    for bm, m in list(plan_bwd.WG_DQ.items()):
+        monkeypatch.setitem(plan_bwd.WG_DQ, bm, m)  # restored after the test
+    bf = T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16)
+    assert plan_bwd.plan(bf, Arch.SM90A).wg_dq == plan_bwd.WgDq.RED2
+    plan_bwd.force_wg_dq("tile")
+    bp = plan_bwd.plan(bf, Arch.SM90A)
+    assert bp.wg_dq == plan_bwd.WgDq.TILE and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.TILE
+    assert "ag_smem_count(base + SDQ_CNT_OFF)" in render_bwd.render(bf, Arch.SM90A)
+    assert "one bulk fp32 reduction" in bp.kernel("ag_bwd_dkdv").doc
+    plan_bwd.force_wg_dq(plan_bwd.WgDq.RED4)
+    assert "ag_red_add4(row + j * 8" in render_bwd.render(bf, Arch.SM90A)
+    with pytest.raises(ValueError):
+        plan_bwd.force_wg_dq("red3")
+
+
 @emu
 @pytest.mark.parametrize("mode", list(plan_bwd.WgDq), ids=lambda m: m.value)
 def test_bf16_dense_d64_whole_and_partial_128_query_steps(mode, monkeypatch):
