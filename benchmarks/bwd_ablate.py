@@ -3,19 +3,28 @@ its dK/dV kernel's step taken out of the rendered source, one at a time. The abl
 wrong gradients; only their time means anything, as the share of the step each part costs on the
 critical path.
 
-    python benchmarks/bwd_ablate.py [--out PATH] [--iters N] [--only ROW ...]
+    python benchmarks/bwd_ablate.py [--out PATH] [--iters N] [--only ROW ...] [--ablations A ...]
+                                    [--wg-dq red2|red4|rows|tile]
 
 Ablations (each a text edit of the rendered source, refused if its text is not found):
   base          the kernel as rendered;
-  no_dq_red     the dQ product stays, its fp32 reductions into ws_dq go;
+  no_dq_red     the dQ product stays, its fp32 reductions into ws_dq go (red2: the
+                red.global.add.v2 of each pair; tile: the step's bulk reduction);
   no_dq         the whole dQ part goes: the barrier that publishes dS^T, the dQ product, the
                 reductions (the step's last wait stays);
   no_dq_bar     only that barrier goes (the dQ product reads dS^T half written);
   no_loop_bar   the barrier at the top of each step goes (stage buffers race);
-  no_exp        P = exp2(x) becomes P = x (the MUFU work of the softmax).
-Rows: the backward bench's D128 B2 H16 L16k dense and causal. Inputs random normal; every timed
-launch queued behind a spin kernel. Results: JSON to PATH (default $OUT/h200_bwd_ablate.json if
-$OUT is set, else benchmarks/results/h200_bwd_ablate.json) and a table.
+  no_exp        P = exp2(x) becomes P = x (the MUFU work of the softmax);
+  no_steps      the dK/dV kernel's loop over its query tiles goes: what is left is each CTA's
+                fixed cost (K/V in, the first walk, dK/dV out) and the pre and finish kernels;
+  no_dkdv       the dK/dV kernel returns at once: the pre and finish kernels, the workspace
+                clearing and the launches alone.
+no_dq and no_dq_bar find their text only in the red2 and red4 kernels; an ablation whose text a
+mode's kernel lacks is recorded as skipped. Rows: the backward bench's D128 B2 H16 L16k dense and
+causal, its D128 B16 H16 L2k causal, and a 1024-key causal sliding window at D128 B2 H16 L16k.
+Inputs random normal; every timed launch queued behind a spin kernel. Results: JSON to PATH
+(default $OUT/h200_bwd_ablate.json if $OUT is set, else benchmarks/results/h200_bwd_ablate.json)
+and a table.
 """
 
 from __future__ import annotations
@@ -32,12 +41,20 @@ if str(ROOT) not in sys.path:
 
 from _queued import queued_ms  # noqa: E402  (beside this script)
 
-B, H, L, D = 2, 16, 16384, 128
-ROWS = {"d128_l16k_dense": "mask true", "d128_l16k_causal": "mask causal"}
+from attngen.plan import bwd as plan_bwd  # noqa: E402
+
+H, D = 16, 128
+# row: (mask line, B, L)
+ROWS = {"d128_l16k_dense": ("mask true", 2, 16384), "d128_l16k_causal": ("mask causal", 2, 16384),
+        "d128_l2k_causal": ("mask causal", 16, 2048), "d128_l16k_window": ("mask causal && window(1023, 0)", 2, 16384)}
 
 _DQ_START = "  ag_fence_proxy_async();\n  __syncthreads();\n  {\n    float dq[DQ_N / 2];"
 _DQ_END = "\n  }\n  ag_reg_fence(dv);"
 _RED = "ag_red_add2(row + j * 8, SCALE * dq[4 * j + 2 * half], SCALE * dq[4 * j + 2 * half + 1]);"
+_RED_TILE = ("ag_bulk_reduce_add(p.ws_dq + (((long long)b * H + h) * p.Lq + q0) * D, base + SDQ_OFF, "
+             "(unsigned)(min(WG_BLOCK_M, p.Lq - q0) * D * 4));")
+_STEPS = "  int stage = 0;\n  while (cur < end) {"
+_DKDV = "  const int k0 = blockIdx.x * WG_BLOCK_N, hk = blockIdx.y, b = blockIdx.z;\n  if (k0 >= p.Lk) return;"
 _LOOP_BAR = ("    ag_fence_proxy_async();\n    // This step's tiles have landed (and are visible to wgmma), and every warp is done with the\n"
              "    // previous step (its stage buffers and dS^T: each step waits for its products), so the next\n"
              "    // step may load into the other stage.\n    __syncthreads();\n")
@@ -53,8 +70,9 @@ def ablate(src: str, what: str) -> str:
     if what == "base":
         return src
     if what == "no_dq_red":
-        need(_RED)
-        return src.replace(_RED, ";")
+        red = _RED_TILE if _RED_TILE in src else _RED
+        need(red)
+        return src.replace(red, ";")
     if what == "no_dq":
         need(_DQ_START)
         a = src.index(_DQ_START)
@@ -69,40 +87,56 @@ def ablate(src: str, what: str) -> str:
     if what == "no_exp":
         need(_EXP)
         return src.replace(_EXP, "(s[4 * j + e] * (SCALE * LOG2E) - sl[qc])")
+    if what == "no_steps":
+        need(_STEPS)
+        return src.replace(_STEPS, "  int stage = 0;\n  while (cur < 0) {  // ablation no_steps: never")
+    if what == "no_dkdv":
+        need(_DKDV)
+        return src.replace(_DKDV, _DKDV + "\n  return;  // ablation no_dkdv")
     raise ValueError(f"unknown ablation {what}")
 
 
-ABLATIONS = ("base", "no_dq_red", "no_dq", "no_dq_bar", "no_loop_bar", "no_exp")
+ABLATIONS = ("base", "no_dq_red", "no_dq", "no_dq_bar", "no_loop_bar", "no_exp", "no_steps", "no_dkdv")
 
 
 def spec_text(name: str) -> str:
-    return f"attention {name} {{\n  dtype bf16\n  head_dim {D}\n  heads {H}\n  {ROWS[name]}\n  output lse\n}}\n"
+    return f"attention {name} {{\n  dtype bf16\n  head_dim {D}\n  heads {H}\n  {ROWS[name][0]}\n  output lse\n}}\n"
 
 
-def _row(name: str, iters: int) -> list[dict]:
+def _row(name: str, iters: int, ablations: tuple[str, ...] = ABLATIONS) -> list[dict]:
     import torch
 
     from attngen.cuda import render_bwd
     from attngen.lang import frontend
     from attngen.runtime import bwd as rbwd
     from attngen.runtime import kernel as runtime
+    from attngen.tools.bench import visible_fraction
 
     v = frontend.loads(spec_text(name), "<bwd-ablate>").get()
     kern = runtime.compile(v)
     g = torch.Generator(device="cuda").manual_seed(0)
+    _, B, L = ROWS[name]
     q, k, vv, dO = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     o, lse = kern(q, k, vv)
-    causal = "causal" in ROWS[name]
-    flops = 2.5 * 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+    # TFLOP/s of the visible work (the window's share counted exactly), as the other backward benches
+    visible = float(visible_fraction(v, B, L, L, {}))
+    flops = 2.5 * 4.0 * B * H * L * L * D * visible
     real = render_bwd.render_with_plan
+    src, _ = real(v, kern.plan.arch)
     out = []
     try:
-        for what in ABLATIONS:
+        for what in ablations:
+            try:
+                ablate(src, what)
+            except ValueError as e:  # this mode's kernel has no such part
+                out.append({"row": name, "ablation": what, "skipped": str(e)})
+                print(f"{name:18s} {what:12s} skipped: {e}", flush=True)
+                continue
             rbwd._CACHE.clear()
             rbwd.render_with_plan = lambda *a, _w=what, **kw: (lambda sb: (ablate(sb[0], _w), sb[1]))(real(*a, **kw))
             ms = queued_ms(lambda: rbwd.backward(kern, q, k, vv, dO, o=o, lse=lse), iters)
             out.append({"row": name, "ablation": what, "ms": ms, "tflops": flops / ms / 1e9, "B": B, "H": H, "L": L, "D": D,
-                        "device": torch.cuda.get_device_name()})
+                        "visible": visible, "wg_dq": str(plan_bwd.wg_dq_mode(D, D).value), "device": torch.cuda.get_device_name()})
             print(f"{name:18s} {what:12s} {ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s", flush=True)
     finally:
         rbwd.render_with_plan = real
@@ -115,14 +149,19 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--only", choices=sorted(ROWS), nargs="*", default=None)
+    ap.add_argument("--ablations", choices=ABLATIONS, nargs="*", default=None)
+    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile"], default=None,
+                    help="the wgmma kernel's dQ reductions (plan_bwd.WgDq; the plan's choice otherwise)")
     args = ap.parse_args()
+    if args.wg_dq:
+        plan_bwd.force_wg_dq(args.wg_dq)
     from attngen.check import fuzz
 
     ok, why = fuzz.gpu_status()
     if not ok:
         print(f"bwd_ablate: no GPU ({why}); nothing to time", file=sys.stderr)
         return 2
-    results = [r for name in args.only or list(ROWS) for r in _row(name, args.iters)]
+    results = [r for name in args.only or list(ROWS) for r in _row(name, args.iters, tuple(args.ablations or ABLATIONS))]
     out = args.out or (os.path.join(os.environ["OUT"], "h200_bwd_ablate.json") if os.environ.get("OUT")
                        else str(ROOT / "benchmarks/results/h200_bwd_ablate.json"))
     Path(out).write_text(json.dumps(results, indent=1) + "\n")

@@ -8,6 +8,9 @@
 #   gpu       the whole GPU test suite (default modes)
 #   san       compute-sanitizer memcheck of the forward and backward odd shapes, backward racecheck
 #   fuzzbwd   fuzz --pass backward over the training examples
+#   ablate    benchmarks/bwd_ablate.py (where the backward's time goes: the dQ reductions, the
+#             per-CTA fixed cost, the pre/finish kernels) on four rows, dQ mode $ABLATE_DQ (default
+#             the plan's)
 # Results under $OUT, logs in $OUT/logs.tgz, a summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache
@@ -50,6 +53,10 @@ for it in ${ITEMS:-dqab}; do
     fuzzbwd)
       OUT="$LOGS" timeout 60 bash tests/gpu/bwd_features_gpu.sh 4 > "$LOGS/fuzz_bwd.txt" 2>&1
       echo "fuzz --pass backward rc=$?: $(grep -E 'on GPU in' "$LOGS/fuzz_bwd.txt" | sed 's/.*attngen fuzz: //' | tr '\n' ';')" >> "$S" ;;
+    ablate)
+      timeout ${ABLATE_S:-300} python3 benchmarks/bwd_ablate.py --iters 3 ${ABLATE_DQ:+--wg-dq $ABLATE_DQ} --out "$OUT/bwd_ablate.json" \
+        > "$LOGS/bwd_ablate.txt" 2>&1
+      echo "bwd_ablate rc=$?" >> "$S"; grep -E "TFLOP/s|skipped" "$LOGS/bwd_ablate.txt" | tail -n 32 >> "$S" ;;
   esac
   echo "  ($it: $(( $(date +%s) - t0 )) s)" >> "$S"
 done

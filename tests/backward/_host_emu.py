@@ -213,8 +213,6 @@ inline void ag_red_add4(float* d, float a, float b, float c, float e) {
   atomicAdd(d, a); atomicAdd(d + 1, b); atomicAdd(d + 2, c); atomicAdd(d + 3, e);
 }
 inline void ag_warp_sync() { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
-inline void ag_dq_bar_arrive() { ag_named_bar(1, 256, false); }
-inline void ag_dq_bar_sync() { ag_named_bar(1, 256, true); }
 // A bulk reduction: the PTX's preconditions (16-byte aligned addresses and sizes) checked at
 // issue; the reads of the shared source happen at the issuing thread's next wait, as late as the
 // hardware may read them, so a kernel that rewrites the source before waiting (or never waits)

@@ -1,6 +1,7 @@
 """The backward ablation script's CPU parts: every ablation finds its text in the rendered wgmma
-backward of both rows (so a template change cannot silently turn one into the base kernel), each
-removes something, and every ablated source still compiles for sm_90a."""
+backward of every row (so a template change cannot silently turn one into the base kernel), each
+removes something, and every ablated source still compiles for sm_90a; under the tile dQ mode the
+ablations whose part that kernel has apply too, and the others are refused (recorded as skipped)."""
 
 from __future__ import annotations
 
@@ -11,30 +12,55 @@ import pytest
 from attngen.cuda import render_bwd
 from attngen.cuda.compile import nvcc
 from attngen.lang import frontend
+from attngen.plan import bwd as plan_bwd
 from attngen.plan.bwd import BwdEngine
 from attngen.plan.schedule import Arch
 
 import _benchmarks
 
+ROWS = ["d128_l16k_dense", "d128_l16k_causal", "d128_l2k_causal", "d128_l16k_window"]
 
-@pytest.mark.parametrize("row", ["d128_l16k_dense", "d128_l16k_causal"])
-def test_every_ablation_applies_and_differs(row: str) -> None:
-    bench = _benchmarks.load("bwd_ablate")
+
+def _src(bench, row: str) -> str:
     src, bp = render_bwd.render_with_plan(frontend.loads(bench.spec_text(row)).get(), Arch.SM90A)
     assert bp.engine == BwdEngine.WGMMA
+    return src
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_every_ablation_applies_and_differs(row: str) -> None:
+    bench = _benchmarks.load("bwd_ablate")
+    assert sorted(bench.ROWS) == sorted(ROWS)
+    src = _src(bench, row)
     seen = {bench.ablate(src, "base")}
     for what in bench.ABLATIONS[1:]:
         out = bench.ablate(src, what)
         assert out not in seen, what
-        assert len(out) < len(src), what
+        assert out != src, what
         seen.add(out)
     with pytest.raises(ValueError, match="expected text"):
         bench.ablate(src.replace("__syncthreads", "__syncthreads_x"), "no_loop_bar")
 
 
+def test_tile_mode_ablations(monkeypatch) -> None:
+    bench = _benchmarks.load("bwd_ablate")
+    for bm, m in list(plan_bwd.WG_DQ.items()):
+        monkeypatch.setitem(plan_bwd.WG_DQ, bm, m)  # restored after the test
+    plan_bwd.force_wg_dq("tile")
+    src = _src(bench, "d128_l16k_causal")
+    assert "ag_red_add2(row" not in src
+    # the step's bulk reduction is what no_dq_red removes here
+    assert "ag_bulk_reduce_add(p.ws_dq" in src and "ag_bulk_reduce_add(p.ws_dq" not in bench.ablate(src, "no_dq_red")
+    for what in ("no_loop_bar", "no_exp", "no_steps", "no_dkdv"):
+        assert bench.ablate(src, what) != src, what
+    for what in ("no_dq", "no_dq_bar"):
+        with pytest.raises(ValueError, match="expected text"):
+            bench.ablate(src, what)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on the PATH")
 def test_ablated_sources_compile_for_sm90a() -> None:
     bench = _benchmarks.load("bwd_ablate")
-    src, _ = render_bwd.render_with_plan(frontend.loads(bench.spec_text("d128_l16k_causal")).get(), Arch.SM90A)
+    src = _src(bench, "d128_l16k_causal")
     for what in bench.ABLATIONS[1:]:
         nvcc(bench.ablate(src, what), Arch.SM90A, "cubin")
