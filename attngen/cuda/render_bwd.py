@@ -40,6 +40,8 @@ def _header(v: Variant, bp: BwdPlan) -> str:
         "dQ: " + ("deterministic (a dQ kernel per query tile, no atomics)." if bp.deterministic else
                   "fp32 bulk reductions into ws_dq (one a step, cp.reduce.async.bulk), then converted; ws_dq 16-byte aligned."
                   if bp.wg_dq == WgDq.TILE else
+                  "fp32 atomics of four values into ws_dq, then converted; ws_dq 16-byte aligned."
+                  if bp.wg_dq == WgDq.RED4 else
                   "fp32 atomics into ws_dq, then converted."),
         f"Tile: block_m {bp.block_m}, block_n {bp.block_n}; target {bp.arch.value}."
         + (f" Tensor-core dK/dV tile: {bp.tc_block_m} queries x {bp.tc_block_n} keys." if bp.engine != BwdEngine.FFMA else ""),
