@@ -4,12 +4,13 @@ wrong gradients; only their time means anything, as the share of the step each p
 critical path.
 
     python benchmarks/bwd_ablate.py [--out PATH] [--iters N] [--only ROW ...] [--ablations A ...]
-                                    [--wg-dq red2|red4|rows|tile]
+                                    [--wg-dq red2|red4|rows|tile|wg]
 
 Ablations (each a text edit of the rendered source, refused if its text is not found):
   base          the kernel as rendered;
   no_dq_red     the dQ product stays, its fp32 reductions into ws_dq go (red2: the
-                red.global.add.v2 of each pair; tile: the step's bulk reduction);
+                red.global.add.v2 of each pair; tile: the step's bulk reduction; wg: the dQ
+                warpgroup's red.global.add.v2, its hand-off kept);
   no_dq         the whole dQ part goes: the barrier that publishes dS^T, the dQ product, the
                 reductions (the step's last wait stays);
   no_dq_bar     only that barrier goes (the dQ product reads dS^T half written);
@@ -53,6 +54,8 @@ _DQ_END = "\n  }\n  ag_reg_fence(dv);"
 _RED = "ag_red_add2(row + j * 8, SCALE * dq[4 * j + 2 * half], SCALE * dq[4 * j + 2 * half + 1]);"
 _RED_TILE = ("ag_bulk_reduce_add(p.ws_dq + (((long long)b * H + h) * p.Lq + q0) * D, base + SDQ_OFF, "
              "(unsigned)(min(WG_BLOCK_M, p.Lq - q0) * D * 4));")
+# the dQ warpgroup's two reductions (WgDq.WG)
+_RED_WG = ("if (lo) ag_red_add2(g + j * 8, SCALE * x.x, SCALE * x.y);", "if (hi) ag_red_add2(g + 8 * D + j * 8, SCALE * x.z, SCALE * x.w);")
 _STEPS = "  int stage = 0;\n  while (cur < end) {"
 _DKDV = "  const int k0 = blockIdx.x * WG_BLOCK_N, hk = blockIdx.y, b = blockIdx.z;\n  if (k0 >= p.Lk) return;"
 _LOOP_BAR = ("    ag_fence_proxy_async();\n    // This step's tiles have landed (and are visible to wgmma), and every warp is done with the\n"
@@ -70,6 +73,11 @@ def ablate(src: str, what: str) -> str:
     if what == "base":
         return src
     if what == "no_dq_red":
+        if _RED_WG[0] in src:
+            for red in _RED_WG:
+                need(red)
+                src = src.replace(red, ";")
+            return src
         red = _RED_TILE if _RED_TILE in src else _RED
         need(red)
         return src.replace(red, ";")
@@ -150,7 +158,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--only", choices=sorted(ROWS), nargs="*", default=None)
     ap.add_argument("--ablations", choices=ABLATIONS, nargs="*", default=None)
-    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile"], default=None,
+    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile", "wg"], default=None,
                     help="the wgmma kernel's dQ reductions (plan_bwd.WgDq; the plan's choice otherwise)")
     args = ap.parse_args()
     if args.wg_dq:

@@ -2,8 +2,9 @@
 # The thirteenth session's device calls (one H200):
 #   source .whl/env.sh && ITEMS="..." bash tools/device_s13.sh
 # Items, in the order given:
-#   dqab      the wgmma backward's dQ reduction modes A/B: benchmarks/bwd_bench.py --wg-dq red2, tile,
-#             red4 (peers re-timed in each run), then the Flex backward rows with tile and red2
+#   dqab      the wgmma backward's dQ reduction modes A/B: benchmarks/bwd_bench.py --wg-dq over
+#             $DQ_MODES (default red2 wg; peers re-timed in each run), then the Flex backward rows
+#             over $FLEX_MODES (default wg red2)
 #   gpubwd    the GPU backward tests with the dQ mode forced to $AG_WG_DQ (tools/pytest_wg_dq.py)
 #   gpu       the whole GPU test suite (default modes)
 #   san       compute-sanitizer memcheck of the forward and backward odd shapes, backward racecheck
@@ -23,20 +24,20 @@ for it in ${ITEMS:-dqab}; do
   t0=$(date +%s)
   case $it in
     dqab)
-      for m in ${DQ_MODES:-red2 tile red4}; do
+      for m in ${DQ_MODES:-red2 wg}; do
         timeout ${BWD_S:-100} python3 benchmarks/bwd_bench.py --iters 3 --wg-dq "$m" --out "$OUT/bwd_$m.json" > "$LOGS/bwd_$m.txt" 2>&1
         echo "bwd_bench --wg-dq $m rc=$?" >> "$S"
       done
-      for m in ${FLEX_MODES:-tile red2}; do
+      for m in ${FLEX_MODES:-wg red2}; do
         timeout ${FLEX_S:-120} python3 benchmarks/bwd_flex_bench.py --iters 3 --wg-dq "$m" --out "$OUT/bwd_flex_$m.json" > "$LOGS/bwd_flex_$m.txt" 2>&1
         echo "bwd_flex_bench --wg-dq $m rc=$?" >> "$S"
       done ;;
     gpubwd)
-      AG_WG_DQ=${AG_WG_DQ:-tile} PYTHONPATH=tools${PYTHONPATH:+:$PYTHONPATH} HYPOTHESIS_PROFILE=ci timeout ${GPUBWD_S:-200} \
+      AG_WG_DQ=${AG_WG_DQ:-wg} PYTHONPATH=tools${PYTHONPATH:+:$PYTHONPATH} HYPOTHESIS_PROFILE=ci timeout ${GPUBWD_S:-200} \
         python3 -m pytest -q -m gpu -p pytest_wg_dq -p no:cacheprovider -n 15 -rfE --tb=short \
         tests/gpu/test_gpu_backward_wgmma.py tests/gpu/test_gpu_backward.py tests/gpu/test_gpu_backward_features.py tests/gpu/test_gpu_autograd.py \
         > "$LOGS/pytest_gpubwd.txt" 2>&1
-      echo "gpu backward tests (dQ ${AG_WG_DQ:-tile}) rc=$?: $(tail -n 1 "$LOGS/pytest_gpubwd.txt")" >> "$S"
+      echo "gpu backward tests (dQ ${AG_WG_DQ:-wg}) rc=$?: $(tail -n 1 "$LOGS/pytest_gpubwd.txt")" >> "$S"
       grep -E "^(FAILED|ERROR)" "$LOGS/pytest_gpubwd.txt" | head -n 20 >> "$S" ;;
     gpu)
       HYPOTHESIS_PROFILE=ci timeout ${PYTEST_S:-470} python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 15 -rfE --tb=short \

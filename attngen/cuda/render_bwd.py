@@ -13,7 +13,8 @@ from attngen import __version__
 from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.bwd import PRE_THREADS, THREADS, VEC_ELEMS, WG_DQ_PAD, WG_SUB_M, BwdEngine, BwdPlan, plan, wg_dq_cols, WgDq
+from attngen.plan.bwd import (PRE_THREADS, THREADS, VEC_ELEMS, WG_CONSUMER_REGS, WG_DQ_PAD, WG_DQ_REGS, WG_DQ_THREADS, WG_SUB_M, BwdEngine,
+                               BwdPlan, plan, wg_dq_cols, WgDq)
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -42,6 +43,8 @@ def _header(v: Variant, bp: BwdPlan) -> str:
                   if bp.wg_dq == WgDq.TILE else
                   "fp32 atomics of four values into ws_dq, then converted; ws_dq 16-byte aligned."
                   if bp.wg_dq == WgDq.RED4 else
+                  "fp32 atomics into ws_dq from a third warpgroup (each step's dQ staged in shared memory), then converted."
+                  if bp.wg_dq == WgDq.WG else
                   "fp32 atomics into ws_dq, then converted."),
         f"Tile: block_m {bp.block_m}, block_n {bp.block_n}; target {bp.arch.value}."
         + (f" Tensor-core dK/dV tile: {bp.tc_block_m} queries x {bp.tc_block_n} keys." if bp.engine != BwdEngine.FFMA else ""),
@@ -187,6 +190,10 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         dq_tile=bp.wg_dq == WgDq.TILE,
         dq_bulk=bp.wg_dq == WgDq.ROWS,
         dq_red4=bp.wg_dq == WgDq.RED4,
+        dq_wg=bp.wg_dq == WgDq.WG,
+        wg_dq_threads=WG_DQ_THREADS,
+        wg_dq_regs=WG_DQ_REGS,
+        wg_consumer_regs=WG_CONSUMER_REGS,
         # the wgmma step's mask tests: per element after S^T lands with sub-steps (the registers of
         # a visibility word per sub-step are not to spare), else one word before the products
         vis_inline=bp.tc_block_m > WG_SUB_M,
@@ -198,7 +205,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         mma_type="bf16" if v.dtype == DType.BF16 else "f16",
         mma_k16=arch.mma_k16,
         cp_async=arch.cp_async,
-        kernels=[dict(name=k.name, func=k.func, threads=k.threads, smem=k.smem, grid_code=k.grid_code, doc=k.doc) for k in bp.kernels],
+        kernels=[dict(name=k.name, func=k.func, threads=k.threads, smem=k.smem, grid_code=k.grid_code, doc=k.doc, min_blocks=k.min_blocks)
+                 for k in bp.kernels],
         launcher=bp.launcher,
     )
     src = _environment().get_template("bwd/backward.cu.j2").render(**ctx)

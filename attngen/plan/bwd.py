@@ -79,6 +79,9 @@ class WgDq(enum.Enum):
     ROWS = "rows"  # staged in shared memory, one cp.reduce.async.bulk a row (a lane a row)
     TILE = "tile"  # the step's tile staged row-major (column groups rotated by row: conflict-free
     # stores), one cp.reduce.async.bulk a step, issued by the last warp to have written its part
+    WG = "wg"  # a third warpgroup of few registers (setmaxnreg) takes each step's tile from shared
+    # memory (two buffers, staged in the accumulators' own order) and adds it by red.global.add.v2,
+    # so the consumers' next products never wait on the reductions (cuDNN's and FA3's split)
 
 
 # The wgmma dK/dV kernel: a CTA per 128 keys, two warpgroups of 64 keys each (the wgmma M
@@ -92,6 +95,11 @@ WG_SUB_M = 64
 WG_BLOCK_N = 128
 WG_THREADS = 256
 WG_DQ_PAD = 8  # fp32 words padding each staged dQ row (wg_dq_buffer_bytes)
+# WgDq.WG: the dQ warpgroup's threads and the registers setmaxnreg leaves it and gives the two
+# consumer warpgroups: 128 * 24 + 256 * 240 = 384 * 168, the allocation of a 384-thread CTA.
+WG_DQ_THREADS = 128
+WG_DQ_REGS = 24
+WG_CONSUMER_REGS = 240
 # The atomic dQ mode's reductions (WgDq), by query rows a step (64 or 128). H200, bf16
 # (benchmarks/bwd_bench.py, peers in each run): ROWS was 4-11% slower than RED2 with 64-query
 # steps (half rows of 32 or 64 values) and 2-3% slower with 128-query steps at D64 (whole rows of
@@ -103,9 +111,16 @@ WG_DQ_PAD = 8  # fp32 words padding each staged dQ row (wg_dq_buffer_bytes)
 # (benchmarks/bwd_ablate.py, no_dq_red: 365 -> 575 TFLOP/s). TILE now stores conflict-free (each
 # row's 8-column groups rotated by the row mod 4: 2 wavefronts a store) and is issued by whichever
 # warp finishes its part last (a shared-memory count), so no warp waits; FlashAttention-3 gets the
-# same from a dQ layout in the accumulator's own order and a warp of its own. The new TILE and RED4
-# are checked on the CPU (tests/backward/test_bwd_wgmma_emu.py) and by ptxas, not yet timed: RED2
-# stays the default until a GPU A/B (tools/device_s13.sh, item dqab) says otherwise.
+# same from a dQ layout in the accumulator's own order and a warp of its own. Timed on the H200
+# (results/h200_bwd_dq_modes.json), TILE runs at 0.95-0.97x RED2 and RED4 at 0.82-0.99x, so RED2
+# stays. ncu (results/h200_bwd_wgmma_ncu.txt) has cuDNN adding the same dQ sectors into L2 faster
+# than this kernel runs with none: RED2's cost is its reductions' source registers, which the next
+# step's dP^T reuses (they wait on the LSU), and TILE's is 20% more instructions (the rotation's
+# selects) and a wgmma wait ptxas injects. Keeping the 32 dQ registers apart from dP^T does not fit
+# in 255 (ptxas serialises every wgmma, C7512). WG is that split, as in cuDNN's 384-thread kernel:
+# a third warpgroup at 24 registers adds the tiles the consumers (240 registers; ptxas: 0-40 bytes
+# of spills over the examples, no serialised wgmma) stage in shared memory. It runs under the CPU
+# emulation and has not been timed yet (tools/device_s13.sh, item dqab with DQ_MODES="red2 wg").
 WG_DQ = {64: WgDq.RED2, 128: WgDq.RED2}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
@@ -122,6 +137,7 @@ class BwdKernel:
     grid_code: str  # the launch grid as C++ over Params `p` (the launcher's formula)
     doc: str
     max_blocks: int = PRE_MAX_BLOCKS  # the grid-stride row kernels' cap (grid())
+    min_blocks: int = 0  # __launch_bounds__'s second argument (1: setmaxnreg's register cap), 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,14 +287,21 @@ def force_wg_dq(mode: str | WgDq) -> None:
     WG_DQ.update({bm: WgDq(mode) for bm in WG_DQ})
 
 
+def wg_threads(D: int, Dv: int, deterministic: bool = False) -> int:
+    """Threads of the wgmma dK/dV kernel: its two warpgroups, and the dQ warpgroup (WgDq.WG)."""
+    return WG_THREADS + (WG_DQ_THREADS if wg_dq_mode(D, Dv, deterministic) == WgDq.WG else 0)
+
+
 def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
     (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and
-    the dQ tile (WgDq.TILE: WG_BLOCK_M x D fp32 and a 16-byte slot for its warp count) or the
-    staging buffer of the bulk dQ row reductions (WgDq.ROWS: `wg_dq_buffer_bytes`)."""
+    the dQ tile (WgDq.TILE: WG_BLOCK_M x D fp32 and a 16-byte slot for its warp count; WgDq.WG: two
+    such tiles and a 16-byte header each), or the staging buffer of the bulk dQ row reductions
+    (WgDq.ROWS: `wg_dq_buffer_bytes`)."""
     bm = wg_block_m(D, Dv, deterministic)
     return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * bm * D + 2 * bm * Dv + WG_BLOCK_N * bm) + 4 * 4 * bm
-            + {WgDq.TILE: 4 * bm * D + 16, WgDq.ROWS: wg_dq_buffer_bytes(D, bm)}.get(wg_dq_mode(D, Dv, deterministic), 0))
+            + {WgDq.TILE: 4 * bm * D + 16, WgDq.WG: 2 * (4 * bm * D + 16),
+               WgDq.ROWS: wg_dq_buffer_bytes(D, bm)}.get(wg_dq_mode(D, Dv, deterministic), 0))
 
 
 def wgmma_fits(v: Variant, arch: Arch) -> str | None:
@@ -419,7 +442,8 @@ def tok_vecs(v: Variant) -> int:
 
 _WG_DQ_DOC = {None: "", WgDq.RED2: "; dQ by fp32 atomics", WgDq.RED4: "; dQ by fp32 atomics, four values each",
               WgDq.ROWS: "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory",
-              WgDq.TILE: "; dQ a step by one bulk fp32 reduction (cp.reduce.async.bulk) of its tile"}
+              WgDq.TILE: "; dQ a step by one bulk fp32 reduction (cp.reduce.async.bulk) of its tile",
+              WgDq.WG: "; dQ a step staged in shared memory and added by fp32 atomics from a third warpgroup"}
 
 
 def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, engine: BwdEngine | None = None) -> BwdPlan:
@@ -476,10 +500,13 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
     if engine == BwdEngine.WGMMA:
         bn = WG_BLOCK_N
-        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", WG_THREADS, wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic),
+        wg_split = wg_dq_mode(v.head_dim, v.value_head_dim, deterministic) == WgDq.WG
+        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", wg_threads(v.head_dim, v.value_head_dim, deterministic),
+                                 wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic),
                                  f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
                                  "warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
-                                 "query tiles of the group" + _WG_DQ_DOC[wg_dq_mode(v.head_dim, v.value_head_dim, deterministic)]))
+                                 "query tiles of the group" + _WG_DQ_DOC[wg_dq_mode(v.head_dim, v.value_head_dim, deterministic)],
+                                 min_blocks=1 if wg_split else 0))
     elif bn is not None:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
                                  tiles("p.Lk", bn, v.kv_heads),
@@ -563,4 +590,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ", "WgDq", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "WG_DQ", "WgDq", "wg_threads", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

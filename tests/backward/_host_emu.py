@@ -213,6 +213,11 @@ inline void ag_red_add4(float* d, float a, float b, float c, float e) {
   atomicAdd(d, a); atomicAdd(d + 1, b); atomicAdd(d + 2, c); atomicAdd(d + 3, e);
 }
 inline void ag_warp_sync() { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+// WgDq.WG's named barriers (the harness's generation counters) and register moves (nothing to do).
+inline void ag_nbar_sync(int id, int count) { ag_named_bar(id, count, true); }
+inline void ag_nbar_arrive(int id, int count) { ag_named_bar(id, count, false); }
+template <int N> inline void ag_setmaxnreg_dec() {}
+template <int N> inline void ag_setmaxnreg_inc() {}
 // A bulk reduction: the PTX's preconditions (16-byte aligned addresses and sizes) checked at
 // issue; the reads of the shared source happen at the issuing thread's next wait, as late as the
 // hardware may read them, so a kernel that rewrites the source before waiting (or never waits)

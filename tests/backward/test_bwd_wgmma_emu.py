@@ -131,6 +131,26 @@ def test_nvcc_sm90a_without_spills():
                 assert r.spill_stores <= 64, f"{v.name} det={det}: {r}"
 
 
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED2, plan_bwd.WgDq.WG], ids=lambda m: m.value)
+def test_nvcc_sm90a_wgmma_never_serialised(mode, monkeypatch):
+    # ptxas serialises or fences the asynchronous products when registers run short (C7512, or an
+    # injected warpgroup.arrive / wait: C7519, C7517): the default and the dQ-warpgroup mode must
+    # not. The dQ-warpgroup kernel launches at 384 x 168 registers (setmaxnreg moves them), unspilled.
+    for bm in (64, 128):
+        monkeypatch.setitem(plan_bwd.WG_DQ, bm, mode)
+    for d in (64, 128):
+        v = T.variant(T.causal(), (), D=d, heads=4, kv_heads=2, dtype=DType.BF16, name=f"p{d}")
+        src = render_bwd.render(v, Arch.SM90A)
+        _, log = compile_cuda.nvcc(src, Arch.SM90A, "cubin", extra=("-Xptxas", "-v"))
+        assert not any(c in log for c in ("C7512", "C7517", "C7519")), log
+        res = {r.kernel: r for r in compile_cuda.resources(src, Arch.SM90A)}
+        r = next(r for name, r in res.items() if name.endswith("_bwd_dkdv"))
+        assert r.spill_stores == 0 and r.spill_loads == 0, r
+        assert r.registers == (168 if mode == plan_bwd.WgDq.WG else r.registers) <= 255
+
+
 @emu
 def test_bf16_causal_softcap_gqa_odd_lengths_d64():
     # 2 key tiles (128 + 22 keys), 3 query tiles of 64 (the last partial), two heads a kv head;
@@ -194,6 +214,12 @@ def test_force_wg_dq_reaches_plan_render_and_explain(monkeypatch):
     assert "one bulk fp32 reduction" in bp.kernel("ag_bwd_dkdv").doc
     plan_bwd.force_wg_dq(plan_bwd.WgDq.RED4)
     assert "ag_red_add4(row + j * 8" in render_bwd.render(bf, Arch.SM90A)
+    plan_bwd.force_wg_dq("wg")
+    bp = plan_bwd.plan(bf, Arch.SM90A)
+    assert bp.kernel("ag_bwd_dkdv").threads == plan_bwd.wg_threads(128, 128) == 384
+    assert "from a third warpgroup" in bp.kernel("ag_bwd_dkdv").doc
+    header = render_bwd.render(bf, Arch.SM90A).split("// Arguments, in order")[0]  # the header says so
+    assert "dQ: fp32 atomics into ws_dq from a third warpgroup" in header and "384 threads" in header
     with pytest.raises(ValueError):
         plan_bwd.force_wg_dq("red3")
 
@@ -215,16 +241,25 @@ def test_bf16_dense_d64_whole_and_partial_128_query_steps(mode, monkeypatch):
 
 
 @emu
-@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED4, plan_bwd.WgDq.TILE], ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED4, plan_bwd.WgDq.TILE, plan_bwd.WgDq.WG], ids=lambda m: m.value)
 def test_dq_modes_d128_causal_odd_lengths(mode, monkeypatch):
-    # The four-value and tile modes at D128 (64-query steps, the warpgroups split dQ by columns):
-    # causal with a partial last query tile (rows past Lq are never added), two heads a kv head.
+    # The four-value, tile and dQ-warpgroup modes at D128 (64-query steps, the warpgroups split dQ
+    # by columns): causal with a partial last query tile (rows past Lq are never added), two heads
+    # a kv head.
     monkeypatch.setitem(plan_bwd.WG_DQ, 64, mode)
     v = T.variant(T.causal(), (), D=128, heads=4, kv_heads=2, dtype=DType.BF16)
     _, _, bp = _run(v, 1, 200, 200, seed=8)
     src = render_bwd.render(v, Arch.SM90A)
     assert "ag_red_add2(row" not in src
-    if mode == plan_bwd.WgDq.TILE:
+    if mode == plan_bwd.WgDq.WG:
+        # a third warpgroup (setmaxnreg) takes the steps' tiles from two shared-memory buffers; the
+        # consumers meet at a named barrier of their own
+        k = bp.kernel("ag_bwd_dkdv")
+        assert k.threads == 384 and k.min_blocks == 1 and "__launch_bounds__(384, 1)" in src
+        assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_nbar_sync(CONS_BAR, WG_THREADS)" in src
+        assert "  __syncthreads();" not in src.split("__device__ __forceinline__ void ag_bwd_dkdv")[1].split("\n}\n")[0]
+        assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 2 * (64 * 128 * 4 + 16)
+    elif mode == plan_bwd.WgDq.TILE:
         # the tile staged by rotated column groups, issued by the last warp to have written its part
         assert "SDQ_BYTES = WG_BLOCK_M * D * 4 + 16;" in src and "ag_smem_count(base + SDQ_CNT_OFF)" in src
         assert bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 64 * 128 * 4 + 16

@@ -58,6 +58,23 @@ def test_tile_mode_ablations(monkeypatch) -> None:
             bench.ablate(src, what)
 
 
+def test_dq_warpgroup_mode_ablations(monkeypatch) -> None:
+    bench = _benchmarks.load("bwd_ablate")
+    for bm, m in list(plan_bwd.WG_DQ.items()):
+        monkeypatch.setitem(plan_bwd.WG_DQ, bm, m)  # restored after the test
+    plan_bwd.force_wg_dq("wg")
+    src = _src(bench, "d128_l16k_causal")
+    assert "ag_red_add2(row" not in src and src.count("ag_red_add2(g") == 2
+    # the dQ warpgroup's reductions are what no_dq_red removes; its hand-off through shared memory stays
+    cut = bench.ablate(src, "no_dq_red")
+    assert "ag_red_add2(g" not in cut and "ag_wg_dq_adder(p, ag_smem" in cut and "ag_nbar_arrive(DQ_FULL_BAR" in cut
+    for what in ("no_exp", "no_steps", "no_dkdv"):
+        assert bench.ablate(src, what) != src, what
+    for what in ("no_dq", "no_dq_bar", "no_loop_bar"):  # its consumers meet at a named barrier
+        with pytest.raises(ValueError, match="expected text"):
+            bench.ablate(src, what)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on the PATH")
 def test_ablated_sources_compile_for_sm90a() -> None:
     bench = _benchmarks.load("bwd_ablate")
