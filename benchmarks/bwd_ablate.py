@@ -55,7 +55,7 @@ _RED = "ag_red_add2(row + j * 8, SCALE * dq[4 * j + 2 * half], SCALE * dq[4 * j 
 _RED_TILE = ("ag_bulk_reduce_add(p.ws_dq + (((long long)b * H + h) * p.Lq + q0) * D, base + SDQ_OFF, "
              "(unsigned)(min(WG_BLOCK_M, p.Lq - q0) * D * 4));")
 # the dQ warpgroup's two reductions (WgDq.WG)
-_RED_WG = ("if (lo) ag_red_add2(g + j * 8, SCALE * x.x, SCALE * x.y);", "if (hi) ag_red_add2(g + 8 * D + j * 8, SCALE * x.z, SCALE * x.w);")
+_RED_WG = ("ag_red_add2(g + j * 8, SCALE * x.x, SCALE * x.y);", "ag_red_add2(g + 8 * D + j * 8, SCALE * x.z, SCALE * x.w);")
 _STEPS = "  int stage = 0;\n  while (cur < end) {"
 _DKDV = "  const int k0 = blockIdx.x * WG_BLOCK_N, hk = blockIdx.y, b = blockIdx.z;\n  if (k0 >= p.Lk) return;"
 _LOOP_BAR = ("    ag_fence_proxy_async();\n    // This step's tiles have landed (and are visible to wgmma), and every warp is done with the\n"
@@ -73,11 +73,8 @@ def ablate(src: str, what: str) -> str:
     if what == "base":
         return src
     if what == "no_dq_red":
-        if _RED_WG[0] in src:
-            for red in _RED_WG:
-                need(red)
-                src = src.replace(red, ";")
-            return src
+        if _RED_WG[0] in src:  # whole tiles' and partial tiles' reductions alike
+            return src.replace(_RED_WG[0], ";").replace(_RED_WG[1], ";")
         red = _RED_TILE if _RED_TILE in src else _RED
         need(red)
         return src.replace(red, ";")

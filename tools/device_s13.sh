@@ -19,6 +19,9 @@ OUT=${OUT:-/tmp/out}
 LOGS=/tmp/device-s13-logs
 mkdir -p "$OUT" "$LOGS"
 S="$OUT/summary.txt"
+# xdist's work stealing (3.2+) keeps idle workers busy while the slowest tests (100-120 s each) run;
+# the default scheduling left tests queued behind them when the fourteenth session's suite was cut
+DIST=$(python3 -c "import sys, xdist; sys.exit(0 if tuple(map(int, xdist.__version__.split('.')[:2])) >= (3, 2) else 1)" 2>/dev/null && echo "--dist worksteal")
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee -a "$S"
 for it in ${ITEMS:-dqab}; do
   t0=$(date +%s)
@@ -34,13 +37,13 @@ for it in ${ITEMS:-dqab}; do
       done ;;
     gpubwd)
       AG_WG_DQ=${AG_WG_DQ:-wg} PYTHONPATH=tools${PYTHONPATH:+:$PYTHONPATH} HYPOTHESIS_PROFILE=ci timeout ${GPUBWD_S:-200} \
-        python3 -m pytest -q -m gpu -p pytest_wg_dq -p no:cacheprovider -n 15 -rfE --tb=short \
+        python3 -m pytest -q -m gpu -p pytest_wg_dq -p no:cacheprovider -n 15 $DIST -rfE --tb=short \
         tests/gpu/test_gpu_backward_wgmma.py tests/gpu/test_gpu_backward.py tests/gpu/test_gpu_backward_features.py tests/gpu/test_gpu_autograd.py \
         > "$LOGS/pytest_gpubwd.txt" 2>&1
       echo "gpu backward tests (dQ ${AG_WG_DQ:-wg}) rc=$?: $(tail -n 1 "$LOGS/pytest_gpubwd.txt")" >> "$S"
       grep -E "^(FAILED|ERROR)" "$LOGS/pytest_gpubwd.txt" | head -n 20 >> "$S" ;;
     gpu)
-      HYPOTHESIS_PROFILE=ci timeout ${PYTEST_S:-470} python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 15 -rfE --tb=short \
+      HYPOTHESIS_PROFILE=ci timeout ${PYTEST_S:-470} python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 15 $DIST -rfE --tb=short --durations=15 \
         > "$LOGS/pytest_gpu.txt" 2>&1
       echo "gpu pytest rc=$?: $(tail -n 1 "$LOGS/pytest_gpu.txt")" >> "$S"
       grep -E "^(FAILED|ERROR)" "$LOGS/pytest_gpu.txt" | head -n 30 >> "$S" ;;

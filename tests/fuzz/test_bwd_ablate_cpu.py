@@ -64,7 +64,7 @@ def test_dq_warpgroup_mode_ablations(monkeypatch) -> None:
         monkeypatch.setitem(plan_bwd.WG_DQ, bm, m)  # restored after the test
     plan_bwd.force_wg_dq("wg")
     src = _src(bench, "d128_l16k_causal")
-    assert "ag_red_add2(row" not in src and src.count("ag_red_add2(g") == 2
+    assert "ag_red_add2(row" not in src and src.count("ag_red_add2(g") == 4
     # the dQ warpgroup's reductions are what no_dq_red removes; its hand-off through shared memory stays
     cut = bench.ablate(src, "no_dq_red")
     assert "ag_red_add2(g" not in cut and "ag_wg_dq_adder(p, ag_smem" in cut and "ag_nbar_arrive(DQ_FULL_BAR" in cut
