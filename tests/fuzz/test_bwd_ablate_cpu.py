@@ -42,12 +42,17 @@ def test_every_ablation_applies_and_differs(row: str) -> None:
         bench.ablate(src.replace("__syncthreads", "__syncthreads_x"), "no_loop_bar")
 
 
+def _forced_src(bench, mode: str, monkeypatch) -> str:
+    """The D128 causal row's source with the dQ mode forced to `mode` (WG_DQ restored after the test)."""
+    for bm, m in list(plan_bwd.WG_DQ.items()):
+        monkeypatch.setitem(plan_bwd.WG_DQ, bm, m)
+    plan_bwd.force_wg_dq(mode)
+    return _src(bench, "d128_l16k_causal")
+
+
 def test_tile_mode_ablations(monkeypatch) -> None:
     bench = _benchmarks.load("bwd_ablate")
-    for bm, m in list(plan_bwd.WG_DQ.items()):
-        monkeypatch.setitem(plan_bwd.WG_DQ, bm, m)  # restored after the test
-    plan_bwd.force_wg_dq("tile")
-    src = _src(bench, "d128_l16k_causal")
+    src = _forced_src(bench, "tile", monkeypatch)
     assert "ag_red_add2(row" not in src
     # the step's bulk reduction is what no_dq_red removes here
     assert "ag_bulk_reduce_add(p.ws_dq" in src and "ag_bulk_reduce_add(p.ws_dq" not in bench.ablate(src, "no_dq_red")
@@ -60,10 +65,7 @@ def test_tile_mode_ablations(monkeypatch) -> None:
 
 def test_dq_warpgroup_mode_ablations(monkeypatch) -> None:
     bench = _benchmarks.load("bwd_ablate")
-    for bm, m in list(plan_bwd.WG_DQ.items()):
-        monkeypatch.setitem(plan_bwd.WG_DQ, bm, m)  # restored after the test
-    plan_bwd.force_wg_dq("wg")
-    src = _src(bench, "d128_l16k_causal")
+    src = _forced_src(bench, "wg", monkeypatch)
     assert "ag_red_add2(row" not in src and src.count("ag_red_add2(g") == 4
     # the dQ warpgroup's reductions are what no_dq_red removes; its hand-off through shared memory stays
     cut = bench.ablate(src, "no_dq_red")
