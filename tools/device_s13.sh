@@ -8,6 +8,8 @@
 #   gpubwd    the GPU backward tests with the dQ mode forced to $AG_WG_DQ (tools/pytest_wg_dq.py)
 #   gpu       the whole GPU test suite (default modes)
 #   san       compute-sanitizer memcheck of the forward and backward odd shapes, backward racecheck
+#   sanwg     memcheck, racecheck and synccheck of the backward odd shapes with the dQ mode forced
+#             to $AG_WG_DQ (default wg: its named barriers and the hand-off between warpgroups)
 #   fuzzbwd   fuzz --pass backward over the training examples
 #   ablate    benchmarks/bwd_ablate.py (where the backward's time goes: the dQ reductions, the
 #             per-CTA fixed cost, the pre/finish kernels) on four rows, dQ mode $ABLATE_DQ (default
@@ -54,6 +56,12 @@ for it in ${ITEMS:-dqab}; do
       echo "memcheck backward rc=$? ($(tail -n 1 "$LOGS/san_bwd.txt"))" >> "$S"
       timeout 70 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_bwd_cases.py --quick > "$LOGS/san_race.txt" 2>&1
       echo "racecheck backward rc=$? ($(grep -E 'RACECHECK SUMMARY' "$LOGS/san_race.txt" | tail -n 1); $(tail -n 1 "$LOGS/san_race.txt"))" >> "$S" ;;
+    sanwg)
+      for tool in memcheck racecheck synccheck; do
+        AG_WG_DQ=${AG_WG_DQ:-wg} timeout ${SANWG_S:-90} compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_bwd_cases.py --quick \
+          > "$LOGS/sanwg_$tool.txt" 2>&1
+        echo "$tool backward (dQ ${AG_WG_DQ:-wg}) rc=$? ($(grep -E 'SUMMARY' "$LOGS/sanwg_$tool.txt" | tail -n 1); $(tail -n 1 "$LOGS/sanwg_$tool.txt"))" >> "$S"
+      done ;;
     fuzzbwd)
       OUT="$LOGS" timeout 60 bash tests/gpu/bwd_features_gpu.sh 4 > "$LOGS/fuzz_bwd.txt" 2>&1
       echo "fuzz --pass backward rc=$?: $(grep -E 'on GPU in' "$LOGS/fuzz_bwd.txt" | sed 's/.*attngen fuzz: //' | tr '\n' ';')" >> "$S" ;;
