@@ -104,8 +104,9 @@ WG_CONSUMER_REGS = 240
 # (benchmarks/bwd_bench.py, peers in each run): ROWS was 4-11% slower than RED2 with 64-query
 # steps (half rows of 32 or 64 values) and 2-3% slower with 128-query steps at D64 (whole rows of
 # 64). TILE's first form (a 32 KB transfer a step in place of 4096 red.global.add.v2) ran 283 / 290
-# / 263 / 245 / 229 TFLOP/s on the five rows against RED2's 365 / 370 / 288 / 261 / 279
-# (results/h200_bwd_dq_modes.json): the warps' stores of the accumulator layout into row-major fp32
+# / 263 / 245 / 229 TFLOP/s on the five rows against RED2's 365 / 370 / 288 / 261 / 279 (the
+# thirteenth session's results/h200_bwd_dq_modes.json, in git history; today's file holds the
+# later A/B below): the warps' stores of the accumulator layout into row-major fp32
 # rows took 8 wavefronts each, and warp 0 waited for all eight warps a step before it issued (its
 # warpgroup's next products waited with it). The reductions cost 36% of the D128 L16k backward
 # (benchmarks/bwd_ablate.py, no_dq_red: 365 -> 575 TFLOP/s). TILE now stores conflict-free (each
