@@ -10,7 +10,7 @@ Ablations (each a text edit of the rendered source, refused if its text is not f
   base          the kernel as rendered;
   no_dq_red     the dQ product stays, its fp32 reductions into ws_dq go (red2: the
                 red.global.add.v2 of each pair; tile: the step's bulk reduction; wg: the dQ
-                warpgroup's red.global.add.v2, its hand-off kept);
+                warpgroup's red.global.add.v4 and v2, its hand-off kept);
   no_dq         the whole dQ part goes: the barrier that publishes dS^T, the dQ product, the
                 reductions (the step's last wait stays);
   no_dq_bar     only that barrier goes (the dQ product reads dS^T half written);
@@ -20,8 +20,8 @@ Ablations (each a text edit of the rendered source, refused if its text is not f
                 fixed cost (K/V in, the first walk, dK/dV out) and the pre and finish kernels;
   no_dkdv       the dK/dV kernel returns at once: the pre and finish kernels, the workspace
                 clearing and the launches alone.
-no_dq and no_dq_bar find their text only in the red2 and red4 kernels; an ablation whose text a
-mode's kernel lacks is recorded as skipped. Rows: the backward bench's D128 B2 H16 L16k dense and
+no_dq and no_dq_bar find their text only in the red2, red4 and wg kernels; an ablation whose text
+a mode's kernel lacks is recorded as skipped. Rows: the backward bench's D128 B2 H16 L16k dense and
 causal, its D128 B16 H16 L2k causal, and a 1024-key causal sliding window at D128 B2 H16 L16k.
 Inputs random normal; every timed launch queued behind a spin kernel. Results: JSON to PATH
 (default $OUT/h200_bwd_ablate.json if $OUT is set, else benchmarks/results/h200_bwd_ablate.json)
@@ -55,7 +55,10 @@ _RED = "ag_red_add2(row + j * 8, SCALE * dq[4 * j + 2 * half], SCALE * dq[4 * j 
 _RED_TILE = ("ag_bulk_reduce_add(p.ws_dq + (((long long)b * H + h) * p.Lq + q0) * D, base + SDQ_OFF, "
              "(unsigned)(min(WG_BLOCK_M, p.Lq - q0) * D * 4));")
 # the dQ warpgroup's two reductions (WgDq.WG)
-_RED_WG = ("ag_red_add2(g + j * 8, SCALE * x.x, SCALE * x.y);", "ag_red_add2(g + 8 * D + j * 8, SCALE * x.z, SCALE * x.w);")
+_RED_WG = ("ag_red_add4(g4 + j * 8, SCALE * (odd ? y0 : x.x), SCALE * (odd ? y1 : x.y), SCALE * (odd ? x.z : y0), SCALE * (odd ? x.w : y1));",
+           "ag_red_add2(g + j * 8, SCALE * x.x, SCALE * x.y);", "ag_red_add2(g + 8 * D + j * 8, SCALE * x.z, SCALE * x.w);")
+# WgDq.WG's consumer warpgroups meet at a named barrier where the other modes' CTAs __syncthreads
+_BARS = ("__syncthreads();", "ag_nbar_sync(CONS_BAR, WG_THREADS);")
 _STEPS = "  int stage = 0;\n  while (cur < end) {"
 _DKDV = "  const int k0 = blockIdx.x * WG_BLOCK_N, hk = blockIdx.y, b = blockIdx.z;\n  if (k0 >= p.Lk) return;"
 _LOOP_BAR = ("    ag_fence_proxy_async();\n    // This step's tiles have landed (and are visible to wgmma), and every warp is done with the\n"
@@ -72,23 +75,34 @@ def ablate(src: str, what: str) -> str:
 
     if what == "base":
         return src
+    def barrier_form(text: str) -> tuple[str, str]:
+        """`text` as this kernel spells its consumers' barrier, and that barrier."""
+        for bar in _BARS:
+            if src.count(text.replace(_BARS[0], bar)) == 1:
+                return text.replace(_BARS[0], bar), bar
+        need(text)
+        raise AssertionError("unreachable")
+
     if what == "no_dq_red":
         if _RED_WG[0] in src:  # whole tiles' and partial tiles' reductions alike
-            return src.replace(_RED_WG[0], ";").replace(_RED_WG[1], ";")
+            for red in _RED_WG:
+                need(red)
+                src = src.replace(red, ";")
+            return src
         red = _RED_TILE if _RED_TILE in src else _RED
         need(red)
         return src.replace(red, ";")
-    if what == "no_dq":
-        need(_DQ_START)
-        a = src.index(_DQ_START)
+    if what == "no_dq":  # with WgDq.WG the hand-off goes too: the dQ warpgroup sees only the last header
+        start, _ = barrier_form(_DQ_START)
+        a = src.index(start)
         e = src.index(_DQ_END, a)
         return src[:a] + "  ag_wgmma_wait<0>();" + src[e + len("\n  }"):]
     if what == "no_dq_bar":
-        need(_DQ_START)
-        return src.replace(_DQ_START, _DQ_START.replace("  __syncthreads();\n", "", 1))
+        start, bar = barrier_form(_DQ_START)
+        return src.replace(start, start.replace(f"  {bar}\n", "", 1))
     if what == "no_loop_bar":
-        need(_LOOP_BAR)
-        return src.replace(_LOOP_BAR, _LOOP_BAR.replace("    __syncthreads();\n", ""))
+        loop, bar = barrier_form(_LOOP_BAR)
+        return src.replace(loop, loop.replace(f"    {bar}\n", ""))
     if what == "no_exp":
         need(_EXP)
         return src.replace(_EXP, "(s[4 * j + e] * (SCALE * LOG2E) - sl[qc])")

@@ -80,7 +80,7 @@ class WgDq(enum.Enum):
     TILE = "tile"  # the step's tile staged row-major (column groups rotated by row: conflict-free
     # stores), one cp.reduce.async.bulk a step, issued by the last warp to have written its part
     WG = "wg"  # a third warpgroup of few registers (setmaxnreg) takes each step's tile from shared
-    # memory (two buffers, staged in the accumulators' own order) and adds it by red.global.add.v2,
+    # memory (two buffers, staged in the accumulators' own order) and adds it by red.global.add.v4,
     # so the consumers' next products never wait on the reductions (cuDNN's and FA3's split)
 
 
@@ -120,9 +120,14 @@ WG_CONSUMER_REGS = 240
 # selects) and a wgmma wait ptxas injects. Keeping the 32 dQ registers apart from dP^T does not fit
 # in 255 (ptxas serialises every wgmma, C7512). WG is that split, as in cuDNN's 384-thread kernel:
 # a third warpgroup at 24 registers adds the tiles the consumers (240 registers; ptxas: 0-40 bytes
-# of spills over the examples, no serialised wgmma) stage in shared memory. It runs under the CPU
-# emulation and has not been timed yet (tools/device_s13.sh, item dqab with DQ_MODES="red2 wg").
-WG_DQ = {64: WgDq.RED2, 128: WgDq.RED2}
+# of spills over the examples, no serialised wgmma) stage in shared memory. Timed on the H200 in
+# the fifteenth session (results/h200_bwd_dq_modes.json, peers re-timed in each run), WG's first
+# form (v2 reductions) ran 380 / 394 / 324 / 277 / 298 TFLOP/s on the five rows against RED2's
+# 369 / 371 / 291 / 255 / 282 (1.03-1.11x), so it is the default; its whole tiles' reductions as
+# v4 of lane pairs (results/h200_bwd_wgmma.json: 380 / 401 / 326 / 275 / 299) are within 2%, so
+# the dQ warpgroup's issue rate is not the limit. dQ with its hand-off still costs 32% at D128
+# L16k (results/h200_bwd_ablate.json: 385 TFLOP/s, 459 without the reductions, 566 without dQ).
+WG_DQ = {64: WgDq.WG, 128: WgDq.WG}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
 # `plan(..., engine=BwdEngine.WGMMA)`).

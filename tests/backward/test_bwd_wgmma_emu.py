@@ -73,11 +73,13 @@ def test_engine_choice_plan_and_explain(monkeypatch):
         plan_bwd.plan(T.variant(T.causal(), (), D=128, heads=2), Arch.SM90A, engine=BwdEngine.MMA)
     bp = plan_bwd.plan(bf, Arch.SM90A)
     k = bp.kernel("ag_bwd_dkdv")
-    assert (bp.tc_block_m, bp.tc_block_n, k.threads) == (64, 128, 256)
-    # 64-query steps: red.global dQ reductions, no staging buffer (neither bulk mode by default).
-    assert bp.wg_dq == plan_bwd.wg_dq_mode(128, 128) == plan_bwd.WgDq.RED2 and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.RED2
+    # 64-query steps; dQ from a third warpgroup (384 threads) out of two staged fp32 dQ tiles, each
+    # with a 16-byte header. The deterministic kernel keeps 256 threads and no dQ buffers.
+    assert (bp.tc_block_m, bp.tc_block_n, k.threads) == (64, 128, 384)
+    assert bp.wg_dq == plan_bwd.wg_dq_mode(128, 128) == plan_bwd.WgDq.WG and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.WG
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).wg_dq is None and plan_bwd.plan(bf, Arch.SM80).wg_dq is None
-    assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 and k.smem <= Arch.SM90A.smem_budget
+    assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 2 * (64 * 128 * 4 + 16) and k.smem <= Arch.SM90A.smem_budget
+    assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").threads == 256
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, True) == 148480
     # D64 = Dv: steps of 128 queries (two sub-steps of 64), dQ split by rows (N = 64), one CTA an SM
     # (registers: 232-255 a thread); elsewhere 64 queries.
@@ -85,7 +87,7 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     assert h64_bp.tc_block_m == 128 and plan_bwd.wg_dq_cols(64, 128) == 64 and plan_bwd.wg_dq_cols(128, 64) == 64
     # ... dQ staged (8 warps x 16 rows x (64 + 8) fp32 words) and added by bulk reductions, a row a lane.
     rows = plan_bwd.WG_DQ[128] == plan_bwd.WgDq.ROWS
-    staging = 8 * 16 * 72 * 4 if rows else 0
+    staging = 8 * 16 * 72 * 4 if rows else 2 * (128 * 64 * 4 + 16) if plan_bwd.WG_DQ[128] == plan_bwd.WgDq.WG else 0
     assert h64_bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(64, 64) == 2 * (6 * 128 * 64 + 128 * 128) + 16 * 128 + staging
     assert plan_bwd.plan(T.variant(T.causal(), (), D=64, Dv=128, heads=2, dtype=DType.BF16), Arch.SM90A).tc_block_m == 64
     h64_src = render_bwd.render(h64, Arch.SM90A)
@@ -97,7 +99,8 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
     src = render_bwd.render(bf, Arch.SM90A)
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src and "ag_wg_step<false>" in src
-    assert "ag_red_add2(row" in src and "ag_bulk_reduce_add(p.ws_dq" not in src and "SDQ_BYTES = 0;" in src
+    assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_red_add2(row" not in src and "ag_bulk_reduce_add(p.ws_dq" not in src
+    assert "__launch_bounds__(384, 1)" in src and "setmaxnreg.dec.sync.aligned.u32" in src
     assert "mma.sync" not in src
     det = render_bwd.render(bf, Arch.SM90A, deterministic=True)
     assert "ag_bwd_dq(p)" in det and "ag_bulk_reduce_add(p.ws_dq" not in det and "SDQ_BYTES = 0;" in det
@@ -206,7 +209,7 @@ def test_force_wg_dq_reaches_plan_render_and_explain(monkeypatch):
     for bm, m in list(plan_bwd.WG_DQ.items()):
         monkeypatch.setitem(plan_bwd.WG_DQ, bm, m)  # restored after the test
     bf = T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16)
-    assert plan_bwd.plan(bf, Arch.SM90A).wg_dq == plan_bwd.WgDq.RED2
+    assert plan_bwd.plan(bf, Arch.SM90A).wg_dq == plan_bwd.WgDq.WG
     plan_bwd.force_wg_dq("tile")
     bp = plan_bwd.plan(bf, Arch.SM90A)
     assert bp.wg_dq == plan_bwd.WgDq.TILE and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.TILE

@@ -1,7 +1,8 @@
 """The backward ablation script's CPU parts: every ablation finds its text in the rendered wgmma
 backward of every row (so a template change cannot silently turn one into the base kernel), each
-removes something, and every ablated source still compiles for sm_90a; under the tile dQ mode the
-ablations whose part that kernel has apply too, and the others are refused (recorded as skipped)."""
+removes something, and every ablated source still compiles for sm_90a; under the tile and wg dQ
+modes the ablations whose part that kernel has apply too, and the others are refused (recorded as
+skipped)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_every_ablation_applies_and_differs(row: str) -> None:
         assert out != src, what
         seen.add(out)
     with pytest.raises(ValueError, match="expected text"):
-        bench.ablate(src.replace("__syncthreads", "__syncthreads_x"), "no_loop_bar")
+        bench.ablate(src.replace("__syncthreads", "__syncthreads_x").replace("ag_nbar_sync(CONS_BAR", "ag_nbar_sync_x(CONS_BAR"), "no_loop_bar")
 
 
 def _forced_src(bench, mode: str, monkeypatch) -> str:
@@ -66,15 +67,19 @@ def test_tile_mode_ablations(monkeypatch) -> None:
 def test_dq_warpgroup_mode_ablations(monkeypatch) -> None:
     bench = _benchmarks.load("bwd_ablate")
     src = _forced_src(bench, "wg", monkeypatch)
-    assert "ag_red_add2(row" not in src and src.count("ag_red_add2(g") == 4
+    # whole tiles by v4 reductions of lane pairs, a head's last partial tile by v2
+    assert "ag_red_add2(row" not in src and src.count("ag_red_add2(g") == 2 and src.count("ag_red_add4(g4") == 1
     # the dQ warpgroup's reductions are what no_dq_red removes; its hand-off through shared memory stays
     cut = bench.ablate(src, "no_dq_red")
-    assert "ag_red_add2(g" not in cut and "ag_wg_dq_adder(p, ag_smem" in cut and "ag_nbar_arrive(DQ_FULL_BAR" in cut
+    assert "ag_red_add2(g" not in cut and "ag_red_add4(g4" not in cut
+    assert "ag_wg_dq_adder(p, ag_smem" in cut and "ag_nbar_arrive(DQ_FULL_BAR" in cut
     for what in ("no_exp", "no_steps", "no_dkdv"):
         assert bench.ablate(src, what) != src, what
-    for what in ("no_dq", "no_dq_bar", "no_loop_bar"):  # its consumers meet at a named barrier
-        with pytest.raises(ValueError, match="expected text"):
-            bench.ablate(src, what)
+    # its consumers meet at a named barrier, which the barrier ablations find in place of __syncthreads
+    assert "ag_nbar_sync(CONS_BAR, WG_THREADS);" not in bench.ablate(src, "no_loop_bar").split("while (cur < end)")[1].split("const int cls")[0]
+    no_dq = bench.ablate(src, "no_dq")
+    assert "ag_nbar_arrive(DQ_FULL_BAR + dq_buf" in no_dq and no_dq.count("ag_nbar_arrive(DQ_FULL_BAR + dq_buf") == 1  # only the stop header's
+    assert bench.ablate(src, "no_dq_bar") != src
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on the PATH")
