@@ -14,14 +14,20 @@ Ablations (each a text edit of the rendered source, refused if its text is not f
   no_dq         the whole dQ part goes: the barrier that publishes dS^T, the dQ product, the
                 reductions (the step's last wait stays);
   no_dq_bar     only that barrier goes (the dQ product reads dS^T half written);
+  no_dq_store   (wg) the consumers' stores of their dQ tile into the shared buffer go; the
+                barriers of the hand-off and the header stay (the dQ warpgroup adds stale tiles);
+  no_dq_handoff (wg) the whole hand-off goes (the EMPTY wait, the stores, the FULL arrive): the
+                dQ product stays, and the dQ warpgroup sees only the stop header;
   no_loop_bar   the barrier at the top of each step goes (stage buffers race);
   no_exp        P = exp2(x) becomes P = x (the MUFU work of the softmax);
   no_steps      the dK/dV kernel's loop over its query tiles goes: what is left is each CTA's
                 fixed cost (K/V in, the first walk, dK/dV out) and the pre and finish kernels;
   no_dkdv       the dK/dV kernel returns at once: the pre and finish kernels, the workspace
                 clearing and the launches alone.
-no_dq and no_dq_bar find their text only in the red2, red4 and wg kernels; an ablation whose text
-a mode's kernel lacks is recorded as skipped. Rows: the backward bench's D128 B2 H16 L16k dense and
+no_dq and no_dq_bar find their text only in the red2, red4 and wg kernels, no_dq_store and
+no_dq_handoff only in wg's; an ablation whose text a mode's kernel lacks is recorded as skipped.
+Under wg the cuts that remove the hand-off also keep the dQ buffer index at 0, so that the stop
+header lands in the buffer the dQ warpgroup waits on first (an odd step count would hang it). Rows: the backward bench's D128 B2 H16 L16k dense and
 causal, its D128 B16 H16 L2k causal, and a 1024-key causal sliding window at D128 B2 H16 L16k.
 Inputs random normal; every timed launch queued behind a spin kernel. Results: JSON to PATH
 (default $OUT/h200_bwd_ablate.json if $OUT is set, else benchmarks/results/h200_bwd_ablate.json)
@@ -59,6 +65,11 @@ _RED_WG = ("ag_red_add4(g4 + j * 8, SCALE * (odd ? y0 : x.x), SCALE * (odd ? y1 
            "ag_red_add2(g + j * 8, SCALE * x.x, SCALE * x.y);", "ag_red_add2(g + 8 * D + j * 8, SCALE * x.z, SCALE * x.w);")
 # WgDq.WG's consumer warpgroups meet at a named barrier where the other modes' CTAs __syncthreads
 _BARS = ("__syncthreads();", "ag_nbar_sync(CONS_BAR, WG_THREADS);")
+# WgDq.WG's hand-off of the dQ tile (consumer side) and its buffer index's turn a step
+_WG_STORE = ("#pragma unroll\n      for (int j = 0; j < DQ_N / 8; ++j) buf[j * WG_THREADS + tid] = "
+             "make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);\n")
+_WG_HANDOFF = ("    ag_nbar_sync(DQ_EMPTY_BAR + dq_buf, WG_CTA_THREADS);\n", "    ag_nbar_arrive(DQ_FULL_BAR + dq_buf, WG_CTA_THREADS);\n")
+_WG_TURN = "    dq_buf ^= 1;\n"
 _STEPS = "  int stage = 0;\n  while (cur < end) {"
 _DKDV = "  const int k0 = blockIdx.x * WG_BLOCK_N, hk = blockIdx.y, b = blockIdx.z;\n  if (k0 >= p.Lk) return;"
 _LOOP_BAR = ("    ag_fence_proxy_async();\n    // This step's tiles have landed (and are visible to wgmma), and every warp is done with the\n"
@@ -96,10 +107,19 @@ def ablate(src: str, what: str) -> str:
         start, _ = barrier_form(_DQ_START)
         a = src.index(start)
         e = src.index(_DQ_END, a)
-        return src[:a] + "  ag_wgmma_wait<0>();" + src[e + len("\n  }"):]
+        return src[:a] + "  ag_wgmma_wait<0>();" + src[e + len("\n  }"):].replace(_WG_TURN, "")
     if what == "no_dq_bar":
         start, bar = barrier_form(_DQ_START)
         return src.replace(start, start.replace(f"  {bar}\n", "", 1))
+    if what == "no_dq_store":
+        need(_WG_STORE)
+        return src.replace(_WG_STORE, "")
+    if what == "no_dq_handoff":
+        for part in (*_WG_HANDOFF, _WG_TURN):
+            need(part)
+        a = src.index(_WG_HANDOFF[0])
+        e = src.index(_WG_HANDOFF[1], a) + len(_WG_HANDOFF[1])
+        return (src[:a] + src[e:]).replace(_WG_TURN, "")
     if what == "no_loop_bar":
         loop, bar = barrier_form(_LOOP_BAR)
         return src.replace(loop, loop.replace(f"    {bar}\n", ""))
@@ -115,7 +135,8 @@ def ablate(src: str, what: str) -> str:
     raise ValueError(f"unknown ablation {what}")
 
 
-ABLATIONS = ("base", "no_dq_red", "no_dq", "no_dq_bar", "no_loop_bar", "no_exp", "no_steps", "no_dkdv")
+ABLATIONS = ("base", "no_dq_red", "no_dq", "no_dq_bar", "no_dq_store", "no_dq_handoff", "no_loop_bar", "no_exp", "no_steps",
+             "no_dkdv")
 
 
 def spec_text(name: str) -> str:

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# The thirteenth session's device calls (one H200):
+# The device calls of the thirteenth to fifteenth sessions (one H200):
 #   source .whl/env.sh && ITEMS="..." bash tools/device_s13.sh
 # Items, in the order given:
-#   smokewg   the backward odd shapes with the dQ mode forced to $AG_WG_DQ (default wg), no sanitizer,
-#             under a short timeout: a hang or a wrong gradient shows here first, and then the items
-#             after it leave that mode out of dqab and skip gpubwd (sanwg still runs: it is the diagnosis)
+#   smokewg   the backward odd shapes with the dQ mode forced to $AG_WG_DQ (default wg), no
+#             sanitizer, under $SMOKE_S (150 s: cold compiles took 60 s in the fifteenth session): a
+#             hang or a wrong gradient shows here first, and then the items after it leave that
+#             mode out of dqab and skip gpubwd (sanwg still runs: it is the diagnosis)
 #   dqab      the wgmma backward's dQ reduction modes A/B: benchmarks/bwd_bench.py --wg-dq over
 #             $DQ_MODES (default red2 wg; peers re-timed in each run), then the Flex backward rows
 #             over $FLEX_MODES (default wg red2)
 #   bwd       the backward suite rows on the plan's defaults: benchmarks/bwd_bench.py --also-engine mma
 #             (results h200_bwd_wgmma.json) and bwd_flex_bench.py (h200_bwd_flex.json)
-#   nbarprobe compute-sanitizer racecheck of tools/racecheck_nbar_probe.cu (built here into
-#             .whl/nbar_probe, which travels with the .whl carry): the named-barrier hand-off of
+#   nbarprobe compute-sanitizer racecheck of tools/racecheck_nbar_probe.cu (built beforehand on the
+#             CPU machine: nvcc -arch=sm_90a -o .whl/nbar_probe tools/racecheck_nbar_probe.cu; it
+#             travels with the .whl carry): the named-barrier hand-off of
 #             WgDq.WG, a lockstep control and a real race, so that a racecheck report on the kernel
 #             can be read against what the tool says of a known-correct protocol
 #   gpubwd    the GPU backward tests with the dQ mode forced to $AG_WG_DQ (tools/pytest_wg_dq.py)
@@ -26,12 +28,13 @@
 #   ablate    benchmarks/bwd_ablate.py (where the backward's time goes: the dQ reductions, the
 #             per-CTA fixed cost, the pre/finish kernels) on four rows, dQ mode $ABLATE_DQ (default
 #             the plan's)
-# Results under $OUT, logs in $OUT/logs, a summary last.
+# Results under $OUT, logs in $OUT/logs.tgz, a summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache
 OUT=${OUT:-/tmp/out}
-# logs live under $OUT, so that a call cut by its time limit still brings them back
-LOGS=$OUT/logs
+# The logs are tarred into $OUT after every item (the device brings back only so many files), so
+# that a call cut by its time limit still returns those of the items it finished.
+LOGS=/tmp/device-s13-logs
 mkdir -p "$OUT" "$LOGS"
 S="$OUT/summary.txt"
 # xdist's work stealing (3.2+) keeps idle workers busy while the slowest tests (100-120 s each) run;
@@ -44,7 +47,7 @@ for it in ${ITEMS:-dqab}; do
   t0=$(date +%s)
   case $it in
     smokewg)
-      AG_WG_DQ=${AG_WG_DQ:-wg} timeout ${SMOKE_S:-60} python3 tools/sanitize_bwd_cases.py --quick > "$LOGS/smokewg.txt" 2>&1
+      AG_WG_DQ=${AG_WG_DQ:-wg} timeout ${SMOKE_S:-150} python3 tools/sanitize_bwd_cases.py --quick > "$LOGS/smokewg.txt" 2>&1
       rc=$?; [ $rc = 0 ] || WG_BAD=1
       echo "smoke backward (dQ ${AG_WG_DQ:-wg}) rc=$rc ($(tail -n 1 "$LOGS/smokewg.txt"))" >> "$S"
       grep -E "^BAD" "$LOGS/smokewg.txt" | head -n 8 >> "$S" ;;
@@ -106,6 +109,7 @@ for it in ${ITEMS:-dqab}; do
       echo "bwd_ablate rc=$?" >> "$S"; grep -E "TFLOP/s|skipped" "$LOGS/bwd_ablate.txt" | tail -n 32 >> "$S" ;;
   esac
   echo "  ($it: $(( $(date +%s) - t0 )) s)" >> "$S"
+  tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
 done
 for f in "$LOGS"/bwd_*.txt; do
   [ -f "$f" ] || continue

@@ -59,7 +59,7 @@ def test_tile_mode_ablations(monkeypatch) -> None:
     assert "ag_bulk_reduce_add(p.ws_dq" in src and "ag_bulk_reduce_add(p.ws_dq" not in bench.ablate(src, "no_dq_red")
     for what in ("no_loop_bar", "no_exp", "no_steps", "no_dkdv"):
         assert bench.ablate(src, what) != src, what
-    for what in ("no_dq", "no_dq_bar"):
+    for what in ("no_dq", "no_dq_bar", "no_dq_store", "no_dq_handoff"):
         with pytest.raises(ValueError, match="expected text"):
             bench.ablate(src, what)
 
@@ -80,6 +80,16 @@ def test_dq_warpgroup_mode_ablations(monkeypatch) -> None:
     no_dq = bench.ablate(src, "no_dq")
     assert "ag_nbar_arrive(DQ_FULL_BAR + dq_buf" in no_dq and no_dq.count("ag_nbar_arrive(DQ_FULL_BAR + dq_buf") == 1  # only the stop header's
     assert bench.ablate(src, "no_dq_bar") != src
+    # the hand-off's parts: the stores alone (barriers and header kept), or all of it with the dQ
+    # product kept; cuts without the hand-off keep the buffer index at 0 (the stop header's buffer
+    # is then the one the dQ warpgroup waits on first, whatever the step count)
+    turn = "    dq_buf ^= 1;\n"
+    assert "buf[j * WG_THREADS + tid] = make_float4" not in bench.ablate(src, "no_dq_store")
+    assert bench.ablate(src, "no_dq_store").count("ag_nbar_arrive(DQ_FULL_BAR + dq_buf") == 2 and turn in bench.ablate(src, "no_dq_store")
+    handoff = bench.ablate(src, "no_dq_handoff")
+    assert "ag_nbar_sync(DQ_EMPTY_BAR + dq_buf, WG_CTA_THREADS);\n    {" not in handoff and turn not in handoff
+    assert handoff.count("ag_nbar_arrive(DQ_FULL_BAR + dq_buf") == 1 and handoff.count("ag_wgmma_ss_n") == src.count("ag_wgmma_ss_n")
+    assert turn in src and turn not in no_dq
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on the PATH")
