@@ -25,6 +25,9 @@
 #   fuzzbwd   fuzz --pass backward over the training examples
 #   train     the pre-LN cross block trained end to end against torch.compile (tests/gpu/bwd_features_gpu.sh 3:
 #             h200_train_block.json)
+#   ncu       ncu of one backward each (tools/ncu_bwd.py --only $NCU_CASES, default the wg kernel and
+#             its dQ cuts) and of cuDNN's: the sections and metrics of tools/device_s14.sh, into
+#             $OUT/ncu_bwd.txt (results/h200_bwd_wgmma_ncu.txt holds the red2/tile run)
 #   ablate    benchmarks/bwd_ablate.py (where the backward's time goes: the dQ reductions, the
 #             per-CTA fixed cost, the pre/finish kernels) on four rows, dQ mode $ABLATE_DQ (default
 #             the plan's)
@@ -103,6 +106,13 @@ for it in ${ITEMS:-dqab}; do
       OUT="$LOGS" timeout ${TRAIN_S:-120} bash tests/gpu/bwd_features_gpu.sh 3 > "$LOGS/train.txt" 2>&1
       rc=$?; cp "$LOGS/train_block.json" "$OUT/h200_train_block.json" 2>/dev/null
       echo "train block rc=$rc: $(tail -n 4 "$LOGS/train.txt" | tr '\n' ';')" >> "$S" ;;
+    ncu)
+      SECS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats"
+      MET="--metrics lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+      timeout ${NCU_S:-300} ncu --profile-from-start off --kernel-name regex:'dkdv|cudnn' $SECS $MET \
+        python3 tools/ncu_bwd.py --only ${NCU_CASES:-wg wg_no_dq_red wg_no_dq_store wg_no_dq_handoff wg_no_dq} > "$OUT/ncu_bwd.txt" 2>&1
+      echo "ncu backward rc=$? ($(grep -cE '^  [a-z_].*\(' "$OUT/ncu_bwd.txt") kernels)" >> "$S"
+      grep -E "max error|cudnn: one" "$OUT/ncu_bwd.txt" >> "$S" ;;
     ablate)
       timeout ${ABLATE_S:-300} python3 benchmarks/bwd_ablate.py --iters 3 ${ABLATE_DQ:+--wg-dq $ABLATE_DQ} --out "$OUT/bwd_ablate.json" \
         > "$LOGS/bwd_ablate.txt" 2>&1

@@ -17,11 +17,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=cs
 t0=$(date +%s)
 SECS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats"
 MET="--metrics lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-timeout ${NCU_S:-150} ncu --profile-from-start off --kernel-name regex:'dkdv|cudnn' $SECS $MET python3 tools/ncu_bwd.py > "$OUT/ncu_bwd.txt" 2>&1
+timeout ${NCU_S:-150} ncu --profile-from-start off --kernel-name regex:'dkdv|cudnn' $SECS $MET python3 tools/ncu_bwd.py --only red2 tile red2_no_dq_red > "$OUT/ncu_bwd.txt" 2>&1
 rc=$?
 if [ $rc -ne 0 ] && ! grep -q "Section: GPU Speed Of Light" "$OUT/ncu_bwd.txt"; then
   mv "$OUT/ncu_bwd.txt" "$OUT/ncu_bwd_failed.txt"
-  timeout ${NCU_S:-150} ncu --profile-from-start off --kernel-name regex:'dkdv|cudnn' $SECS python3 tools/ncu_bwd.py > "$OUT/ncu_bwd.txt" 2>&1
+  timeout ${NCU_S:-150} ncu --profile-from-start off --kernel-name regex:'dkdv|cudnn' $SECS python3 tools/ncu_bwd.py --only red2 tile red2_no_dq_red > "$OUT/ncu_bwd.txt" 2>&1
   rc=$?
 fi
 echo "ncu backward rc=$rc ($(grep -cE '^  [a-z_].*\(' "$OUT/ncu_bwd.txt") kernels; $(( $(date +%s) - t0 )) s)" >> "$S"

@@ -1,9 +1,10 @@
-"""One backward each of our wgmma dK/dV kernel (dQ modes red2 and tile, and red2 with its dQ
-reductions cut out) and of cuDNN's (torch SDPA), D128 B2 H16 L16k dense bf16, for ncu (issue 14):
-where the dQ reductions' cost sits (L2 reduction traffic, memory-pipe stalls, the tensor pipe idle).
+"""One backward each of our wgmma dK/dV kernel (dQ modes red2, tile and wg, some with parts of
+their dQ path cut out by benchmarks/bwd_ablate.py) and of cuDNN's (torch SDPA), D128 B2 H16 L16k
+dense bf16, for ncu (issue 14): where the dQ path's cost sits (L2 reduction traffic, memory-pipe
+stalls, the tensor pipe idle).
 
     ncu --profile-from-start off --kernel-name regex:'dkdv|cudnn|bprop|sm90' --section SpeedOfLight \\
-        ... python3 tools/ncu_bwd.py
+        ... python3 tools/ncu_bwd.py [--only LABEL ...]
     python3 tools/ncu_bwd.py --list            # the cases, no GPU work
 
 Each case compiles, runs one backward outside `cudaProfilerStart/Stop` (ncu's `--profile-from-start
@@ -22,16 +23,20 @@ for p in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 # (label, dQ mode, ablation of benchmarks/bwd_ablate.py)
-CASES = (("red2", "red2", "base"), ("tile", "tile", "base"), ("red2_no_dq_red", "red2", "no_dq_red"))
+CASES = (("red2", "red2", "base"), ("tile", "tile", "base"), ("red2_no_dq_red", "red2", "no_dq_red"),
+         ("wg", "wg", "base"), ("wg_no_dq_red", "wg", "no_dq_red"), ("wg_no_dq_store", "wg", "no_dq_store"),
+         ("wg_no_dq_handoff", "wg", "no_dq_handoff"), ("wg_no_dq", "wg", "no_dq"))
 B, H, L, D = 2, 16, 16384, 128
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--list", action="store_true", help="print the cases and exit")
+    p.add_argument("--only", nargs="+", choices=[c[0] for c in CASES], help="these cases (default: all)")
     args = p.parse_args(argv)
+    cases = [c for c in CASES if not args.only or c[0] in args.only]
     if args.list:
-        for c in CASES:
+        for c in cases:
             print(c)
         return 0
     import torch
@@ -59,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     real = render_bwd.render_with_plan
     bad = 0
     try:
-        for label, mode, what in CASES:
+        for label, mode, what in cases:
             plan_bwd.force_wg_dq(mode)
             rbwd._CACHE.clear()
             rbwd.render_with_plan = lambda *a, _w=what, **kw: (lambda sb: (ablate(sb[0], _w), sb[1]))(real(*a, **kw))
