@@ -27,8 +27,9 @@ Ablations (each a text edit of the rendered source, refused if its text is not f
 no_dq and no_dq_bar find their text only in the red2, red4 and wg kernels, no_dq_store and
 no_dq_handoff only in wg's; an ablation whose text a mode's kernel lacks is recorded as skipped.
 Under wg the cuts that remove the hand-off also keep the dQ buffer index at 0, so that the stop
-header lands in the buffer the dQ warpgroup waits on first (an odd step count would hang it). Rows: the backward bench's D128 B2 H16 L16k dense and
-causal, its D128 B16 H16 L2k causal, and a 1024-key causal sliding window at D128 B2 H16 L16k.
+header lands in the buffer the dQ warpgroup waits on first (an odd step count would hang it).
+Rows: the backward bench's D128 B2 H16 L16k dense and causal, its D128 B16 H16 L2k causal, and a
+1024-key causal sliding window at D128 B2 H16 L16k.
 Inputs random normal; every timed launch queued behind a spin kernel. Results: JSON to PATH
 (default $OUT/h200_bwd_ablate.json if $OUT is set, else benchmarks/results/h200_bwd_ablate.json)
 and a table.
@@ -86,13 +87,16 @@ def ablate(src: str, what: str) -> str:
 
     if what == "base":
         return src
+
     def barrier_form(text: str) -> tuple[str, str]:
-        """`text` as this kernel spells its consumers' barrier, and that barrier."""
-        for bar in _BARS:
-            if src.count(text.replace(_BARS[0], bar)) == 1:
-                return text.replace(_BARS[0], bar), bar
-        need(text)
-        raise AssertionError("unreachable")
+        """`text` as this kernel spells its consumers' barrier (ValueError if in neither form), and
+        that barrier."""
+        forms = [(text.replace(_BARS[0], bar), bar) for bar in _BARS]
+        for form, bar in forms:
+            if src.count(form) == 1:
+                return form, bar
+        need(forms[0][0])  # raises: found in neither form
+        raise ValueError(f"ablation {what}: expected text not found")
 
     if what == "no_dq_red":
         if _RED_WG[0] in src:  # whole tiles' and partial tiles' reductions alike
