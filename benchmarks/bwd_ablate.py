@@ -4,7 +4,7 @@ wrong gradients; only their time means anything, as the share of the step each p
 critical path.
 
     python benchmarks/bwd_ablate.py [--out PATH] [--iters N] [--only ROW ...] [--ablations A ...]
-                                    [--wg-dq red2|red4|rows|tile|wg]
+                                    [--wg-dq red2|red4|rows|tile|wg|wgbulk]
 
 Ablations (each a text edit of the rendered source, refused if its text is not found):
   base          the kernel as rendered;
@@ -64,11 +64,15 @@ _RED_TILE = ("ag_bulk_reduce_add(p.ws_dq + (((long long)b * H + h) * p.Lq + q0) 
 # the dQ warpgroup's two reductions (WgDq.WG)
 _RED_WG = ("ag_red_add4(g4 + j * 8, SCALE * (odd ? y0 : x.x), SCALE * (odd ? y1 : x.y), SCALE * (odd ? x.z : y0), SCALE * (odd ? x.w : y1));",
            "ag_red_add2(g + j * 8, SCALE * x.x, SCALE * x.y);", "ag_red_add2(g + 8 * D + j * 8, SCALE * x.z, SCALE * x.w);")
+# the dQ warpgroup's bulk reduction a row (WgDq.WG_BULK)
+_RED_WGB = "ag_bulk_reduce_add(p.ws_dq + (row0 + u) * D, base + SDQ_OFF + (unsigned)(buf * SDQ_BUF_BYTES + u * DQ_ROW_LD * 4), D * 4);"
 # WgDq.WG's consumer warpgroups meet at a named barrier where the other modes' CTAs __syncthreads
 _BARS = ("__syncthreads();", "ag_nbar_sync(CONS_BAR, WG_THREADS);")
 # WgDq.WG's hand-off of the dQ tile (consumer side) and its buffer index's turn a step
 _WG_STORE = ("#pragma unroll\n      for (int j = 0; j < DQ_N / 8; ++j) buf[j * WG_THREADS + tid] = "
              "make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);\n")
+_WGB_STORE = ("#pragma unroll\n        for (int j = 0; j < DQ_N / 8; ++j) *reinterpret_cast<float2*>(r + j * 8) = "
+              "make_float2(SCALE * dq[4 * j + 2 * half], SCALE * dq[4 * j + 2 * half + 1]);\n")
 _WG_HANDOFF = ("    ag_nbar_sync(DQ_EMPTY_BAR + dq_buf, WG_CTA_THREADS);\n", "    ag_nbar_arrive(DQ_FULL_BAR + dq_buf, WG_CTA_THREADS);\n")
 _WG_TURN = "    dq_buf ^= 1;\n"
 _STEPS = "  int stage = 0;\n  while (cur < end) {"
@@ -104,7 +108,7 @@ def ablate(src: str, what: str) -> str:
                 need(red)
                 src = src.replace(red, ";")
             return src
-        red = _RED_TILE if _RED_TILE in src else _RED
+        red = _RED_WGB if _RED_WGB in src else _RED_TILE if _RED_TILE in src else _RED
         need(red)
         return src.replace(red, ";")
     if what == "no_dq":  # with WgDq.WG the hand-off goes too: the dQ warpgroup sees only the last header
@@ -116,8 +120,9 @@ def ablate(src: str, what: str) -> str:
         start, bar = barrier_form(_DQ_START)
         return src.replace(start, start.replace(f"  {bar}\n", "", 1))
     if what == "no_dq_store":
-        need(_WG_STORE)
-        return src.replace(_WG_STORE, "")
+        store = _WGB_STORE if _WGB_STORE in src else _WG_STORE
+        need(store)
+        return src.replace(store, "")
     if what == "no_dq_handoff":
         for part in (*_WG_HANDOFF, _WG_TURN):
             need(part)
@@ -194,7 +199,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--only", choices=sorted(ROWS), nargs="*", default=None)
     ap.add_argument("--ablations", choices=ABLATIONS, nargs="*", default=None)
-    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile", "wg"], default=None,
+    ap.add_argument("--wg-dq", choices=[m.value for m in plan_bwd.WgDq], default=None,
                     help="the wgmma kernel's dQ reductions (plan_bwd.WgDq; the plan's choice otherwise)")
     args = ap.parse_args()
     if args.wg_dq:

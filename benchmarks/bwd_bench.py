@@ -128,7 +128,7 @@ def main() -> int:
     ap.add_argument("--no-rotate", action="store_true", help="experiment: every CTA walks the query tiles from the first")
     ap.add_argument("--also-engine", choices=["mma", "wgmma"], action="append", default=[],
                     help="also time attngen's backward with this dK/dV engine (keys <engine>_ms, <engine>_tflops)")
-    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile", "wg"], default=None,
+    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile", "wg", "wgbulk"], default=None,
                     help="experiment: the wgmma kernel's dQ reductions (plan_bwd.WgDq: red.global.add.v2 or .v4, bulk "
                          "reductions a row, or one of the step's tile; the plan's choice otherwise)")
     args = ap.parse_args()

@@ -99,7 +99,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--only", choices=sorted(ROWS), nargs="*", default=None)
-    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile", "wg"], default=None,
+    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile", "wg", "wgbulk"], default=None,
                     help="experiment: the wgmma kernel's dQ reductions (plan_bwd.WgDq; the plan's choice otherwise)")
     args = ap.parse_args()
     if args.wg_dq:

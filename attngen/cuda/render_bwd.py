@@ -14,7 +14,7 @@ from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan.bwd import (PRE_THREADS, THREADS, VEC_ELEMS, WG_CONSUMER_REGS, WG_DQ_PAD, WG_DQ_REGS, WG_DQ_THREADS, WG_SUB_M, BwdEngine,
-                               BwdPlan, plan, wg_dq_cols, WgDq)
+                               BwdPlan, plan, wg_dq_cols, wg_dq_split, WgDq)
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -25,6 +25,7 @@ _DQ_HEADER = {
     WgDq.TILE: "fp32 bulk reductions into ws_dq (one a step, cp.reduce.async.bulk), then converted; ws_dq 16-byte aligned.",
     WgDq.RED4: "fp32 atomics of four values into ws_dq, then converted; ws_dq 16-byte aligned.",
     WgDq.WG: "fp32 atomics into ws_dq from a third warpgroup (each step's dQ staged in shared memory), then converted.",
+    WgDq.WG_BULK: "fp32 bulk reductions into ws_dq (cp.reduce.async.bulk, a row each) from a third warpgroup (each step's dQ staged in shared memory), then converted; ws_dq 16-byte aligned.",
 }
 
 
@@ -192,7 +193,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         dq_tile=bp.wg_dq == WgDq.TILE,
         dq_bulk=bp.wg_dq == WgDq.ROWS,
         dq_red4=bp.wg_dq == WgDq.RED4,
-        dq_wg=bp.wg_dq == WgDq.WG,
+        dq_wg=wg_dq_split(bp.wg_dq),  # the third warpgroup and its hand-off
+        dq_wgb=bp.wg_dq == WgDq.WG_BULK,  # ... which adds rows by bulk reductions
         wg_dq_threads=WG_DQ_THREADS,
         wg_dq_regs=WG_DQ_REGS,
         wg_consumer_regs=WG_CONSUMER_REGS,

@@ -82,6 +82,10 @@ class WgDq(enum.Enum):
     WG = "wg"  # a third warpgroup of few registers (setmaxnreg) takes each step's tile from shared
     # memory (two buffers, staged in the accumulators' own order) and adds it by red.global.add.v4,
     # so the consumers' next products never wait on the reductions (cuDNN's and FA3's split)
+    WG_BULK = "wgbulk"  # WG's third warpgroup, but the consumers stage the tile row-major (rows padded
+    # to stay conflict-free, SCALE applied) and the dQ warpgroup adds each row by one
+    # cp.reduce.async.bulk (FlashAttention-3's TMA reduce-add): 64-128 bulk operations a step in
+    # place of 1024-2048 red.global.add.v4
 
 
 # The wgmma dK/dV kernel: a CTA per 128 keys, two warpgroups of 64 keys each (the wgmma M
@@ -127,7 +131,12 @@ WG_CONSUMER_REGS = 240
 # v4 of lane pairs (results/h200_bwd_wgmma.json: 380 / 401 / 326 / 275 / 299) are within 2%, so
 # the dQ warpgroup's issue rate is not the limit. dQ with its hand-off still costs 32% at D128
 # L16k (results/h200_bwd_ablate.json: 385 TFLOP/s, 459 without the reductions, 566 without dQ).
-WG_DQ = {64: WgDq.WG, 128: WgDq.WG}
+# WG_BULK keeps that split but stages rows (padded, conflict-free, SCALE applied by the consumers)
+# and the dQ warpgroup adds each by one cp.reduce.async.bulk (64-128 a step in place of
+# 1024-2048 red.global.add.v4): in the sixteenth session's A/B (results/h200_bwd_dq_modes.json,
+# peers re-timed in each run) 408 / 422 / 345 / 282 / 310 TFLOP/s on the five rows against WG's
+# 385 / 400 / 326 / 277 / 300 (1.02-1.06x), so it is the default.
+WG_DQ = {64: WgDq.WG_BULK, 128: WgDq.WG_BULK}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
 # `plan(..., engine=BwdEngine.WGMMA)`).
@@ -293,20 +302,26 @@ def force_wg_dq(mode: str | WgDq) -> None:
     WG_DQ.update({bm: WgDq(mode) for bm in WG_DQ})
 
 
+def wg_dq_split(mode: WgDq | None) -> bool:
+    """Whether the dQ mode adds dQ from a third warpgroup (WgDq.WG, WgDq.WG_BULK)."""
+    return mode in (WgDq.WG, WgDq.WG_BULK)
+
+
 def wg_threads(D: int, Dv: int, deterministic: bool = False) -> int:
-    """Threads of the wgmma dK/dV kernel: its two warpgroups, and the dQ warpgroup (WgDq.WG)."""
-    return WG_THREADS + (WG_DQ_THREADS if wg_dq_mode(D, Dv, deterministic) == WgDq.WG else 0)
+    """Threads of the wgmma dK/dV kernel: its two warpgroups, and the dQ warpgroup (WgDq.WG,
+    WgDq.WG_BULK)."""
+    return WG_THREADS + (WG_DQ_THREADS if wg_dq_split(wg_dq_mode(D, Dv, deterministic)) else 0)
 
 
 def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
     (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and
     the dQ tile (WgDq.TILE: WG_BLOCK_M x D fp32 and a 16-byte slot for its warp count; WgDq.WG: two
-    such tiles and a 16-byte header each), or the staging buffer of the bulk dQ row reductions
-    (WgDq.ROWS: `wg_dq_buffer_bytes`)."""
+    such tiles and a 16-byte header each; WgDq.WG_BULK: the same with rows of D + WG_DQ_PAD
+    words), or the staging buffer of the bulk dQ row reductions (WgDq.ROWS: `wg_dq_buffer_bytes`)."""
     bm = wg_block_m(D, Dv, deterministic)
     return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * bm * D + 2 * bm * Dv + WG_BLOCK_N * bm) + 4 * 4 * bm
-            + {WgDq.TILE: 4 * bm * D + 16, WgDq.WG: 2 * (4 * bm * D + 16),
+            + {WgDq.TILE: 4 * bm * D + 16, WgDq.WG: 2 * (4 * bm * D + 16), WgDq.WG_BULK: 2 * (4 * bm * (D + WG_DQ_PAD) + 16),
                WgDq.ROWS: wg_dq_buffer_bytes(D, bm)}.get(wg_dq_mode(D, Dv, deterministic), 0))
 
 
@@ -449,7 +464,8 @@ def tok_vecs(v: Variant) -> int:
 _WG_DQ_DOC = {None: "", WgDq.RED2: "; dQ by fp32 atomics", WgDq.RED4: "; dQ by fp32 atomics, four values each",
               WgDq.ROWS: "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory",
               WgDq.TILE: "; dQ a step by one bulk fp32 reduction (cp.reduce.async.bulk) of its tile",
-              WgDq.WG: "; dQ a step staged in shared memory and added by fp32 atomics from a third warpgroup"}
+              WgDq.WG: "; dQ a step staged in shared memory and added by fp32 atomics from a third warpgroup",
+              WgDq.WG_BULK: "; dQ a step staged in shared memory and added by bulk fp32 reductions (cp.reduce.async.bulk, a row each) from a third warpgroup"}
 
 
 def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, engine: BwdEngine | None = None) -> BwdPlan:
@@ -506,7 +522,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
     if engine == BwdEngine.WGMMA:
         bn = WG_BLOCK_N
-        wg_split = wg_dq_mode(v.head_dim, v.value_head_dim, deterministic) == WgDq.WG
+        wg_split = wg_dq_split(wg_dq_mode(v.head_dim, v.value_head_dim, deterministic))
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", wg_threads(v.head_dim, v.value_head_dim, deterministic),
                                  wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic),
                                  f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
@@ -596,4 +612,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "WG_DQ", "WgDq", "wg_threads", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "WG_DQ", "WgDq", "wg_dq_split", "wg_threads", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

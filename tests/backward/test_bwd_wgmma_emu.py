@@ -73,12 +73,13 @@ def test_engine_choice_plan_and_explain(monkeypatch):
         plan_bwd.plan(T.variant(T.causal(), (), D=128, heads=2), Arch.SM90A, engine=BwdEngine.MMA)
     bp = plan_bwd.plan(bf, Arch.SM90A)
     k = bp.kernel("ag_bwd_dkdv")
-    # 64-query steps; dQ from a third warpgroup (384 threads) out of two staged fp32 dQ tiles, each
-    # with a 16-byte header. The deterministic kernel keeps 256 threads and no dQ buffers.
+    # 64-query steps; dQ from a third warpgroup (384 threads) out of two staged fp32 dQ tiles (rows
+    # padded by 8 words), each with a 16-byte header. The deterministic kernel keeps 256 threads and
+    # no dQ buffers.
     assert (bp.tc_block_m, bp.tc_block_n, k.threads) == (64, 128, 384)
-    assert bp.wg_dq == plan_bwd.wg_dq_mode(128, 128) == plan_bwd.WgDq.WG and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.WG
+    assert bp.wg_dq == plan_bwd.wg_dq_mode(128, 128) == plan_bwd.WgDq.WG_BULK and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.WG_BULK
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).wg_dq is None and plan_bwd.plan(bf, Arch.SM80).wg_dq is None
-    assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 2 * (64 * 128 * 4 + 16) and k.smem <= Arch.SM90A.smem_budget
+    assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 2 * (64 * 136 * 4 + 16) and k.smem <= Arch.SM90A.smem_budget
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").threads == 256
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, True) == 148480
     # D64 = Dv: steps of 128 queries (two sub-steps of 64), dQ split by rows (N = 64), one CTA an SM
@@ -87,19 +88,20 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     assert h64_bp.tc_block_m == 128 and plan_bwd.wg_dq_cols(64, 128) == 64 and plan_bwd.wg_dq_cols(128, 64) == 64
     # ... dQ staged (8 warps x 16 rows x (64 + 8) fp32 words) and added by bulk reductions, a row a lane.
     rows = plan_bwd.WG_DQ[128] == plan_bwd.WgDq.ROWS
-    staging = 8 * 16 * 72 * 4 if rows else 2 * (128 * 64 * 4 + 16) if plan_bwd.WG_DQ[128] == plan_bwd.WgDq.WG else 0
+    staging = {plan_bwd.WgDq.ROWS: 8 * 16 * 72 * 4, plan_bwd.WgDq.WG: 2 * (128 * 64 * 4 + 16),
+               plan_bwd.WgDq.WG_BULK: 2 * (128 * 72 * 4 + 16)}.get(plan_bwd.WG_DQ[128], 0)
     assert h64_bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(64, 64) == 2 * (6 * 128 * 64 + 128 * 128) + 16 * 128 + staging
     assert plan_bwd.plan(T.variant(T.causal(), (), D=64, Dv=128, heads=2, dtype=DType.BF16), Arch.SM90A).tc_block_m == 64
     h64_src = render_bwd.render(h64, Arch.SM90A)
     assert "constexpr int WG_BLOCK_M = 128;" in h64_src and "constexpr int WG_SUB = WG_BLOCK_M / WG_SUB_M;" in h64_src
     assert "m64n64k16.f32.f16.f16" in h64_src and "m64n32k16" not in h64_src
-    assert ("ag_bulk_reduce_add(p.ws_dq" in h64_src) == rows and ("ag_red_add2(row" in h64_src) == (plan_bwd.WG_DQ[128] == plan_bwd.WgDq.RED2)
+    assert ("ag_bulk_reduce_add(p.ws_dq" in h64_src) == (rows or plan_bwd.WG_DQ[128] == plan_bwd.WgDq.WG_BULK) and ("ag_red_add2(row" in h64_src) == (plan_bwd.WG_DQ[128] == plan_bwd.WgDq.RED2)
     assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
     text = "\n".join(plan_bwd.describe(bf, Arch.SM90A))
     assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
     src = render_bwd.render(bf, Arch.SM90A)
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src and "ag_wg_step<false>" in src
-    assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_red_add2(row" not in src and "ag_bulk_reduce_add(p.ws_dq" not in src
+    assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_red_add2(row" not in src and "ag_bulk_reduce_add(p.ws_dq + (row0 + u) * D" in src
     assert "__launch_bounds__(384, 1)" in src and "setmaxnreg.dec.sync.aligned.u32" in src
     assert "mma.sync" not in src
     det = render_bwd.render(bf, Arch.SM90A, deterministic=True)
@@ -136,7 +138,7 @@ def test_nvcc_sm90a_without_spills():
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
-@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED2, plan_bwd.WgDq.WG], ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED2, plan_bwd.WgDq.WG, plan_bwd.WgDq.WG_BULK], ids=lambda m: m.value)
 def test_nvcc_sm90a_wgmma_never_serialised(mode, monkeypatch):
     # ptxas serialises or fences the asynchronous products when registers run short (C7512, or an
     # injected warpgroup.arrive / wait: C7519, C7517): the default and the dQ-warpgroup mode must
@@ -151,7 +153,7 @@ def test_nvcc_sm90a_wgmma_never_serialised(mode, monkeypatch):
         res = {r.kernel: r for r in compile_cuda.resources(src, Arch.SM90A)}
         r = next(r for name, r in res.items() if name.endswith("_bwd_dkdv"))
         assert r.spill_stores == 0 and r.spill_loads == 0, r
-        assert r.registers == (168 if mode == plan_bwd.WgDq.WG else r.registers) <= 255
+        assert r.registers == (168 if plan_bwd.wg_dq_split(mode) else r.registers) <= 255
 
 
 @emu
@@ -209,7 +211,7 @@ def test_force_wg_dq_reaches_plan_render_and_explain(monkeypatch):
     for bm, m in list(plan_bwd.WG_DQ.items()):
         monkeypatch.setitem(plan_bwd.WG_DQ, bm, m)  # restored after the test
     bf = T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16)
-    assert plan_bwd.plan(bf, Arch.SM90A).wg_dq == plan_bwd.WgDq.WG
+    assert plan_bwd.plan(bf, Arch.SM90A).wg_dq == plan_bwd.WgDq.WG_BULK
     plan_bwd.force_wg_dq("tile")
     bp = plan_bwd.plan(bf, Arch.SM90A)
     assert bp.wg_dq == plan_bwd.WgDq.TILE and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.TILE
@@ -223,6 +225,11 @@ def test_force_wg_dq_reaches_plan_render_and_explain(monkeypatch):
     assert "from a third warpgroup" in bp.kernel("ag_bwd_dkdv").doc
     header = render_bwd.render(bf, Arch.SM90A).split("// Arguments, in order")[0]  # the header says so
     assert "dQ: fp32 atomics into ws_dq from a third warpgroup" in header and "384 threads" in header
+    plan_bwd.force_wg_dq("wgbulk")
+    bp = plan_bwd.plan(bf, Arch.SM90A)
+    assert bp.kernel("ag_bwd_dkdv").threads == 384 and "bulk fp32 reductions (cp.reduce.async.bulk, a row each) from a third warpgroup" in bp.kernel("ag_bwd_dkdv").doc
+    header = render_bwd.render(bf, Arch.SM90A).split("// Arguments, in order")[0]
+    assert "dQ: fp32 bulk reductions into ws_dq (cp.reduce.async.bulk, a row each) from a third warpgroup" in header
     with pytest.raises(ValueError):
         plan_bwd.force_wg_dq("red3")
 
@@ -244,7 +251,7 @@ def test_bf16_dense_d64_whole_and_partial_128_query_steps(mode, monkeypatch):
 
 
 @emu
-@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED4, plan_bwd.WgDq.TILE, plan_bwd.WgDq.WG], ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED4, plan_bwd.WgDq.TILE, plan_bwd.WgDq.WG, plan_bwd.WgDq.WG_BULK], ids=lambda m: m.value)
 def test_dq_modes_d128_causal_odd_lengths(mode, monkeypatch):
     # The four-value, tile and dQ-warpgroup modes at D128 (64-query steps, the warpgroups split dQ
     # by columns): causal with a partial last query tile (rows past Lq are never added), two heads
@@ -262,6 +269,11 @@ def test_dq_modes_d128_causal_odd_lengths(mode, monkeypatch):
         assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_nbar_sync(CONS_BAR, WG_THREADS)" in src
         assert "  __syncthreads();" not in src.split("__device__ __forceinline__ void ag_bwd_dkdv")[1].split("\n}\n")[0]
         assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 2 * (64 * 128 * 4 + 16)
+    elif mode == plan_bwd.WgDq.WG_BULK:
+        # the same split; the tiles staged row-major with padded rows, a bulk reduction a row
+        k = bp.kernel("ag_bwd_dkdv")
+        assert k.threads == 384 and "ag_bulk_reduce_add(p.ws_dq + (row0 + u) * D" in src and "ag_red_add4(" not in src.split("void ag_wg_dq_adder")[1].split("\n}\n")[0]
+        assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 2 * (64 * 136 * 4 + 16) <= Arch.SM90A.smem_budget
     elif mode == plan_bwd.WgDq.TILE:
         # the tile staged by rotated column groups, issued by the last warp to have written its part
         assert "SDQ_BYTES = WG_BLOCK_M * D * 4 + 16;" in src and "ag_smem_count(base + SDQ_CNT_OFF)" in src
