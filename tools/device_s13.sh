@@ -7,7 +7,8 @@
 #             hang or a wrong gradient shows here first, and then the items after it leave that
 #             mode out of dqab and skip gpubwd (sanwg still runs: it is the diagnosis)
 #   dqab      the wgmma backward's dQ reduction modes A/B: benchmarks/bwd_bench.py --wg-dq over
-#             $DQ_MODES (default red2 wg; peers re-timed in each run), then the Flex backward rows
+#             $DQ_MODES (default red2 wg; peers re-timed in each run; $BWD_ARGS added, e.g. --only
+#             rows), then the Flex backward rows
 #             over $FLEX_MODES (default wg red2)
 #   bwd       the backward suite rows on the plan's defaults: benchmarks/bwd_bench.py --also-engine mma
 #             (results h200_bwd_wgmma.json) and bwd_flex_bench.py (h200_bwd_flex.json)
@@ -30,7 +31,7 @@
 #             $OUT/ncu_bwd.txt (results/h200_bwd_wgmma_ncu.txt holds the red2/tile run)
 #   ablate    benchmarks/bwd_ablate.py (where the backward's time goes: the dQ reductions, the
 #             per-CTA fixed cost, the pre/finish kernels) on four rows, dQ mode $ABLATE_DQ (default
-#             the plan's)
+#             the plan's; $ABLATE_ARGS added, e.g. --only rows --ablations cuts)
 # Results under $OUT, logs in $OUT/logs.tgz, a summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache
@@ -56,7 +57,7 @@ for it in ${ITEMS:-dqab}; do
       grep -E "^BAD" "$LOGS/smokewg.txt" | head -n 8 >> "$S" ;;
     dqab)
       for m in $(drop_bad "${DQ_MODES:-red2 wg}"); do
-        timeout ${BWD_S:-100} python3 benchmarks/bwd_bench.py --iters 3 --wg-dq "$m" --out "$OUT/bwd_$m.json" > "$LOGS/bwd_$m.txt" 2>&1
+        timeout ${BWD_S:-100} python3 benchmarks/bwd_bench.py --iters 3 --wg-dq "$m" ${BWD_ARGS:-} --out "$OUT/bwd_$m.json" > "$LOGS/bwd_$m.txt" 2>&1
         echo "bwd_bench --wg-dq $m rc=$?" >> "$S"
       done
       for m in $(drop_bad "${FLEX_MODES:-wg red2}"); do
@@ -114,7 +115,7 @@ for it in ${ITEMS:-dqab}; do
       echo "ncu backward rc=$? ($(grep -cE '^  [a-z_].*\(' "$OUT/ncu_bwd.txt") kernels)" >> "$S"
       grep -E "max error|cudnn: one" "$OUT/ncu_bwd.txt" >> "$S" ;;
     ablate)
-      timeout ${ABLATE_S:-300} python3 benchmarks/bwd_ablate.py --iters 3 ${ABLATE_DQ:+--wg-dq $ABLATE_DQ} --out "$OUT/bwd_ablate.json" \
+      timeout ${ABLATE_S:-300} python3 benchmarks/bwd_ablate.py --iters 3 ${ABLATE_DQ:+--wg-dq $ABLATE_DQ} ${ABLATE_ARGS:-} --out "$OUT/bwd_ablate.json" \
         > "$LOGS/bwd_ablate.txt" 2>&1
       echo "bwd_ablate rc=$?" >> "$S"; grep -E "TFLOP/s|skipped" "$LOGS/bwd_ablate.txt" | tail -n 32 >> "$S" ;;
   esac

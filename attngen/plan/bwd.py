@@ -99,11 +99,20 @@ WG_SUB_M = 64
 WG_BLOCK_N = 128
 WG_THREADS = 256
 WG_DQ_PAD = 8  # fp32 words padding each staged dQ row (wg_dq_buffer_bytes)
-# WgDq.WG: the dQ warpgroup's threads and the registers setmaxnreg leaves it and gives the two
-# consumer warpgroups: 128 * 24 + 256 * 240 = 384 * 168, the allocation of a 384-thread CTA.
+# WgDq.WG / WG_BULK: the dQ warpgroup's threads and the registers setmaxnreg leaves it and gives the
+# two consumer warpgroups: 128 * 24 + 256 * 240 = 384 * 168, the allocation of a 384-thread CTA
+# (`wg_launch_regs`). setmaxnreg.inc waits for registers that decrements freed, so the counts must
+# fit that allocation, not merely the register file: a dQ warpgroup computing dQ itself at 48 with
+# consumers at 232 (65536 in all) hung on the H200 in the sixteenth session.
 WG_DQ_THREADS = 128
 WG_DQ_REGS = 24
 WG_CONSUMER_REGS = 240
+
+
+def wg_launch_regs(threads: int) -> int:
+    """Registers a thread a CTA of `threads` is launched with at one CTA an SM: the register file
+    (65536) over its threads, in units of 8."""
+    return 65536 // threads // 8 * 8
 # The atomic dQ mode's reductions (WgDq), by query rows a step (64 or 128). H200, bf16
 # (benchmarks/bwd_bench.py, peers in each run): ROWS was 4-11% slower than RED2 with 64-query
 # steps (half rows of 32 or 64 values) and 2-3% slower with 128-query steps at D64 (whole rows of
@@ -135,7 +144,15 @@ WG_CONSUMER_REGS = 240
 # and the dQ warpgroup adds each by one cp.reduce.async.bulk (64-128 a step in place of
 # 1024-2048 red.global.add.v4): in the sixteenth session's A/B (results/h200_bwd_dq_modes.json,
 # peers re-timed in each run) 408 / 422 / 345 / 282 / 310 TFLOP/s on the five rows against WG's
-# 385 / 400 / 326 / 277 / 300 (1.02-1.06x), so it is the default.
+# 385 / 400 / 326 / 277 / 300 (1.02-1.06x), so it is the default. Two follow-ups measured slower
+# in the same session and were not merged (branch exp/s16-wggemm-latedk): the dQ warpgroup
+# computing dQ = dS K itself from a double-buffered dS^T, so that the consumers hand over only dS^T
+# (head dim 64 only: at 128 the consumers need 240 registers and the warpgroup's m64n32 products
+# more than the 32 left; D64 rows 309 / 262 against 343 / 280), and the step's dK product issued
+# behind dQ's so that dQ's staging overlaps it (404 / 424 / 343 / 280 / 311 against 410 / 424 /
+# 345 / 281 / 311). Cut out one at a time (results/h200_bwd_ablate.json, D128 L16k dense, this
+# mode): base 412, without the reductions 457, without the consumers' staging stores 476, without
+# the hand-off (stores and both barriers; no reductions then) 557, without dQ 569.
 WG_DQ = {64: WgDq.WG_BULK, 128: WgDq.WG_BULK}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
@@ -612,4 +629,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "WG_DQ", "WgDq", "wg_dq_split", "wg_threads", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "wg_launch_regs", "WG_DQ", "WgDq", "wg_dq_split", "wg_threads", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

@@ -156,6 +156,15 @@ def test_nvcc_sm90a_wgmma_never_serialised(mode, monkeypatch):
         assert r.registers == (168 if plan_bwd.wg_dq_split(mode) else r.registers) <= 255
 
 
+def test_setmaxnreg_counts_fit_the_launch_allocation():
+    # setmaxnreg.inc waits for registers that decrements freed: the dQ-warpgroup modes' counts must
+    # fit what a 384-thread CTA is launched with (168 a thread), or the consumers wait forever.
+    assert plan_bwd.wg_launch_regs(384) == 168 and plan_bwd.wg_launch_regs(256) == 256
+    assert plan_bwd.WG_DQ_REGS * plan_bwd.WG_DQ_THREADS + plan_bwd.WG_CONSUMER_REGS * plan_bwd.WG_THREADS <= 168 * 384
+    src = render_bwd.render(T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16), Arch.SM90A)
+    assert "constexpr int WG_LAUNCH_REGS = 65536 / WG_CTA_THREADS / 8 * 8;" in src and "<= WG_LAUNCH_REGS * WG_CTA_THREADS" in src
+
+
 @emu
 def test_bf16_causal_softcap_gqa_odd_lengths_d64():
     # 2 key tiles (128 + 22 keys), 3 query tiles of 64 (the last partial), two heads a kv head;
