@@ -26,7 +26,7 @@
 #   fuzzbwd   fuzz --pass backward over the training examples
 #   train     the pre-LN cross block trained end to end against torch.compile (tests/gpu/bwd_features_gpu.sh 3:
 #             h200_train_block.json)
-#   ncu       ncu of one backward each (tools/ncu_bwd.py --only $NCU_CASES, default the wg kernel and
+#   ncu       ncu of one backward each (tools/ncu_bwd.py --only $NCU_CASES, default the wgbulk kernel and
 #             its dQ cuts) and of cuDNN's: the sections and metrics of tools/device_s14.sh, into
 #             $OUT/ncu_bwd.txt (results/h200_bwd_wgmma_ncu.txt holds the red2/tile run)
 #   ablate    benchmarks/bwd_ablate.py (where the backward's time goes: the dQ reductions, the
@@ -111,7 +111,7 @@ for it in ${ITEMS:-dqab}; do
       SECS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats"
       MET="--metrics lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
       timeout ${NCU_S:-300} ncu --profile-from-start off --kernel-name regex:'dkdv|cudnn' $SECS $MET \
-        python3 tools/ncu_bwd.py --only ${NCU_CASES:-wg wg_no_dq_red wg_no_dq_store wg_no_dq_handoff wg_no_dq} > "$OUT/ncu_bwd.txt" 2>&1
+        python3 tools/ncu_bwd.py --only ${NCU_CASES:-wgbulk wgbulk_no_dq_store wgbulk_no_dq_handoff wgbulk_no_dq} > "$OUT/ncu_bwd.txt" 2>&1
       echo "ncu backward rc=$? ($(grep -cE '^  [a-z_].*\(' "$OUT/ncu_bwd.txt") kernels)" >> "$S"
       grep -E "max error|cudnn: one" "$OUT/ncu_bwd.txt" >> "$S" ;;
     ablate)

@@ -1,4 +1,4 @@
-"""One backward each of our wgmma dK/dV kernel (dQ modes red2, tile and wg, some with parts of
+"""One backward each of our wgmma dK/dV kernel (dQ modes red2, tile, wg and wgbulk, some with parts of
 their dQ path cut out by benchmarks/bwd_ablate.py) and of cuDNN's (torch SDPA), D128 B2 H16 L16k
 dense bf16, for ncu (issue 14): where the dQ path's cost sits (L2 reduction traffic, memory-pipe
 stalls, the tensor pipe idle).
@@ -25,7 +25,9 @@ for p in (ROOT, ROOT / "benchmarks"):
 # (label, dQ mode, ablation of benchmarks/bwd_ablate.py)
 CASES = (("red2", "red2", "base"), ("tile", "tile", "base"), ("red2_no_dq_red", "red2", "no_dq_red"),
          ("wg", "wg", "base"), ("wg_no_dq_red", "wg", "no_dq_red"), ("wg_no_dq_store", "wg", "no_dq_store"),
-         ("wg_no_dq_handoff", "wg", "no_dq_handoff"), ("wg_no_dq", "wg", "no_dq"))
+         ("wg_no_dq_handoff", "wg", "no_dq_handoff"), ("wg_no_dq", "wg", "no_dq"),
+         ("wgbulk", "wgbulk", "base"), ("wgbulk_no_dq_store", "wgbulk", "no_dq_store"),
+         ("wgbulk_no_dq_handoff", "wgbulk", "no_dq_handoff"), ("wgbulk_no_dq", "wgbulk", "no_dq"))
 B, H, L, D = 2, 16, 16384, 128
 
 
