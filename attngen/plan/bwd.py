@@ -113,6 +113,8 @@ def wg_launch_regs(threads: int) -> int:
     """Registers a thread a CTA of `threads` is launched with at one CTA an SM: the register file
     (65536) over its threads, in units of 8."""
     return 65536 // threads // 8 * 8
+
+
 # The atomic dQ mode's reductions (WgDq), by query rows a step (64 or 128). H200, bf16
 # (benchmarks/bwd_bench.py, peers in each run): ROWS was 4-11% slower than RED2 with 64-query
 # steps (half rows of 32 or 64 values) and 2-3% slower with 128-query steps at D64 (whole rows of
