@@ -118,6 +118,8 @@ def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = ()) -> dict:
 
 
 def main() -> int:
+    from attngen.plan.bwd import WgDq  # the --wg-dq choices
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=5)
@@ -128,7 +130,7 @@ def main() -> int:
     ap.add_argument("--no-rotate", action="store_true", help="experiment: every CTA walks the query tiles from the first")
     ap.add_argument("--also-engine", choices=["mma", "wgmma"], action="append", default=[],
                     help="also time attngen's backward with this dK/dV engine (keys <engine>_ms, <engine>_tflops)")
-    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile", "wg", "wgbulk"], default=None,
+    ap.add_argument("--wg-dq", choices=[m.value for m in WgDq], default=None,
                     help="experiment: the wgmma kernel's dQ reductions (plan_bwd.WgDq: red.global.add.v2 or .v4, bulk "
                          "reductions a row, or one of the step's tile; the plan's choice otherwise)")
     args = ap.parse_args()

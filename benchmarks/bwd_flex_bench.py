@@ -95,11 +95,13 @@ def _row(name: str, iters: int) -> dict:
 
 
 def main() -> int:
+    from attngen.plan.bwd import WgDq  # the --wg-dq choices
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--only", choices=sorted(ROWS), nargs="*", default=None)
-    ap.add_argument("--wg-dq", choices=["red2", "red4", "rows", "tile", "wg", "wgbulk"], default=None,
+    ap.add_argument("--wg-dq", choices=[m.value for m in WgDq], default=None,
                     help="experiment: the wgmma kernel's dQ reductions (plan_bwd.WgDq; the plan's choice otherwise)")
     args = ap.parse_args()
     if args.wg_dq:
