@@ -65,7 +65,7 @@ _RED_TILE = ("ag_bulk_reduce_add(p.ws_dq + (((long long)b * H + h) * p.Lq + q0) 
 _RED_WG = ("ag_red_add4(g4 + j * 8, SCALE * (odd ? y0 : x.x), SCALE * (odd ? y1 : x.y), SCALE * (odd ? x.z : y0), SCALE * (odd ? x.w : y1));",
            "ag_red_add2(g + j * 8, SCALE * x.x, SCALE * x.y);", "ag_red_add2(g + 8 * D + j * 8, SCALE * x.z, SCALE * x.w);")
 # the dQ warpgroup's bulk reduction a row (WgDq.WG_BULK)
-_RED_WGB = "ag_bulk_reduce_add(p.ws_dq + (row0 + u) * D, base + SDQ_OFF + (unsigned)(buf * SDQ_BUF_BYTES + u * DQ_ROW_LD * 4), D * 4);"
+_RED_WGB = "ag_bulk_reduce_add(p.ws_dq + (row0 + r) * D, base + SDQ_OFF + (unsigned)(buf * SDQ_BUF_BYTES + r * DQ_ROW_LD * 4), D * 4);"
 # WgDq.WG's consumer warpgroups meet at a named barrier where the other modes' CTAs __syncthreads
 _BARS = ("__syncthreads();", "ag_nbar_sync(CONS_BAR, WG_THREADS);")
 # WgDq.WG's hand-off of the dQ tile (consumer side) and its buffer index's turn a step
@@ -115,7 +115,9 @@ def ablate(src: str, what: str) -> str:
         start, _ = barrier_form(_DQ_START)
         a = src.index(start)
         e = src.index(_DQ_END, a)
-        return src[:a] + "  ag_wgmma_wait<0>();" + src[e + len("\n  }"):].replace(_WG_TURN, "")
+        # the next step's loads, issued under the dQ product since the seventeenth session, stay
+        keep = "  prefetch();\n" if "    prefetch();\n" in src[a:e] else ""
+        return src[:a] + keep + "  ag_wgmma_wait<0>();" + src[e + len("\n  }"):].replace(_WG_TURN, "")
     if what == "no_dq_bar":
         start, bar = barrier_form(_DQ_START)
         return src.replace(start, start.replace(f"  {bar}\n", "", 1))

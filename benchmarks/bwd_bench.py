@@ -2,6 +2,7 @@
 FlashAttention-2 (SDPA flash), same run, bf16.
 
     python benchmarks/bwd_bench.py [--out PATH] [--iters N] [--only ROW --once] [--also-engine mma|wgmma]
+                                   [--alt-templates DIR]
 
 Rows: D128 B2 H16 L16k dense and causal, D64 B8 H16 L4k dense and causal, D128 B16 H16 L2k causal.
 TFLOP/s count the backward as 2.5x the forward's 4 B H Lq Lk D (causal: half), the FlashAttention
@@ -18,6 +19,7 @@ backward of one row (for a profiler).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -43,7 +45,7 @@ def _spec(D: int, H: int, causal: bool) -> str:
     return f"attention bwdbench {{\n  dtype bf16\n  head_dim {D}\n  heads {H}{mask}\n  output lse\n}}\n"
 
 
-def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = ()) -> dict:
+def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str | None = None) -> dict:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -113,8 +115,45 @@ def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = ()) -> dict:
             res[f"{eng}_tflops"] = bwd_flops / ms_e / 1e9
         except Exception as ex:  # an engine that refuses the variant: recorded, not fatal
             res[f"{eng}_error"] = f"{type(ex).__name__}: {ex}"[:300]
+    # The same backward rendered from another template tree (--alt-templates: an A/B of a template
+    # change in one process, beside the peers), timed the same way (keys alt_ms, alt_tflops).
+    if alt:
+        from attngen.cuda import render_bwd
+        from attngen.runtime import bwd as rbwd
+
+        real_env = render_bwd._environment
+        render_bwd._environment = lambda: _alt_environment(alt)
+        rbwd._CACHE.clear()
+        try:
+            got = ours()
+            if "cudnn_ms" in res:
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                    want = torch.autograd.grad(out, (qg, kg, vg), dO)
+                res["alt_max_rel_err_vs_cudnn"] = {
+                    n: float((a.float() - b.float()).abs().max() / b.float().abs().max()) for n, a, b in zip(("dq", "dk", "dv"), got, want)}
+                del want, out
+            del got
+            ms_a = queued_ms(ours, iters)
+            res["alt_templates"] = alt
+            res["alt_ms"] = ms_a
+            res["alt_tflops"] = bwd_flops / ms_a / 1e9
+        finally:
+            render_bwd._environment = real_env
+            rbwd._CACHE.clear()
     torch.cuda.empty_cache()
     return res
+
+
+@functools.cache
+def _alt_environment(root: str):
+    """A jinja environment like attngen's (attngen.cuda.render._environment) over the templates
+    under `root` (a copy of backends/cuda)."""
+    import jinja2
+
+    from attngen.cuda import render
+
+    return render._environment().overlay(loader=jinja2.FileSystemLoader(root))
 
 
 def main() -> int:
@@ -133,6 +172,9 @@ def main() -> int:
     ap.add_argument("--wg-dq", choices=[m.value for m in WgDq], default=None,
                     help="experiment: the wgmma kernel's dQ reductions (plan_bwd.WgDq: red.global.add.v2 or .v4, bulk "
                          "reductions a row, or one of the step's tile; the plan's choice otherwise)")
+    ap.add_argument("--alt-templates", metavar="DIR", default=None,
+                    help="A/B: also time the backward rendered from the templates under DIR (a copy of backends/cuda, "
+                         "e.g. an earlier commit's), in the same process (keys alt_ms, alt_tflops)")
     args = ap.parse_args()
     if args.wg_dq:
         from attngen.plan import bwd as plan_bwd
@@ -149,7 +191,7 @@ def main() -> int:
     rows = args.only or list(ROWS)
     results = []
     for name in rows:
-        r = _row(name, args.iters, args.once, tuple(args.also_engine))
+        r = _row(name, args.iters, args.once, tuple(args.also_engine), args.alt_templates)
         if args.once:
             continue
         results.append(r)
@@ -158,7 +200,8 @@ def main() -> int:
               f"x cuDNN {r.get('attngen_vs_cudnn', float('nan')):.2f}  x FA2 {r.get('attngen_vs_fa2', float('nan')):.2f}  "
               f"err vs cuDNN {r.get('max_rel_err_vs_cudnn')}"
               + "".join(f"  | {e} {r[e + '_tflops']:6.1f} TFLOP/s err {r.get(e + '_max_rel_err_vs_cudnn')}" if e + "_tflops" in r
-                        else f"  | {e} {r.get(e + '_error')}" for e in args.also_engine), flush=True)
+                        else f"  | {e} {r.get(e + '_error')}" for e in args.also_engine)
+              + (f"  | alt {r['alt_tflops']:6.1f} TFLOP/s err {r.get('alt_max_rel_err_vs_cudnn')}" if "alt_tflops" in r else ""), flush=True)
     if args.once:
         return 0
     out = args.out or (os.path.join(os.environ["OUT"], "h200_bwd.json") if os.environ.get("OUT") else str(ROOT / "benchmarks/results/h200_bwd.json"))

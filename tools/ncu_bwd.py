@@ -1,7 +1,7 @@
 """One backward each of our wgmma dK/dV kernel (dQ modes red2, tile, wg and wgbulk, some with parts of
 their dQ path cut out by benchmarks/bwd_ablate.py) and of cuDNN's (torch SDPA), D128 B2 H16 L16k
 dense bf16, for ncu (issue 14): where the dQ path's cost sits (L2 reduction traffic, memory-pipe
-stalls, the tensor pipe idle).
+stalls, the tensor pipe idle); `--shape B H L D` and `--causal` profile another problem.
 
     ncu --profile-from-start off --kernel-name regex:'dkdv|cudnn|bprop|sm90' --section SpeedOfLight \\
         ... python3 tools/ncu_bwd.py [--only LABEL ...]
@@ -35,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--list", action="store_true", help="print the cases and exit")
     p.add_argument("--only", nargs="+", choices=[c[0] for c in CASES], help="these cases (default: all)")
+    p.add_argument("--shape", nargs=4, type=int, metavar=("B", "H", "L", "D"), default=(B, H, L, D),
+                   help=f"the problem (default {B} {H} {L} {D})")
+    p.add_argument("--causal", action="store_true", help="mask causal (default: dense)")
     args = p.parse_args(argv)
+    b_, h_, l_, d_ = args.shape
     cases = [c for c in CASES if not args.only or c[0] in args.only]
     if args.list:
         for c in cases:
@@ -52,15 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     from attngen.runtime import kernel as runtime
     from bwd_ablate import ablate
 
-    spec = f"attention ncubwd {{\n  dtype bf16\n  head_dim {D}\n  heads {H}\n  output lse\n}}\n"
+    mask = "\n  mask causal" if args.causal else ""
+    spec = f"attention ncubwd {{\n  dtype bf16\n  head_dim {d_}\n  heads {h_}{mask}\n  output lse\n}}\n"
     v = frontend.loads(spec, "<ncu-bwd>").get()
     kern = runtime.compile(v)
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, vv, dO = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    q, k, vv, dO = (torch.randn(b_, h_, l_, d_, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     o, lse = kern(q, k, vv)
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, vv))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        out = F.scaled_dot_product_attention(qg, kg, vg)
+        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=args.causal)
         peer = lambda: torch.autograd.grad(out, (qg, kg, vg), dO, retain_graph=True)  # noqa: E731
         want = peer()
     real = render_bwd.render_with_plan

@@ -154,7 +154,11 @@ def wg_launch_regs(threads: int) -> int:
 # behind dQ's so that dQ's staging overlaps it (404 / 424 / 343 / 280 / 311 against 410 / 424 /
 # 345 / 281 / 311). Cut out one at a time (results/h200_bwd_ablate.json, D128 L16k dense, this
 # mode): base 412, without the reductions 457, without the consumers' staging stores 476, without
-# the hand-off (stores and both barriers; no reductions then) 557, without dQ 569.
+# the hand-off (stores and both barriers; no reductions then) 557, without dQ 569. In the
+# seventeenth session each step issues the next step's loads under its dQ product (ncu: the top of
+# a step, with no product in flight, held a quarter of the consumers' samples) and the dQ warpgroup
+# spreads its row reductions over its four warps: 430 / 432 / 357 / 304 / 320 against 9b97daf's
+# 406 / 423 / 345 / 284 / 312 in the same run (results/h200_bwd_wgmma.json, key alt_tflops).
 WG_DQ = {64: WgDq.WG_BULK, 128: WgDq.WG_BULK}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through

@@ -101,7 +101,7 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
     src = render_bwd.render(bf, Arch.SM90A)
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in src and "ag_wg_step<false>" in src
-    assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_red_add2(row" not in src and "ag_bulk_reduce_add(p.ws_dq + (row0 + u) * D" in src
+    assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_red_add2(row" not in src and "ag_bulk_reduce_add(p.ws_dq + (row0 + r) * D" in src
     assert "__launch_bounds__(384, 1)" in src and "setmaxnreg.dec.sync.aligned.u32" in src
     assert "mma.sync" not in src
     det = render_bwd.render(bf, Arch.SM90A, deterministic=True)
@@ -281,7 +281,7 @@ def test_dq_modes_d128_causal_odd_lengths(mode, monkeypatch):
     elif mode == plan_bwd.WgDq.WG_BULK:
         # the same split; the tiles staged row-major with padded rows, a bulk reduction a row
         k = bp.kernel("ag_bwd_dkdv")
-        assert k.threads == 384 and "ag_bulk_reduce_add(p.ws_dq + (row0 + u) * D" in src and "ag_red_add4(" not in src.split("void ag_wg_dq_adder")[1].split("\n}\n")[0]
+        assert k.threads == 384 and "ag_bulk_reduce_add(p.ws_dq + (row0 + r) * D" in src and "ag_red_add4(" not in src.split("void ag_wg_dq_adder")[1].split("\n}\n")[0]
         assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 2 * (64 * 136 * 4 + 16) <= Arch.SM90A.smem_budget
     elif mode == plan_bwd.WgDq.TILE:
         # the tile staged by rotated column groups, issued by the last warp to have written its part

@@ -39,6 +39,8 @@ def test_every_ablation_applies_and_differs(row: str) -> None:
         assert out not in seen, what
         assert out != src, what
         seen.add(out)
+    # no_dq takes the dQ product out but keeps the next step's loads issued under it
+    assert src.count("    prefetch();\n") == 1 and "  prefetch();\n  ag_wgmma_wait<0>();" in bench.ablate(src, "no_dq")
     with pytest.raises(ValueError, match="expected text"):
         bench.ablate(src.replace("__syncthreads", "__syncthreads_x").replace("ag_nbar_sync(CONS_BAR", "ag_nbar_sync_x(CONS_BAR"), "no_loop_bar")
 
