@@ -14,7 +14,7 @@ from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan.bwd import (PRE_THREADS, THREADS, VEC_ELEMS, WG_CONSUMER_REGS, WG_DQ_PAD, WG_DQ_REGS, WG_DQ_THREADS, WG_SUB_M, BwdEngine,
-                               BwdPlan, plan, wg_dq_cols, wg_dq_split, WgDq)
+                               BwdPlan, WgDq, WgPrefetch, plan, wg_dq_cols, wg_dq_split)
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -204,6 +204,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         # the next step's LSE and delta rows by cp.async with sub-steps (no registers across the
         # step), else by loads into registers stored after the step
         lse_async=bp.tc_block_m > WG_SUB_M,
+        prefetch_top=bp.wg_prefetch == WgPrefetch.TOP,
         dq_n=wg_dq_cols(v.head_dim, bp.tc_block_m) if bp.engine == BwdEngine.WGMMA else 0,
         has_score=bool(v.scores),
         mma_type="bf16" if v.dtype == DType.BF16 else "f16",

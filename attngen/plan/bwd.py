@@ -33,7 +33,7 @@ import enum
 from dataclasses import dataclass
 
 from attngen.lang.diagnostics import Diagnostic
-from attngen.ir.nodes import DType, Layout, NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name
+from attngen.ir.nodes import DType, Layout, NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name, tensors_used
 from attngen.cuda.render import Field, kernel_name
 from attngen.cuda.emit import tensor_ctype
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
@@ -86,6 +86,27 @@ class WgDq(enum.Enum):
     # to stay conflict-free, SCALE applied) and the dQ warpgroup adds each row by one
     # cp.reduce.async.bulk (FlashAttention-3's TMA reduce-add): 64-128 bulk operations a step in
     # place of 1024-2048 red.global.add.v4
+
+
+class WgPrefetch(enum.Enum):
+    """Where a wgmma dK/dV step issues the next step's cp.async loads (schedule only: every mode
+    computes the same bits)."""
+
+    TOP = "top"  # at the top of the step, before its first product
+    UNDER_DQ = "under_dq"  # right after the step's dQ product is issued (the last dK product in the
+    # deterministic kernel), so that their address arithmetic runs under a product in flight
+
+
+def wg_prefetch(v: Variant) -> WgPrefetch:
+    """The wgmma step's prefetch point. UNDER_DQ keeps the walk's results (the next step's head and
+    query tile) live across the step's products; with masks that read tensors the mask's own
+    indices are live there too, and ptxas spills (tools/bwd_ptxas.py, bytes of spill stores, TOP /
+    UNDER_DQ): packed_documents 24 / 72 (past the nvcc test's 64), paligemma_prefix_lm 8 / 20,
+    block_sparse_pattern 8 / 8, while the document-causal Flex row did not get faster under
+    UNDER_DQ (0.89x either way, the seventeenth session). Masks without tensors spill little either
+    way (mistral_sliding_window 16 bytes under UNDER_DQ) and gain from it (the window Flex row 1.06x
+    -> 1.09x), so only masks that read tensors keep TOP."""
+    return WgPrefetch.TOP if tensors_used(v.mask) else WgPrefetch.UNDER_DQ
 
 
 # The wgmma dK/dV kernel: a CTA per 128 keys, two warpgroups of 64 keys each (the wgmma M
@@ -207,6 +228,7 @@ class BwdPlan:
     tok_vecs: int = 0
     tok_grad_slices: bool = False
     wg_dq: WgDq | None = None  # the wgmma kernel's dQ reductions (None: another engine, or deterministic)
+    wg_prefetch: WgPrefetch | None = None  # the wgmma step's prefetch point (None: another engine)
 
     @property
     def launcher(self) -> str:
@@ -585,7 +607,8 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     tc = engine != BwdEngine.FFMA
     return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
                    (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen,
-                   tv, slices, wg_dq_mode(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else None)
+                   tv, slices, wg_dq_mode(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else None,
+                   wg_prefetch(v) if engine == BwdEngine.WGMMA else None)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
@@ -635,4 +658,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "wg_launch_regs", "WG_DQ", "WgDq", "wg_dq_split", "wg_threads", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "wg_launch_regs", "WG_DQ", "WgDq", "wg_dq_split", "WgPrefetch", "wg_prefetch", "wg_threads", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

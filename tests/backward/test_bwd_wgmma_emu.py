@@ -156,6 +156,36 @@ def test_nvcc_sm90a_wgmma_never_serialised(mode, monkeypatch):
         assert r.registers == (168 if plan_bwd.wg_dq_split(mode) else r.registers) <= 255
 
 
+def test_prefetch_point_by_mask():
+    # WgPrefetch: the next step's loads go under the dQ product, except for masks that read tensors
+    # (their indices and the next step's would be live across the products at once: ptxas spills).
+    from attngen.lang import frontend
+
+    doc = frontend.load(Path(__file__).parent / "regressions" / "document_prefetch_spill.attn").get()
+    win = T.variant(T.window(100, 0), (), D=128, heads=2, dtype=DType.BF16, name="w")
+    assert plan_bwd.plan(doc, Arch.SM90A).wg_prefetch == plan_bwd.WgPrefetch.TOP
+    assert plan_bwd.plan(win, Arch.SM90A).wg_prefetch == plan_bwd.WgPrefetch.UNDER_DQ
+    assert plan_bwd.plan(win, Arch.SM80).wg_prefetch is None
+    top, under = render_bwd.render(doc, Arch.SM90A), render_bwd.render(win, Arch.SM90A)
+    assert "    prefetch();\n    auto step_prefetch = []() {};" in top and "auto& step_prefetch = prefetch;" not in top
+    assert "auto& step_prefetch = prefetch;" in under and "auto step_prefetch = []() {};" not in under
+    # Either way the step calls its prefetch exactly once.
+    for src in (top, under):
+        assert src.count("    prefetch();\n") == 1 + (src is top)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_nvcc_document_mask_prefetch_spill():
+    # Regression (regressions/document_prefetch_spill.attn): 72 bytes of spill stores under UNDER_DQ.
+    from attngen.lang import frontend
+
+    v = frontend.load(Path(__file__).parent / "regressions" / "document_prefetch_spill.attn").get()
+    res = {r.kernel: r for r in compile_cuda.resources(render_bwd.render(v, Arch.SM90A), Arch.SM90A)}
+    r = next(r for name, r in res.items() if name.endswith("_bwd_dkdv"))
+    assert r.spill_stores <= 32, r
+
+
 def test_setmaxnreg_counts_fit_the_launch_allocation():
     # setmaxnreg.inc waits for registers that decrements freed: the dQ-warpgroup modes' counts must
     # fit what a 384-thread CTA is launched with (168 a thread), or the consumers wait forever.
