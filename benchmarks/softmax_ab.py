@@ -8,7 +8,8 @@ schedule. At D64: the plan's default (plain), turns only, the FMA polynomial for
 thread's 16 column groups, with and without turns; dense also at 128 x 128 with two consumer
 warpgroups (the auto tile before issue 16; now 192 x 128 with three, like causal). At D128
 (FlashAttention-3's ping-pong case, two consumer warpgroups): plain and turns, on the main and the
-short-loop kernel alike. `chain` (work tiles chained: a tile's first S and softmax under the last
+short-loop kernel alike; `kslot` / `vslot` (the K or the V ring a slot deeper, where shared
+memory allows: the short-loop kernel, L <= 2k), alone and chained. `chain` (work tiles chained: a tile's first S and softmax under the last
 P.V of the one before) runs on every configuration; `--schedules` keeps only the named ones.
 `d128_documents` is the suite's document row (16 random documents a row) at each length, with
 FlexAttention beside it instead of cuDNN; `d64_preln_cross` the suite's pre-LN row at its own
@@ -60,10 +61,19 @@ SCHEDULES = (
     ("poly2+turns", WgmmaSoftmax(2, True)),
     ("poly4+turns", WgmmaSoftmax(4, True)),
     ("chain", WgmmaSoftmax(chain=True)),
+    # split rings of their own depths (the short-loop D128 kernel's 128 x 128 x 2 stages has room
+    # for one more K or V tile; elsewhere the plan turns them off and they time the default)
+    ("kslot", WgmmaSoftmax(k_slot=True)),
+    ("vslot", WgmmaSoftmax(v_slot=True)),
+    ("kslot+chain", WgmmaSoftmax(chain=True, k_slot=True)),
+    ("vslot+chain", WgmmaSoftmax(chain=True, v_slot=True)),
 )
+# The ring schedules apply to the short-loop D128 kernel (schedule.short_tile) only.
+RING_SCHEDULES = ("kslot", "vslot", "kslot+chain", "vslot+chain")
+_NOT_RINGS = tuple(n for n, _ in SCHEDULES if n not in RING_SCHEDULES)
 # The schedules each configuration times (the rest: every one).
-ONLY_SCHEDULES = {"d64_dense_128": ("default",), "d128_dense": ("default", "turns", "chain"),
-                  "d128_causal": ("default", "turns", "chain"), "d128_documents": ("default", "chain"),
+ONLY_SCHEDULES = {"d64_dense": _NOT_RINGS, "d64_causal": _NOT_RINGS, "d64_dense_128": ("default",), "d128_dense": ("default", "turns", "chain", "kslot", "vslot", "kslot+chain", "vslot+chain"),
+                  "d128_causal": ("default", "turns", "chain", "kslot", "vslot", "kslot+chain", "vslot+chain"), "d128_documents": ("default", "chain"),
                   "d64_preln_cross": ("default", "chain")}
 
 

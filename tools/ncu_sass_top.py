@@ -3,7 +3,7 @@
 its warp-stall samples by reason and the instructions holding the most samples, each with its
 leading reasons (issue 14 and 16's profiles).
 
-    python3 tools/ncu_sass_top.py FILE.csv[.gz] [--top N] [--kernel SUBSTRING]"""
+    python3 tools/ncu_sass_top.py FILE.csv[.gz] [--top N] [--kernel SUBSTRING] [--segments] [--by-count]"""
 
 from __future__ import annotations
 
@@ -40,6 +40,14 @@ def num(x: str) -> float:
         return 0.0
 
 
+def _opcode(src: str) -> str:
+    """The opcode of a SASS line, without its predicate and modifiers."""
+    words = src.strip().split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file")
@@ -47,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernel", default="")
     p.add_argument("--segments", action="store_true",
                    help="also the samples between consecutive wgmma / barrier / wait instructions, in program order")
+    p.add_argument("--by-count", action="store_true",
+                   help="also the instructions grouped by how many times each ran (a kernel's loop structure: "
+                        "once a work tile, once a key tile, spin loops), with their samples")
     a = p.parse_args(argv)
     raw = open(a.file, "rb").read()
     text = (gzip.decompress(raw) if a.file.endswith(".gz") else raw).decode()
@@ -69,6 +80,17 @@ def main(argv: list[str] | None = None) -> int:
             lead = sorted(named, reverse=True)[:3]
             why = " ".join(f"{c}:{v:.0f}" for v, c in lead if v)
             print(f"{i:5d} {100 * s / total:5.2f}% {r['Source'].strip()[:70]:70s} {why}")
+        if a.by_count:
+            print("   by execution count (warp-level: count, instructions, executed, % of executed, % of samples; the 8 largest):")
+            groups: dict[int, list[dict[str, str]]] = {}
+            for r in rows:
+                groups.setdefault(int(num(r.get("Instructions Executed", "0"))), []).append(r)
+            executed = sum(c * len(g) for c, g in groups.items()) or 1
+            for c, g in sorted(groups.items(), key=lambda kv: -kv[0] * len(kv[1]))[:8]:
+                smp = sum(num(r["Warp Stall Sampling (All Samples)"]) for r in g)
+                ops = Counter(_opcode(r["Source"]) for r in g).most_common(3)
+                print(f"   {c:10d} x {len(g):4d}  {c * len(g):11d}  {100 * c * len(g) / executed:5.1f}%  {100 * smp / total:5.1f}%  "
+                      + " ".join(f"{o}:{n}" for o, n in ops))
         if a.segments:
             print("   segments (samples from one marker instruction to the next; markers: HGMMA, BAR, DEPBAR, SYNCS, UBLKRED, LDGDEPBAR):")
             mark = re.compile(r"\b(HGMMA|BAR\.|WARPGROUP\.DEPBAR|SYNCS|UBLKRED|LDGDEPBAR|WARPSYNC|EXIT|BRA)")

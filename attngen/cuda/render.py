@@ -55,6 +55,7 @@ from attngen.plan.schedule import (
     wgmma_regs,
     wgmma_chain_ok,
     wgmma_chain_smem,
+    wgmma_ring_smem,
     wgmma_softmax,
     WgmmaSoftmax,
 )
@@ -450,6 +451,13 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSo
             attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, chain=False))
         else:
             attention = dataclasses.replace(attention, smem=chained_smem)
+    sm = attention.softmax
+    if sm is not None and (sm.k_slot or sm.v_slot):
+        ring_smem = wgmma_ring_smem(attention.smem, v.dtype, v.head_dim, v.value_head_dim, tile, arch, k_slot=sm.k_slot, v_slot=sm.v_slot)
+        if ring_smem is None:
+            attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, k_slot=False, v_slot=False))
+        else:
+            attention = dataclasses.replace(attention, smem=ring_smem)
     prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
                          for pr in preps)
     return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=_fields(v, preps, pers), workspaces=preps)
@@ -662,6 +670,12 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         wg_chain=sm.chain,
         q_buffers=kp.smem.q_buffers,
         kv_split=kp.smem.kv_split,
+        # split rings of their own depths (schedule.wgmma_ring_smem): the names of the K and V rings' slot counts
+        own_stages=bool(kp.smem.k_stages),
+        k_stages=kp.smem.k_stages,
+        v_stages=kp.smem.v_stages,
+        k_ring="K_STAGES" if kp.smem.k_stages else "STAGES",
+        v_ring="V_STAGES" if kp.smem.k_stages else "STAGES",
         wide_rows=max(v.head_dim, v.value_head_dim) > 128,
         smem_bytes=kp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],

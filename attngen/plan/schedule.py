@@ -226,6 +226,11 @@ class WgmmaSoftmax:
     poly_groups: int = 0
     turns: bool = False
     chain: bool = False
+    # The split K (or V) ring (`wgmma_kv_split`) one slot deeper than the tile's stages, where
+    # shared memory allows (`wgmma_ring_smem`; elsewhere the plan turns it off): the producer copies
+    # each K (V) one product earlier. A/B overrides (issue 16), off by default; not both at once.
+    k_slot: bool = False
+    v_slot: bool = False
 
     def describe(self, block_n: int) -> str:
         """One phrase for headers and `explain` ('' when neither is on)."""
@@ -236,6 +241,10 @@ class WgmmaSoftmax:
             parts.append("consumer warpgroups issue their products in turn")
         if self.chain:
             parts.append("a work tile's first S and softmax run under the last P.V of the tile before, or its first S under that tile's epilogue")
+        if self.k_slot:
+            parts.append("the K ring a slot deeper than the V ring")
+        if self.v_slot:
+            parts.append("the V ring a slot deeper than the K ring")
         return "; ".join(parts)
 
 
@@ -258,7 +267,11 @@ def wgmma_softmax(head_dim: int, value_head_dim: int, tile: TileConfig) -> Wgmma
     against 370 / 510, D128 dense 493 / 603 against 487 / 574, D128 causal 384 / 558 against
     379 / 600 (results/h200_chain_ab.jsonl): no gain at short lengths, where it was aimed. That
     run had no late step (the fallback was the plain end of tile); the late step is checked on the
-    CPU (tests/codegen/test_fwd_wgmma_emu.py) and not yet timed."""
+    CPU (tests/codegen/test_fwd_wgmma_emu.py) and not yet timed. `k_slot` / `v_slot` (a third K or
+    V slot in the short-loop D128 kernel, whose consumers poll their full barriers; the eighteenth
+    session, results/h200_ring_ab.jsonl, TFLOP/s at L512 / 1k / 2k): dense plain 407 / 481 / 520,
+    v_slot 420 / 483 / 521, k_slot 403 / 474 / 515; causal plain 280 / 369 / 441, v_slot 282 / 364
+    / 430, v_slot with chain 284 / 373 / 442: within noise from L1k, so the default keeps two."""
     return WgmmaSoftmax()
 
 
@@ -282,6 +295,21 @@ def wgmma_chain_smem(smem: "SmemLayout", dtype: DType, head_dim: int, tile: Tile
     if smem.bytes + extra > arch.smem_budget:
         return None
     return dataclasses.replace(smem, bytes=smem.bytes + extra, residual_bufs=smem.q_buffers)
+
+
+def wgmma_ring_smem(smem: "SmemLayout", dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig,
+                    arch: Arch = DEFAULT_ARCH, *, k_slot: bool = False, v_slot: bool = False) -> "SmemLayout | None":
+    """The shared memory of a kernel whose split K ring (`k_slot`) or V ring (`v_slot`) has one slot
+    more than the tile's stages (`WgmmaSoftmax.k_slot` / `v_slot`): the tile, its full and empty
+    barriers (and a K slot's header); None where the rings are not split, both or neither are
+    asked for, or the slot does not fit the budget."""
+    if not smem.kv_split or smem.k_stages or k_slot == v_slot:
+        return None
+    # K and V tiles are multiples of 1024 bytes: the 8-byte rounding before the barriers stays
+    extra = tile.block_n * (head_dim if k_slot else value_head_dim) * dtype.itemsize + 2 * 8 + (4 if k_slot else 0)
+    if smem.bytes + extra > arch.smem_budget:
+        return None
+    return dataclasses.replace(smem, bytes=smem.bytes + extra, k_stages=tile.stages + k_slot, v_stages=tile.stages + v_slot)
 
 
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
@@ -329,6 +357,9 @@ class SmemLayout:
     residual_copy: bool = False
     kv_split: bool = False
     residual_bufs: int = 1  # residual copies: one a Q buffer for chained consumers (`wgmma_chain_smem`)
+    # Slots of split K and V rings of their own depths (`wgmma_ring_smem`), else 0 (the tile's stages)
+    k_stages: int = 0
+    v_stages: int = 0
 
 
 def smem_layout(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,

@@ -66,3 +66,36 @@ def test_chained_consumer_equals_plain_and_reference(text: str) -> None:
             assert lse_chain.tobytes() == lse_plain.tobytes(), f"{v.name} at {case.describe()}: LSE differs"
         bad = [r.summary() for r in fuzz.compare(v, arrays, o_chain, lse_chain) if not r.ok]
         assert not bad, f"{v.name} at {case.describe()}:\n" + "\n".join(bad)
+
+
+# Split rings of their own depths (`WgmmaSoftmax.k_slot` / `v_slot`): only kernels on split K/V
+# rings with room for one more tile take them (the short-loop D128 kernel; a user's `stages 2`
+# tile); the slots of K and V then wrap at different points.
+RING_SPECS = [
+    spec_text("ring_d128_dense", dtype="bf16", D=128, H=8),
+    spec_text("ring_d128_causal_gqa", dtype="bf16", D=128, H=8, Hkv=2, layout="bshd", mask="causal", lse=True),
+    spec_text("ring_d128_window_tile", dtype="fp16", D=128, H=4, mask="causal && window(300, 0)", lse=True,
+              extra=("tile block_m 128 block_n 128 warps 8 stages 2",)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sm", [WgmmaSoftmax(k_slot=True), WgmmaSoftmax(v_slot=True), WgmmaSoftmax(chain=True, v_slot=True)],
+                         ids=["k_slot", "v_slot", "v_slot_chain"])
+@pytest.mark.parametrize("text", RING_SPECS, ids=lambda t: t.split()[1])
+def test_deeper_ring_equals_plain_and_reference(text: str, sm: WgmmaSoftmax) -> None:
+    v = variant_of(text)
+    plain = kernel_for(v)
+    deep = runtime.compile(v, family="forward", softmax=sm)
+    k = deep if deep.short is None else deep.short  # the kernel with split rings (L <= 2k)
+    assert k.plan.smem.k_stages == 2 + sm.k_slot and k.plan.smem.v_stages == 2 + sm.v_slot, k.plan.smem
+    for i, (B, Lq, Lk) in enumerate(SHAPES[:3]):
+        case = _case(text, B, Lq, Lk, seed=20 + i)
+        arrays = fuzz.case_inputs(v, case)
+        o_plain, lse_plain = fuzz.run_kernel(plain, v, arrays)
+        o_deep, lse_deep = fuzz.run_kernel(deep, v, arrays)
+        assert o_deep.tobytes() == o_plain.tobytes(), f"{v.name} {sm} at {case.describe()}: O differs from the plain kernel"
+        if v.lse:
+            assert lse_deep.tobytes() == lse_plain.tobytes(), f"{v.name} at {case.describe()}: LSE differs"
+        bad = [r.summary() for r in fuzz.compare(v, arrays, o_deep, lse_deep) if not r.ok]
+        assert not bad, f"{v.name} at {case.describe()}:\n" + "\n".join(bad)
