@@ -10,7 +10,8 @@ warpgroups (the auto tile before issue 16; now 192 x 128 with three, like causal
 (FlashAttention-3's ping-pong case, two consumer warpgroups): plain and turns, on the main and the
 short-loop kernel alike; `kslot` / `vslot` (the K or the V ring a slot deeper, where shared
 memory allows: the short-loop kernel, L <= 2k), alone and chained. `chain` (work tiles chained: a tile's first S and softmax under the last
-P.V of the one before) runs on every configuration; `--schedules` keeps only the named ones.
+P.V of the one before) runs on every configuration; `cp.async` (the producer's copies by all its
+threads instead of TMA from one) on D64, D128, GQA 32/8 and the documents; `--schedules` keeps only the named ones.
 `d128_documents` is the suite's document row (16 random documents a row) at each length, with
 FlexAttention beside it instead of cuDNN; `d64_preln_cross` the suite's pre-LN row at its own
 shape (B32 Lq2048 Lk512), with torch.compile of the unfused block beside it. Every kernel of a cell times the same inputs in the same process,
@@ -35,7 +36,7 @@ if str(ROOT) not in sys.path:  # runnable from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from attngen.lang import frontend  # noqa: E402
-from attngen.plan.schedule import WgmmaSoftmax  # noqa: E402
+from attngen.plan.schedule import WgmmaLoads, WgmmaSoftmax  # noqa: E402
 from attngen.tools import bench  # noqa: E402
 
 TOKENS = 32768
@@ -46,6 +47,8 @@ CONFIGS = (
     ("d64_dense_128", "dtype bf16; head_dim 64; heads 16; tile block_m 128 block_n 128 warps 8 stages 3"),
     ("d128_dense", "dtype bf16; head_dim 128; heads 16"),
     ("d128_causal", "dtype bf16; head_dim 128; heads 16; mask causal"),
+    ("d128_gqa32_8_dense", "dtype bf16; head_dim 128; heads 32 kv 8"),
+    ("d128_gqa32_8_causal", "dtype bf16; head_dim 128; heads 32 kv 8; mask causal"),
     # The suite's document row at every length: 16 random documents a row (suite._documents).
     ("d128_documents", "dtype bf16; head_dim 128; heads 16\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal"),
     # The suite's pre-LN row, at its own shape only (SHAPES).
@@ -67,13 +70,20 @@ SCHEDULES = (
     ("vslot", WgmmaSoftmax(v_slot=True)),
     ("kslot+chain", WgmmaSoftmax(chain=True, k_slot=True)),
     ("vslot+chain", WgmmaSoftmax(chain=True, v_slot=True)),
+    # the tiles copied with cp.async by all 128 producer threads (the default before the nineteenth
+    # session) instead of TMA from one (where the plan allows TMA, `schedule.wgmma_tma_ok`; elsewhere
+    # both are the default); results/h200_tma_ab.jsonl has the run that made TMA the default, where
+    # `default` was this cp.async producer and `tma` the TMA one
+    ("cp.async", WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC)),
 )
 # The ring schedules apply to the short-loop D128 kernel (schedule.short_tile) only.
 RING_SCHEDULES = ("kslot", "vslot", "kslot+chain", "vslot+chain")
 _NOT_RINGS = tuple(n for n, _ in SCHEDULES if n not in RING_SCHEDULES)
 # The schedules each configuration times (the rest: every one).
-ONLY_SCHEDULES = {"d64_dense": _NOT_RINGS, "d64_causal": _NOT_RINGS, "d64_dense_128": ("default",), "d128_dense": ("default", "turns", "chain", "kslot", "vslot", "kslot+chain", "vslot+chain"),
-                  "d128_causal": ("default", "turns", "chain", "kslot", "vslot", "kslot+chain", "vslot+chain"), "d128_documents": ("default", "chain"),
+ONLY_SCHEDULES = {"d64_dense": _NOT_RINGS, "d64_causal": _NOT_RINGS, "d64_dense_128": ("default",), "d128_dense": ("default", "turns", "chain", "kslot", "vslot", "kslot+chain", "vslot+chain", "cp.async"),
+                  "d128_causal": ("default", "turns", "chain", "kslot", "vslot", "kslot+chain", "vslot+chain", "cp.async"),
+                  "d128_documents": ("default", "chain", "cp.async"),
+                  "d128_gqa32_8_dense": ("default", "cp.async"), "d128_gqa32_8_causal": ("default", "cp.async"),
                   "d64_preln_cross": ("default", "chain")}
 
 
@@ -195,7 +205,7 @@ def table(rows: list[bench.Row]) -> str:
     for r in rows:
         if r.ms and r.tflops_visible is not None:
             cells.setdefault((r.extra["config"], r.Lq), {})[r.extra["schedule"]] = r.tflops_visible
-    names = [n for n, _ in SCHEDULES] + ["sdpa-cudnn", "flex", "torch-compile"]
+    names = [n for n, _ in SCHEDULES if any(n in c for c in cells.values())] + ["sdpa-cudnn", "flex", "torch-compile"]
     lines = [f"{'config':<16} {'L':>6} " + " ".join(f"{n:>12}" for n in names)]
     for (cfg, L), c in sorted(cells.items()):
         cud = c.get("sdpa-cudnn")

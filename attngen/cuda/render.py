@@ -38,6 +38,7 @@ from attngen.lang.printer import print_expr, print_program
 from attngen.analysis.kv_bounds import kv_upper_bounds
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.resources import cache_dir, cuda_template_dir
+from attngen.plan.limits import MAX_PARAM_BYTES, param_bytes
 from attngen.plan.schedule import (
     DEFAULT_ARCH,
     Arch,
@@ -57,6 +58,8 @@ from attngen.plan.schedule import (
     wgmma_chain_smem,
     wgmma_ring_smem,
     wgmma_softmax,
+    wgmma_tma_ok,
+    WgmmaLoads,
     WgmmaSoftmax,
 )
 
@@ -102,6 +105,47 @@ class Prep:
 
     def workspace_shape(self, B: int, Lq: int, Lk: int) -> tuple[int, int, int, int]:
         return (B, self.heads, Lq if self.queries else Lk, self.width)
+
+
+@dataclass(frozen=True, slots=True)
+class TmaMap:
+    """One TMA descriptor a `WgmmaLoads.TMA` kernel takes after its ABI fields: a 4-d view
+    (columns, rows, heads, batch) of q, k or v, from the tensor's pointer and strides, copied in
+    boxes of 64 columns x `rows` rows with the 128-byte swizzle, zero-filled past the length."""
+
+    name: str  # the kernel parameter: a CUtensorMap, 128 bytes, passed __grid_constant__
+    tensor: str  # q, k or v: the ABI field of its pointer, and the prefix of its stride fields
+    rows: int  # the box's rows: the tile's block_m (q) or block_n (k, v)
+    cols: int  # the tensor's last dimension (its boxes cover it 64 columns at a time)
+    heads: int
+    length: str  # the ABI field of the length the rows run over: Lq or Lk
+
+    def dims(self, B: int, L: int) -> tuple[int, int, int, int]:
+        """globalDim, innermost first."""
+        return (self.cols, L, self.heads, B)
+
+    @staticmethod
+    def byte_strides(dims: tuple[int, int, int, int], strides: tuple[int, int, int], itemsize: int) -> tuple[int, int, int]:
+        """globalStrides (rows, heads, batch) in bytes from element strides: a dimension of size 1
+        gets the extent of the dimensions inside it (its own stride is never used and may be
+        anything, 0 included, which the encoder refuses)."""
+        out: list[int] = []
+        extent = dims[0] * itemsize
+        for d, st in zip(dims[1:], strides):
+            b = st * itemsize if d > 1 else extent
+            out.append(b)
+            extent = max(extent, b * d)
+        return (out[0], out[1], out[2])
+
+
+def tma_maps(kp: "OpPlan") -> tuple[TmaMap, ...]:
+    """The descriptors of a TMA kernel, in parameter order (empty on cp.async)."""
+    if not kp.attention.tma:
+        return ()
+    pr, t = kp.problem, kp.tile
+    return (TmaMap("tm_q", "q", t.block_m, pr.head_dim, pr.heads, "Lq"),
+            TmaMap("tm_k", "k", t.block_n, pr.head_dim, pr.kv_heads, "Lk"),
+            TmaMap("tm_v", "v", t.block_n, pr.value_head_dim, pr.kv_heads, "Lk"))
 
 
 # Prep kernels: PREP_THREADS threads a block, grid-stride over rows; launchers size the grid as
@@ -184,6 +228,12 @@ class OpKernel:
     # one empty slot), so Lq / block_m + B slots cover every real tile; a CTA finds its sequence by
     # a binary search over cu_seqlens, and an empty slot exits at once.
     varlen: bool = False
+
+    @property
+    def tma(self) -> bool:
+        """Whether the producer copies by TMA: the kernel then takes the descriptors of q, k and v
+        (`TMA_MAPS`) after its ABI fields."""
+        return self.softmax is not None and self.softmax.loads == WgmmaLoads.TMA
 
     def _tile_slots(self, B: int, Lq: int) -> int:
         assert self.tile is not None
@@ -458,9 +508,24 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSo
             attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, k_slot=False, v_slot=False))
         else:
             attention = dataclasses.replace(attention, smem=ring_smem)
+    sm = attention.softmax
+    fields = _fields(v, preps, pers)
+    if sm is not None and sm.loads == WgmmaLoads.TMA and not (wgmma_tma_ok(
+            varlen=v.layout == Layout.VARLEN, wide_rows=max(v.head_dim, v.value_head_dim) > 128, chain=sm.chain,
+            q_norm=v.norm(NormTarget.Q) is not None, k_norm=v.norm(NormTarget.K) is not None,
+            residual_copy=attention.smem.residual_copy) and _tma_param_room(fields)):
+        attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, loads=WgmmaLoads.CP_ASYNC))
     prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
                          for pr in preps)
-    return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=_fields(v, preps, pers), workspaces=preps)
+    return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=fields, workspaces=preps)
+
+
+def _tma_param_room(fields: tuple[Field, ...]) -> bool:
+    """Whether the three 128-byte descriptors (64-byte aligned) still fit the kernel's parameter
+    space after the ABI fields (a variant with many runtime inputs keeps cp.async instead)."""
+    ends = param_bytes([f.ctype for f in fields])
+    end = ends[-1] if ends else 0
+    return (end + 63) // 64 * 64 + 3 * 128 <= MAX_PARAM_BYTES
 
 
 def _spec_text(v: Variant) -> str:
@@ -503,7 +568,7 @@ def _header(v: Variant, kp: OpPlan) -> str:
         f"Kernel {kp.kernel_name}: grid {grid_text(kp, v.heads)}, block {kp.threads} threads,",
         f"dynamic shared memory {kp.smem_bytes} bytes (opt in with cudaFuncSetAttribute above 48 KiB).",
         f"Tile: block_m {t.block_m}, block_n {t.block_n}, warps {t.warps}, stages {t.stages}; "
-        f"{kp.engine.describe(t)}; target {kp.arch.value}.",
+        f"{kp.engine.describe(t, kp.attention.tma)}; target {kp.arch.value}.",
         *([f"Softmax: {kp.attention.softmax.describe(t.block_n)}."] if kp.attention.softmax and kp.attention.softmax.describe(t.block_n) else []),
         *(
             [f"Prep kernels, launched first on the same stream with the same arguments, {PREP_THREADS} threads a block,",
@@ -513,6 +578,15 @@ def _header(v: Variant, kp: OpPlan) -> str:
         ),
         "Arguments, in order (also the fields of Params, for the host launcher):",
         *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(kp.fields)),
+        *(
+            [f"The kernel takes after them (not in Params) the TMA descriptors of its copies, CUtensorMap, 128 bytes each,",
+             "passed __grid_constant__, which the host encodes per call (the launcher below does, from Params): 4-d views",
+             "(columns, rows, heads, batch) of the tensor at its pointer and strides, bf16/fp16, boxes of 64 columns, the",
+             "128-byte swizzle, zero fill past the length:",
+             *(f"  {len(kp.fields) + i:2d}. {m.name}: {m.tensor}, box 64 x {m.rows}, dims ({m.cols}, {m.length}, {m.heads}, B)"
+               for i, m in enumerate(tma_maps(kp)))]
+            if kp.attention.tma else []
+        ),
         "",
         f"Host: cudaError_t {kp.kernel_name}_launch(const Params* p, cudaStream_t stream) (nvcc builds only).",
         *(
@@ -677,6 +751,12 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         k_ring="K_STAGES" if kp.smem.k_stages else "STAGES",
         v_ring="V_STAGES" if kp.smem.k_stages else "STAGES",
         wide_rows=max(v.head_dim, v.value_head_dim) > 128,
+        tma=kp.attention.tma,
+        # the arrivals a full barrier counts for its copies: every producer thread's cp.async, or
+        # thread 0's TMA issue
+        copy_arrivals="1" if kp.attention.tma else "PRODUCER_THREADS",
+        tma_dtype={"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}.get(v.dtype.value, ""),
+        tma_maps=[dict(name=m.name, tensor=m.tensor, rows=m.rows, cols=m.cols, heads=m.heads, length=m.length) for m in tma_maps(kp)] if kp.attention.tma else [],
         smem_bytes=kp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],
         tensors=_tensor_ctx(v),
@@ -713,4 +793,4 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
     return src, kp
 
 
-__all__ = ["render", "render_with_plan", "plan", "OpPlan", "OpKernel", "Problem", "KernelRole", "GridRule", "KernelPlan", "Field", "Prep", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]
+__all__ = ["render", "render_with_plan", "plan", "OpPlan", "TmaMap", "tma_maps", "OpKernel", "Problem", "KernelRole", "GridRule", "KernelPlan", "Field", "Prep", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]

@@ -106,10 +106,10 @@ class Engine(enum.Enum):
     MMA_SYNC = "mma.sync"  # fp16/bf16: warp-level m16n8k16 tensor-core MMAs (sm_80 and up)
     WGMMA = "wgmma"  # fp16/bf16 on sm_90a: warpgroup MMAs fed by a producer warpgroup
 
-    def describe(self, tile: TileConfig) -> str:
-        """One phrase for headers and `explain`."""
+    def describe(self, tile: TileConfig, tma: bool = False) -> str:
+        """One phrase for headers and `explain` (`tma`: the wgmma producer copies by TMA)."""
         if self == Engine.WGMMA:
-            return (f"Hopper wgmma tensor cores, one producer warpgroup (cp.async + mbarriers) and "
+            return (f"Hopper wgmma tensor cores, one producer {'warp (TMA' if tma else 'warpgroup (cp.async'} + mbarriers) and "
                     f"{tile.warps // 4} consumer warpgroups")
         return {"ffma": "fp32 FFMA", "mma.sync": "mma.sync tensor cores"}[self.value]
 
@@ -208,6 +208,23 @@ def wgmma_regs(tile: TileConfig, mask_lookups: bool = False, score_mods: bool = 
     return (40, 232)
 
 
+class WgmmaLoads(enum.Enum):
+    """How the wgmma producer copies Q, K and V tiles into shared memory."""
+
+    # 16-byte cp.async from all 128 producer threads, arriving on the slot's mbarrier: where TMA
+    # does not apply (`wgmma_tma_ok`)
+    CP_ASYNC = "cp.async"
+    # the Tensor Memory Accelerator (cp.async.bulk.tensor), the default where it applies: one
+    # thread of one producer warp issues a tile's boxes of 64 columns, swizzled as wgmma reads
+    # them, and the bytes complete on the slot's mbarrier; the host encodes a descriptor of q, k
+    # and v per call. H200, bf16 H16, B*L = 32k, TFLOP/s against cp.async in the same run
+    # (benchmarks/results/h200_tma_ab.jsonl, outputs bit-identical): D128 dense 407 -> 457 at L512,
+    # 476 -> 520 at L1k, 582 -> 601 at L16k; D128 causal 282 -> 305 / 371 -> 403 at L512 / L1k but
+    # 538 -> 513 at L4k; D64 causal 210 -> 231 at L512, 471 -> 493 at L16k; GQA 32/8 dense
+    # 430 -> 487 at L512.
+    TMA = "tma"
+
+
 @dataclass(frozen=True, slots=True)
 class WgmmaSoftmax:
     """How the wgmma consumers schedule their softmax; never what it computes beyond rounding.
@@ -231,9 +248,13 @@ class WgmmaSoftmax:
     # each K (V) one product earlier. A/B overrides (issue 16), off by default; not both at once.
     k_slot: bool = False
     v_slot: bool = False
+    # How the producer copies the tiles: TMA where the plan allows it (`wgmma_tma_ok`), which
+    # turns this to CP_ASYNC elsewhere; CP_ASYNC asks for the copies of every producer thread.
+    loads: WgmmaLoads = WgmmaLoads.TMA
 
     def describe(self, block_n: int) -> str:
-        """One phrase for headers and `explain` ('' when neither is on)."""
+        """One phrase for headers and `explain` ('' when none is on; the loads are the engine's
+        phrase, `Engine.describe`)."""
         parts = []
         if self.poly_groups:
             parts.append(f"exp2 of {self.poly_groups} of every {block_n // 8} column groups of S from an FMA polynomial")
@@ -283,6 +304,14 @@ def wgmma_chain_ok(*, varlen: bool, wide_rows: bool, turns: bool) -> bool:
     Q buffer the next Q loads only once the last S of a tile has read the old one, so the step
     waits for that copy.)"""
     return not (varlen or wide_rows or turns)
+
+
+def wgmma_tma_ok(*, varlen: bool, wide_rows: bool, chain: bool, q_norm: bool, k_norm: bool, residual_copy: bool) -> bool:
+    """Whether the producer can copy by TMA (`WgmmaLoads.TMA`): its descriptors view q, k and v
+    as [B, heads, L, D] tensors, so the packed sequences of varlen, the prep kernels' normalised
+    copies (q or k norms) and the residual copy keep cp.async; so do the chained consumers and
+    the wide rows' producer (their own copy loops)."""
+    return not (varlen or wide_rows or chain or q_norm or k_norm or residual_copy)
 
 
 def wgmma_chain_smem(smem: "SmemLayout", dtype: DType, head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> "SmemLayout | None":

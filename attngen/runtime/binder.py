@@ -62,9 +62,24 @@ class _Driver:
         self._capturing = lib.cuStreamIsCapturing
         self._capturing.restype = ctypes.c_int
         self._capturing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+        # TMA descriptors (WgmmaLoads.TMA kernels): resolved on first use, so that a driver without
+        # the entry point still launches every other kernel
+        self._lib = lib
+        self._encode: Any = None
         self._err = lib.cuGetErrorString
         self._err.restype = ctypes.c_int
         self._err.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+
+    def encode_tmap(self) -> Any:
+        """cuTensorMapEncodeTiled (CUDA 12+ drivers)."""
+        if self._encode is None:
+            fn = self._lib.cuTensorMapEncodeTiled
+            fn.restype = ctypes.c_int
+            u32, u64p, u32p = ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+            self._encode = fn
+        return self._encode
 
     def capturing(self, stream: int) -> bool:
         """Whether `stream` is being captured into a CUDA graph (a sync there would break it)."""
@@ -107,15 +122,64 @@ def cu_function(fn: Any) -> int:
 
 class ArgBuffer:
     """One kernel's arguments as 8-byte slots plus the `void**` array that points at them. An int
-    field reads the low 4 bytes of its slot (little endian), a pointer or long long all 8."""
+    field reads the low 4 bytes of its slot (little endian), a pointer or long long all 8. After
+    them come `blobs` 128-byte arguments (TMA descriptors), each 64-byte aligned."""
 
-    __slots__ = ("vals", "ptrs", "n")
+    __slots__ = ("vals", "ptrs", "n", "blobs", "blob_mem", "blob_base")
 
-    def __init__(self, values: list[int]) -> None:
+    def __init__(self, values: list[int], blobs: int = 0) -> None:
         self.n = len(values)
+        self.blobs = blobs
         self.vals = (ctypes.c_int64 * max(1, self.n))(*values)
         base = ctypes.addressof(self.vals)
-        self.ptrs = (ctypes.c_void_p * max(1, self.n))(*(base + 8 * i for i in range(self.n)))
+        self.blob_mem = (ctypes.c_uint8 * (TMAP_BYTES * blobs + 64))() if blobs else None
+        self.blob_base = (ctypes.addressof(self.blob_mem) + 63) // 64 * 64 if blobs else 0
+        addrs = [base + 8 * i for i in range(self.n)] + [self.blob_base + TMAP_BYTES * j for j in range(blobs)]
+        self.ptrs = (ctypes.c_void_p * max(1, len(addrs)))(*addrs)
+
+    def blob(self, j: int) -> int:
+        """The address of 128-byte argument `j`."""
+        return self.blob_base + TMAP_BYTES * j
+
+
+# CUtensorMap: 16 opaque 64-bit words
+TMAP_BYTES = 128
+# CUtensorMapDataType, CUtensorMapSwizzle, CUtensorMapL2promotion of cuda.h
+TMAP_DTYPES = {"bf16": 9, "fp16": 6}
+TMAP_SWIZZLE_128B = 3
+TMAP_L2_256B = 3
+
+
+class TmaSlot:
+    """One TMA descriptor argument of a binding (`attngen.cuda.render.TmaMap`): everything but the
+    tensor's address is fixed by the call's signature, so a call re-encodes it only when its
+    pointer changed since the last one."""
+
+    __slots__ = ("args", "blob", "array", "dtype", "dims", "strides", "box", "unit", "last")
+
+    def __init__(self, args: ArgBuffer, blob: int, array: int, dtype: str, dims: tuple[int, ...], strides: tuple[int, ...],
+                 box: tuple[int, ...]) -> None:
+        self.args, self.blob, self.array = args, blob, array
+        self.dtype = TMAP_DTYPES[dtype]
+        self.dims = (ctypes.c_uint64 * 4)(*dims)
+        self.strides = (ctypes.c_uint64 * 3)(*strides)
+        self.box = (ctypes.c_uint32 * 4)(*box)
+        self.unit = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+        self.last = -1
+
+    def update(self, ptr: int, what: str = "") -> None:
+        """Encodes the descriptor for the tensor at `ptr` (nothing when it is the last one's)."""
+        if ptr == self.last:
+            return
+        d = _DRIVER or driver()
+        rc = d.encode_tmap()(self.args.blob(self.blob), self.dtype, 4, ptr, self.dims, self.strides, self.box, self.unit,
+                             0, TMAP_SWIZZLE_128B, TMAP_L2_256B, 0)
+        if rc:
+            self.last = -1
+            raise ValueError(f"{what}: the TMA descriptor of this kernel's copies cannot describe it (cuTensorMapEncodeTiled: "
+                             f"CUDA error {rc}; dims {tuple(self.dims)}, byte strides {tuple(self.strides)}); "
+                             f"build the kernel with cp.async loads (the default)")
+        self.last = ptr
 
 
 @dataclass
@@ -155,6 +219,7 @@ class Binding:
     lse_slot: int
     ws_slots: list[int]
     scalar_slots: list[tuple[int, str]]  # (slot, CALL_SCALARS name)
+    tmaps: list[TmaSlot]  # the attention kernel's TMA descriptors (WgmmaLoads.TMA), else empty
     alloc_out: Callable[[], Any]
     alloc_lse: Callable[[], Any] | None
     alloc_ws: list[Callable[[], Any]]
@@ -187,6 +252,9 @@ def launch_cupy(ln: Launch, stream_obj: Any) -> None:
     conv = {"p": np.uint64, "i": np.int32, "q": np.int64}
     vals = ln.args.vals
     args = tuple(conv[c](vals[i] & 0xFFFFFFFFFFFFFFFF if c == "p" else vals[i]) for i, c in enumerate(ln.ctypes_list))
+    # TMA descriptors: 128-byte structured scalars (CuPy passes a NumPy structured scalar's bytes)
+    desc = np.dtype([("words", np.uint64, (TMAP_BYTES // 8,))])
+    args += tuple(np.frombuffer(ctypes.string_at(ln.args.blob(j), TMAP_BYTES), dtype=desc)[0] for j in range(ln.args.blobs))
     ln.cupy_fn(ln.grid, (ln.block,), args, shared_mem=ln.smem, stream=stream_obj)
 
 

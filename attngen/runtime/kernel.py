@@ -33,9 +33,9 @@ from typing import Any, Callable
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.ir.nodes import DType, Layout, NormScope, NormTarget, Program, TileConfig, TileHint, Variant, norm_bias_name, norm_weight_name
-from attngen.runtime.binder import CALL_SCALARS, MAX_BINDINGS, ArgBuffer, Binding, Launch, cu_function, driver, launch_cupy, launch_driver, slot_kind
+from attngen.runtime.binder import CALL_SCALARS, MAX_BINDINGS, ArgBuffer, Binding, Launch, TmaSlot, cu_function, driver, launch_cupy, launch_driver, slot_kind
 from attngen.runtime.checks import CHECK_THREADS, NO_ERROR, check_args, check_grid, check_kernel_name, flat_to_index, render_checks
-from attngen.cuda.render import OpPlan, render_with_plan
+from attngen.cuda.render import OpPlan, TmaMap, render_with_plan, tma_maps
 from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, short_tile, uses_tensor_cores
 
 
@@ -345,6 +345,8 @@ class Kernel:
             if scalars:
                 for slot, name in b.scalar_slots:
                     main_vals[slot] = scalars[name]
+            for tm in b.tmaps:
+                tm.update(ptrs[tm.array], "qkv"[tm.array])
             for ci, ai in b.check_slots:
                 b.checks[ci].args.vals[0] = ptrs[ai]
             if cupy_stream is None:
@@ -572,7 +574,17 @@ class Kernel:
                 scalar_slots.append((i, f.name))
             elif f.name not in fixed:
                 raise NotImplementedError(f"attngen.runtime.binder: no rule binds ABI field {f.name!r} ({f.ctype}) of {kp.kernel_name}")
-        args = ArgBuffer(values)
+        maps = tma_maps(kp)
+        args = ArgBuffer(values, blobs=len(maps))
+        tmaps: list[TmaSlot] = []
+        if maps:
+            lengths = {"Lq": Lq, "Lk": Lk}
+            strides = {"q": qs, "k": ks, "v": vs}
+            for j, m in enumerate(maps):
+                dims = m.dims(B, lengths[m.length])
+                sb, sh, ss = strides[m.tensor]
+                tmaps.append(TmaSlot(args, j, per_call[m.tensor], var.dtype.value, dims,
+                                     TmaMap.byte_strides(dims, (ss, sh, sb), var.dtype.itemsize), (64, m.rows, 1, 1)))
         sm = _sm_count(dev)
         main: list[Launch] = []
         fns = {ok.name: fn for ok, fn in zip(kp.prep_kernels, self._preps)}
@@ -616,7 +628,7 @@ class Kernel:
             ln.bind_stream(sp)
         b = Binding(
             key=key, checks=checks, check_slots=check_slots, main=main, array_slots=array_slots,
-            out_slot=out_slot, lse_slot=lse_slot, ws_slots=ws_slots, scalar_slots=scalar_slots,
+            out_slot=out_slot, lse_slot=lse_slot, ws_slots=ws_slots, scalar_slots=scalar_slots, tmaps=tmaps,
             alloc_out=alloc(o_shape, var.dtype), alloc_lse=alloc(lse_shape, DType.FP32) if lse_shape else None,
             alloc_ws=[alloc(pr.workspace_shape(B, Lq, Lk), pr.dtype) for pr in kp.workspaces],
             out_shape=o_shape, lse_shape=lse_shape,

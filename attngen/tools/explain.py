@@ -462,7 +462,7 @@ def explain(
         f"  block_m {tile.block_m}, block_n {tile.block_n}, warps {tile.warps} ({n_threads} threads"
         f"{', with the producer warpgroup' if eng == Engine.WGMMA else ''}), stages {tile.stages}"
     )
-    out.append(f"  engine: {eng.describe(tile)}")
+    out.append(f"  engine: {eng.describe(tile, kp is not None and kp.attention.tma)}")
     st = short_tile(v, arch)
     if st is not None:
         t = st.tile

@@ -39,6 +39,7 @@ FWD_SHIM = r"""
 #include <chrono>
 #define __align__(n)  // (the harness defines ag_smem with its alignment)
 template <class T> inline T __shfl_sync(unsigned, T x, int src) { return ag_warp_exchange(x, [src](int) { return src; }); }
+#define __grid_constant__
 inline void __syncwarp(unsigned = 0xffffffffu) { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 inline bool __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
@@ -69,6 +70,28 @@ PRIMS = {
                    "  std::atomic_ref<unsigned long long>(*(unsigned long long*)(ag_smem + bar)).store((unsigned long long)count | ((unsigned long long)count << 16));\n}",
     "ag_bar_arrive": "inline void ag_bar_arrive(unsigned bar) { ag_mbar_arrive(bar); }",
     "ag_cp_async_arrive": "inline void ag_cp_async_arrive(unsigned bar) { ag_mbar_arrive(bar); }",
+    # TMA (WgmmaLoads.TMA): an arrival that expects bytes is held back until copies of that many
+    # bytes have landed on the barrier; a copy lands at issue, reading the descriptor the harness
+    # wrote (words: 0 the tensor's address, 1-4 its extents, innermost first, 5-7 the byte strides
+    # of rows, heads and batch), through the 128-byte swizzle, zero past the rows' extent.
+    "ag_bar_arrive_expect": "inline void ag_bar_arrive_expect(unsigned bar, unsigned bytes) { ag_tx[bar / 8] += bytes; }",
+    "ag_tma_load": "template <int ROWS, int COLS>\n"
+                   "inline void ag_tma_load(unsigned dst, const ag_tmap* map, int row0, int hh, int b, unsigned bar) {\n"
+                   "  const unsigned long long* w = map->opaque;\n"
+                   "  if (hh < 0 || (unsigned long long)hh >= w[3] || b < 0 || (unsigned long long)b >= w[4] || COLS > (int)w[1]) {\n"
+                   "    std::fprintf(stderr, \"TMA box outside the tensor: head %d, batch %d\\n\", hh, b); std::abort();\n  }\n"
+                   "  const unsigned char* base = (const unsigned char*)w[0] + (unsigned long long)b * w[7] + (unsigned long long)hh * w[6];\n"
+                   "  for (int c = 0; c < COLS / 64; ++c)\n"
+                   "    for (int r = 0; r < ROWS; ++r)\n"
+                   "      for (int j = 0; j < 8; ++j) {\n"
+                   "        unsigned char* d = ag_smem + dst + c * ROWS * 128 + r * 128 + ((j ^ (r & 7)) << 4);\n"
+                   "        const long long row = (long long)row0 + r;\n"
+                   "        if (row >= 0 && (unsigned long long)row < w[2]) std::memcpy(d, base + row * w[5] + (c * 64 + j * 8) * 2, 16);\n"
+                   "        else std::memset(d, 0, 16);\n      }\n"
+                   "  const long long n = (long long)(COLS / 64) * ROWS * 128;\n"
+                   "  const long long left = (ag_tx[bar / 8] -= n);\n"
+                   "  if (left < 0) { std::fprintf(stderr, \"mbarrier at %u: TMA bytes past the expected count\\n\", bar); std::abort(); }\n"
+                   "  if (left == 0) ag_mbar_arrive(bar);\n}",
     # A test may wait AG_TEST_PATIENCE_MS first, so that a run can make the chained consumer find the
     # next tile ready wherever there is one (its threads otherwise race the producer's); below 0 it
     # always says no (every step the late one).
@@ -105,6 +128,8 @@ WG_CORE = WG_EMU[WG_EMU.index("inline float ag_wg_desc_elem"):WG_EMU.index("#def
 # Placed before the first primitive: what the replacements share.
 MBAR = r"""
 extern unsigned char ag_smem[];
+// TMA bytes still expected, per mbarrier (by its offset / 8)
+static std::atomic<long long> ag_tx[1 << 15];
 inline void ag_mbar_arrive(unsigned bar) {
   std::atomic_ref<unsigned long long> w(*(unsigned long long*)(ag_smem + bar));
   unsigned long long old = w.load(), nw;
@@ -177,7 +202,7 @@ def emulated_source(src: str) -> str:
     return text
 
 
-def _harness(ns: str, launches, fields, smem: int, n_out: int) -> str:
+def _harness(ns: str, launches, fields, smem: int, n_out: int, maps=()) -> str:
     lines = [f"namespace {ns} {{ alignas(1024) unsigned char ag_smem[{smem + 1024}]; }}",
              "static std::vector<std::vector<char>> blobs;",
              "int main(int argc, char** argv) {",
@@ -196,9 +221,14 @@ def _harness(ns: str, launches, fields, smem: int, n_out: int) -> str:
         else:
             lines.append(f"  long long a_{fl.name}; std::fread(&a_{fl.name}, 8, 1, f);")
             args.append(f"a_{fl.name}")
+    for m in maps:  # TMA descriptors: eight words each, the first replaced by the tensor's address
+        lines += [f"  {ns}::ag_tmap a_{m.name}{{}};", f"  std::fread(a_{m.name}.opaque, 8, 8, f);",
+                  f"  a_{m.name}.opaque[0] = (unsigned long long)b_{m.tensor}.data();"]
     lines.append("  std::fclose(f);")
+    map_args = [f"a_{m.name}" for m in maps]
     for kernel, grid, threads in launches:  # the prep kernels, then the attention kernel, in order
-        lines.append(f"  ag_launch({grid}, 1, 1, {threads}, [&] {{ {kernel}({', '.join(args)}); }});")
+        kargs = args + (map_args if kernel == launches[-1][0] else [])
+        lines.append(f"  ag_launch({grid}, 1, 1, {threads}, [&] {{ {kernel}({', '.join(kargs)}); }});")
     lines.append("  FILE* o = std::fopen(argv[2], \"wb\");")
     for i in range(n_out):
         lines.append(f"  std::fwrite(blobs[{i}].data(), 1, blobs[{i}].size(), o);")
@@ -265,13 +295,20 @@ def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdi
         else:
             t, s = n.rsplit("_", 1)
             blob += np.int64(strides(bufs[t])[("sb", "sh", "ss").index(s)]).tobytes()
+    from attngen.cuda.render import tma_maps
+
+    maps = tma_maps(kp)
+    for m in maps:
+        a = bufs[m.tensor]
+        sb, sh, ss = (x * a.itemsize for x in strides(a))
+        blob += np.array([0, m.cols, Lq if m.length == "Lq" else Lk, m.heads, B, ss, sh, sb], np.int64).tobytes()
     ns = f"{kp.kernel_name}_impl"
     tmp = workdir or tempfile.mkdtemp(prefix="attngen-fwd-emu-")
     cpp, exe = os.path.join(tmp, "k.cpp"), os.path.join(tmp, "k")
     fields = [type("F", (), dict(name=f.name, ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{ns}::elem_t")))() for f in kp.fields]
     n_out = ptrs.index("lse") + 1 if v.lse else ptrs.index("o") + 1
     launches = [(k.name, 2 if k.prep is not None else grid, k.threads) for k in kp.kernels]  # preps: grid-stride loops
-    Path(cpp).write_text(SHIM + FWD_SHIM + emulated_source(src) + _harness(ns, launches, fields, kp.smem_bytes, n_out))
+    Path(cpp).write_text(SHIM + FWD_SHIM + emulated_source(src) + _harness(ns, launches, fields, kp.smem_bytes, n_out, maps))
     r = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", f"-DAG_WAIT_SECONDS={int(wait_seconds)}",
                         f"-DAG_TEST_PATIENCE_MS={int(test_patience_ms)}", f"-I{CUDA_INCLUDE}",
                         cpp, "-o", exe], capture_output=True, text=True, check=False)

@@ -26,6 +26,7 @@ from attngen.plan.schedule import (
     wgmma_regs,
     wgmma_residual_smem,
     wgmma_softmax,
+    WgmmaLoads,
     WgmmaSoftmax,
 )
 
@@ -188,7 +189,7 @@ def test_explain_names_the_engine_and_the_threads() -> None:
 
     v = _v("dtype bf16; head_dim 64; heads 4; mask causal")
     text = explain(v, arch=Arch.SM90A)
-    assert "engine: Hopper wgmma tensor cores, one producer warpgroup (cp.async + mbarriers) and 3 consumer warpgroups" in text
+    assert "engine: Hopper wgmma tensor cores, one producer warp (TMA + mbarriers) and 3 consumer warpgroups" in text
     assert "warps 12 (512 threads, with the producer warpgroup)" in text
     assert "engine: mma.sync tensor cores" in explain(v, arch=Arch.SM80)
 
@@ -311,6 +312,14 @@ def test_dense_head_dim_64_takes_three_consumer_warpgroups() -> None:
         "dtype bf16; head_dim 128; heads 16\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal",
         "dtype fp16; head_dim 128; heads 32 kv 8; mask causal; output lse\n input sinks: fp32[H]\n sink sinks",
         "dtype bf16; head_dim 64; heads 16; kind cross; layout bshd\n norm q layernorm(1e-5) scope token\n residual")],
+    # the cp.async producer (TMA is the default where it applies): split rings and one shared
+    # slot, three and two consumer warpgroups, GQA, a tensor-reading mask, the LSE and a sink
+    *[(b, WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC)) for b in (
+        "dtype bf16; head_dim 64; heads 16; mask causal",
+        "dtype bf16; head_dim 128; heads 16",
+        "dtype bf16; head_dim 128; heads 16; mask causal; tile block_m 128 block_n 128 warps 8 stages 2",
+        "dtype bf16; head_dim 128; heads 16\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal",
+        "dtype fp16; head_dim 128; heads 32 kv 8; mask causal; output lse\n input sinks: fp32[H]\n sink sinks")],
 ], ids=str)
 def test_softmax_schedules_compile_without_spills_or_serialised_wgmma(body: str, sm: WgmmaSoftmax) -> None:
     """Every schedule the A/B benchmark times (benchmarks/softmax_ab.py) on three and two consumer
@@ -323,3 +332,52 @@ def test_softmax_schedules_compile_without_spills_or_serialised_wgmma(body: str,
     r = [x for x in compile_cuda._RES.finditer(log) if x.group("name").endswith(kp.kernel_name) or kp.kernel_name in x.group("name")]
     assert r, log
     assert all(int(x.group("st")) == int(x.group("ld")) == int(x.group("stack")) == 0 for x in r), log
+
+
+@pytest.mark.parametrize("body,tma", [
+    ("dtype bf16; head_dim 128; heads 16", True),
+    ("dtype fp16; head_dim 64; heads 16; mask causal; layout bshd", True),
+    ("dtype bf16; head_dim 128; heads 32 kv 8; mask causal; output lse", True),
+    # the descriptors view [B, heads, L, D] tensors: packed sequences, the prep kernels' normalised
+    # copies, the residual copy and the wide rows' producer keep cp.async
+    ("dtype bf16; head_dim 128; heads 16; layout varlen", False),
+    ("dtype bf16; head_dim 128; heads 16\n norm k rmsnorm(1e-6)", False),
+    ("dtype bf16; head_dim 64; heads 16; kind cross; layout bshd\n norm q layernorm(1e-5) scope token\n residual", False),
+    ("dtype bf16; head_dim 256; heads 8", False),
+    ("dtype fp32; head_dim 64; heads 8", False),  # FFMA: no wgmma producer at all
+], ids=str)
+def test_tma_loads_where_the_plan_allows_them(body: str, tma: bool) -> None:
+    """`WgmmaLoads.TMA` (the default) is kept only where the descriptors can describe every copy;
+    the source then issues cp.async.bulk.tensor from one thread, takes three descriptors after its
+    ABI fields, says so in its header, and its C++ launcher encodes them; elsewhere the source is
+    the cp.async producer's."""
+    v = _v(body)
+    src, kp = render_cuda.render_with_plan(v, Arch.SM90A)
+    assert kp.attention.tma == tma
+    cp_src = render_cuda.render_with_plan(v, Arch.SM90A, softmax=WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC))[0]
+    assert "cp.async.bulk.tensor" not in cp_src
+    if not tma:
+        assert src == cp_src
+        assert "cp.async.bulk.tensor" not in src
+        return
+    assert "one producer warp (TMA + mbarriers)" in src
+    assert [m.name for m in render_cuda.tma_maps(kp)] == ["tm_q", "tm_k", "tm_v"]
+    assert "cp.async.bulk.tensor.4d" in src and "__grid_constant__" in src and "cuTensorMapEncodeTiled" in src
+    assert "the TMA descriptors of its copies" in src
+    producer = src[src.index("void ag_producer("):src.index("ag_cp_async_wait_all();\n}")]
+    assert "ag_load_sw128<" not in producer and "ag_cp_async_arrive(" not in producer
+    assert "one producer warpgroup (cp.async + mbarriers)" in cp_src
+
+
+def test_tma_descriptors_only_where_the_parameter_space_has_room() -> None:
+    # The three 128-byte descriptors follow the ABI fields (64-byte aligned); a variant whose
+    # fields leave less room keeps the cp.async producer rather than overflow the 32,764 bytes.
+    from attngen.cuda.render import Field, _tma_param_room
+    from attngen.plan.limits import MAX_PARAM_BYTES
+
+    def fields(n: int) -> tuple:
+        return tuple(Field("long long", f"f{i}", "") for i in range(n))
+
+    room = (MAX_PARAM_BYTES - 3 * 128) // 64 * 64 // 8  # long longs that still leave room
+    assert _tma_param_room(fields(room)) and not _tma_param_room(fields(room + 1))
+    assert _tma_param_room(render_cuda.plan(_v("dtype bf16; head_dim 128; heads 16"), Arch.SM90A).fields)

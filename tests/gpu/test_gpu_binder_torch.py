@@ -76,6 +76,8 @@ def test_bindings_cached_and_cupy_launcher_agrees(monkeypatch):
     from attngen.runtime import kernel as runtime
 
     kern = attngen.compile(DOC)
+    # a TMA kernel: the CuPy path passes its descriptors as 128-byte structured scalars
+    assert kern.plan.attention.tma
     q, k, v, doc = _doc_inputs(B=3, L=130, seed=1)
     n0 = len(kern._bindings)
     a = kern(q, k, v, doc=doc)

@@ -96,3 +96,34 @@ def test_deeper_ring_equals_plain_and_reference(text: str, sm: WgmmaSoftmax) -> 
     k = deep if deep.short is None else deep.short  # the kernel with split rings (L <= 2k)
     assert k.plan.smem.k_stages == 2 + sm.k_slot and k.plan.smem.v_stages == 2 + sm.v_slot, k.plan.smem
     _same_as_plain(text, v, plain, deep, SHAPES[:3], seed=20)
+
+
+# TMA loads (`WgmmaSoftmax.loads`, the default where the plan allows them) against the cp.async
+# producer: the copies change, never the bytes that land in shared memory (the engine's 128-byte
+# swizzle is the layout the consumers read, its zero fill past the length is cp.async's), so every
+# output is the same bit for bit. Strided (bshd) and GQA layouts, padded rows, batch 1 (a dimension
+# of size 1), split rings and one shared slot.
+TMA_SPECS = [
+    spec_text("tma_d64_causal", dtype="bf16", D=64, H=8, mask="causal"),
+    spec_text("tma_d64_dense_lse", dtype="fp16", D=64, H=8, lse=True),
+    spec_text("tma_d128_dense", dtype="bf16", D=128, H=8),
+    spec_text("tma_d128_causal_gqa", dtype="bf16", D=128, H=8, Hkv=2, layout="bshd", mask="causal", lse=True),
+    spec_text("tma_d64_padding_cross", dtype="bf16", D=64, H=4, kind="cross", mask="padding && causal", lse=True),
+    spec_text("tma_d128_documents", dtype="bf16", D=128, H=4, mask="document(doc) && causal",
+              extra=("input doc: i32[B, Lk] sorted",)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", TMA_SPECS, ids=lambda t: t.split()[1])
+def test_tma_loads_equal_plain_and_reference(text: str) -> None:
+    from attngen.plan.schedule import WgmmaLoads
+
+    v = variant_of(text)
+    tma = kernel_for(v)
+    assert tma.plan.attention.tma and "cp.async.bulk.tensor" in tma.source
+    if tma.short is not None:
+        assert tma.short.plan.attention.tma
+    cp = runtime.compile(v, family="forward", softmax=WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC))
+    assert not cp.plan.attention.tma and "cp.async.bulk.tensor" not in cp.source
+    _same_as_plain(text, v, cp, tma, SHAPES, seed=30)

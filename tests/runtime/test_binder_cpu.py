@@ -87,7 +87,18 @@ def fake(monkeypatch):
     monkeypatch.setattr(runtime, "launch_driver", record)
     monkeypatch.setattr(runtime, "_sm_count", lambda dev: 132)
     monkeypatch.setattr(runtime, "driver", lambda: types.SimpleNamespace(capturing=lambda stream: stream == 0xCA97))
+    # TMA kernels encode their descriptors through the driver: recorded, never encoded.
+    monkeypatch.setattr(binder, "_DRIVER", types.SimpleNamespace(encode_tmap=lambda: _record_encode))
+    ENCODES.clear()
     return launches
+
+
+ENCODES: list[tuple] = []
+
+
+def _record_encode(addr, dtype, rank, ptr, dims, strides, box, unit, interleave, swizzle, l2, oob) -> int:
+    ENCODES.append((addr, dtype, rank, ptr, tuple(dims), tuple(strides), tuple(box), tuple(unit), interleave, swizzle, oob))
+    return 0
 
 
 def _kernel(src: str, arch=Arch.SM80, status=False):
@@ -317,3 +328,51 @@ def test_short_key_loops_launch_the_short_kernel(fake):
     assert len(k._bindings) == 2 and len(k.short._bindings) == 2
     # A tile hint is the user's choice at every length: no short kernel.
     assert short_tile(sv, Arch.SM90A) is None
+
+
+def test_tma_kernel_takes_descriptors_encoded_per_pointer(fake, monkeypatch):
+    """A TMA kernel (the wgmma default where it applies) gets its three 128-byte descriptors after
+    the ABI fields, each 64-byte aligned, encoded from the call's pointers and strides (bshd, GQA:
+    4-d views of columns, rows, heads, batch, in bytes; a size-1 batch gets its implied stride),
+    and re-encoded only when a pointer changes."""
+    objs = []
+    monkeypatch.setattr(runtime, "launch_driver", lambda ln, stream: objs.append(ln))
+    k = _kernel("attention c { dtype bf16; head_dim 128; heads 8 kv 2; layout bshd; mask causal; output lse }", Arch.SM90A)
+    assert k.plan.attention.tma
+    B, L = 1, 4096
+    q = FakeArray((B, L, 8, 128), np.uint16)
+    kv = [FakeArray((B, L, 2, 128), np.uint16) for _ in range(2)]
+    k(q, *kv)
+    ln = objs[-1]
+    n = len(k.plan.fields)
+    assert ln.args.n == n and len(ln.args.ptrs) == n + 3
+    blobs = [ln.args.ptrs[n + j] for j in range(3)]
+    assert all(a % 64 == 0 for a in blobs) and blobs[1] - blobs[0] == blobs[2] - blobs[1] == 128
+    assert [e[3] for e in ENCODES] == [q.data.ptr, kv[0].data.ptr, kv[1].data.ptr]
+    assert [e[0] for e in ENCODES] == blobs
+    t = k.plan.tile
+    (_, dt, rank, _, dq, sq, bq, unit, il, sw, oob), (_, _, _, _, dk, sk, bk, *_) = ENCODES[0], ENCODES[1]
+    assert (dt, rank, unit, il, sw, oob) == (9, 4, (1, 1, 1, 1), 0, 3, 0)  # bf16, 128-byte swizzle, zero fill
+    assert dq == (128, L, 8, B) and sq == (8 * 128 * 2, 128 * 2, L * 8 * 128 * 2) and bq == (64, t.block_m, 1, 1)
+    assert dk == (128, L, 2, B) and sk == (2 * 128 * 2, 128 * 2, L * 2 * 128 * 2) and bk == (64, t.block_n, 1, 1)
+    k(q, *kv)  # the same pointers: nothing re-encoded
+    assert len(ENCODES) == 3
+    q2 = FakeArray((B, L, 8, 128), np.uint16)
+    k(q2, *kv)
+    assert len(ENCODES) == 4 and ENCODES[-1][3] == q2.data.ptr and ENCODES[-1][0] == blobs[0]
+    # the cp.async producer takes no descriptors
+    from attngen.plan.schedule import WgmmaLoads, WgmmaSoftmax
+
+    v = k.variant
+    kp = plan(v, Arch.SM90A, softmax=WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC))
+    kc = runtime.Kernel(v, "", kp, 0.0, "none", True, None, types.SimpleNamespace(ptr=0xF00), (), device=0)
+    kc(q, *kv)
+    assert len(objs[-1].args.ptrs) == len(kp.fields) and len(ENCODES) == 4
+
+
+def test_tma_descriptor_the_driver_refuses_is_a_clear_error(fake, monkeypatch):
+    monkeypatch.setattr(binder, "_DRIVER", types.SimpleNamespace(encode_tmap=lambda: lambda *a: 1))
+    k = _kernel("attention c { dtype bf16; head_dim 128; heads 8 }", Arch.SM90A)
+    q, kk, vv = (FakeArray((2, 8, 300, 128), np.uint16) for _ in range(3))
+    with pytest.raises(ValueError, match=r"q: the TMA descriptor of this kernel's copies cannot describe it"):
+        k(q, kk, vv)
