@@ -513,7 +513,8 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSo
     if sm is not None and sm.loads == WgmmaLoads.TMA and not (wgmma_tma_ok(
             varlen=v.layout == Layout.VARLEN, wide_rows=max(v.head_dim, v.value_head_dim) > 128, chain=sm.chain,
             q_norm=v.norm(NormTarget.Q) is not None, k_norm=v.norm(NormTarget.K) is not None,
-            residual_copy=attention.smem.residual_copy) and _tma_param_room(fields)):
+            residual_copy=attention.smem.residual_copy, score_lookups=any(tensors_used(e) for e in v.scores))
+            and _tma_param_room(fields)):
         attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, loads=WgmmaLoads.CP_ASYNC))
     prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
                          for pr in preps)

@@ -306,12 +306,17 @@ def wgmma_chain_ok(*, varlen: bool, wide_rows: bool, turns: bool) -> bool:
     return not (varlen or wide_rows or turns)
 
 
-def wgmma_tma_ok(*, varlen: bool, wide_rows: bool, chain: bool, q_norm: bool, k_norm: bool, residual_copy: bool) -> bool:
+def wgmma_tma_ok(*, varlen: bool, wide_rows: bool, chain: bool, q_norm: bool, k_norm: bool, residual_copy: bool,
+                 score_lookups: bool = False) -> bool:
     """Whether the producer can copy by TMA (`WgmmaLoads.TMA`): its descriptors view q, k and v
     as [B, heads, L, D] tensors, so the packed sequences of varlen, the prep kernels' normalised
     copies (q or k norms) and the residual copy keep cp.async; so do the chained consumers and
-    the wide rows' producer (their own copy loops)."""
-    return not (varlen or wide_rows or chain or q_norm or k_norm or residual_copy)
+    the wide rows' producer (their own copy loops). Score expressions that read tensors (bias,
+    rel_bias lookups) keep cp.async too: ptxas spills their TMA kernels at every register split
+    the budget allows (sm_90a, nvcc 13.0: T5's relative bias 8 bytes at 56 / 224, none only at
+    40 / 232; a bias over [H, Lq, Lk] 20 bytes at 48 / 224 and 8 at 40 / 232), where the cp.async
+    kernels spill nothing."""
+    return not (varlen or wide_rows or chain or q_norm or k_norm or residual_copy or score_lookups)
 
 
 def wgmma_chain_smem(smem: "SmemLayout", dtype: DType, head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> "SmemLayout | None":

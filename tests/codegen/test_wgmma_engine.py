@@ -344,6 +344,9 @@ def test_softmax_schedules_compile_without_spills_or_serialised_wgmma(body: str,
     ("dtype bf16; head_dim 128; heads 16\n norm k rmsnorm(1e-6)", False),
     ("dtype bf16; head_dim 64; heads 16; kind cross; layout bshd\n norm q layernorm(1e-5) scope token\n residual", False),
     ("dtype bf16; head_dim 256; heads 8", False),
+    # score expressions that read tensors: ptxas spills their TMA kernels (wgmma_tma_ok)
+    ("dtype bf16; head_dim 64; heads 8; mask causal\n input pb: fp32[H, Lq, Lk]\n score bias(pb)", False),
+    ("dtype bf16; head_dim 128; heads 8; mask causal; score softcap(30.0)", True),
     ("dtype fp32; head_dim 64; heads 8", False),  # FFMA: no wgmma producer at all
 ], ids=str)
 def test_tma_loads_where_the_plan_allows_them(body: str, tma: bool) -> None:
