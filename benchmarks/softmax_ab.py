@@ -63,13 +63,14 @@ SCHEDULES = (
     ("poly2", WgmmaSoftmax(2, False)),
     ("poly2+turns", WgmmaSoftmax(2, True)),
     ("poly4+turns", WgmmaSoftmax(4, True)),
-    ("chain", WgmmaSoftmax(chain=True)),
+    # chained consumers copy with cp.async (the plan keeps TMA off them: `schedule.wgmma_tma_ok`)
+    ("chain", WgmmaSoftmax(chain=True, loads=WgmmaLoads.CP_ASYNC)),
     # split rings of their own depths (the short-loop D128 kernel's 128 x 128 x 2 stages has room
     # for one more K or V tile; elsewhere the plan turns them off and they time the default)
     ("kslot", WgmmaSoftmax(k_slot=True)),
     ("vslot", WgmmaSoftmax(v_slot=True)),
-    ("kslot+chain", WgmmaSoftmax(chain=True, k_slot=True)),
-    ("vslot+chain", WgmmaSoftmax(chain=True, v_slot=True)),
+    ("kslot+chain", WgmmaSoftmax(chain=True, k_slot=True, loads=WgmmaLoads.CP_ASYNC)),
+    ("vslot+chain", WgmmaSoftmax(chain=True, v_slot=True, loads=WgmmaLoads.CP_ASYNC)),
     # the tiles copied with cp.async by all 128 producer threads (the default before the nineteenth
     # session) instead of TMA from one (where the plan allows TMA, `schedule.wgmma_tma_ok`; elsewhere
     # both are the default); results/h200_tma_ab.jsonl has the run that made TMA the default, where
