@@ -232,7 +232,7 @@ class OpKernel:
     @property
     def tma(self) -> bool:
         """Whether the producer copies by TMA: the kernel then takes the descriptors of q, k and v
-        (`TMA_MAPS`) after its ABI fields."""
+        (`tma_maps`) after its ABI fields."""
         return self.softmax is not None and self.softmax.loads == WgmmaLoads.TMA
 
     def _tile_slots(self, B: int, Lq: int) -> int:

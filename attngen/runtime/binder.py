@@ -178,7 +178,7 @@ class TmaSlot:
             self.last = -1
             raise ValueError(f"{what}: the TMA descriptor of this kernel's copies cannot describe it (cuTensorMapEncodeTiled: "
                              f"CUDA error {rc}; dims {tuple(self.dims)}, byte strides {tuple(self.strides)}); "
-                             f"build the kernel with cp.async loads (the default)")
+                             f"compile it with softmax=WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC), whose copies take any 16-byte strides")
         self.last = ptr
 
 
