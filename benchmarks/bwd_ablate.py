@@ -75,9 +75,9 @@ _WGB_STORE = ("#pragma unroll\n        for (int j = 0; j < DQ_N / 8; ++j) *reint
               "make_float2(SCALE * dq[4 * j + 2 * half], SCALE * dq[4 * j + 2 * half + 1]);\n")
 _WG_HANDOFF = ("    ag_nbar_sync(DQ_EMPTY_BAR + dq_buf, WG_CTA_THREADS);\n", "    ag_nbar_arrive(DQ_FULL_BAR + dq_buf, WG_CTA_THREADS);\n")
 _WG_TURN = "    dq_buf ^= 1;\n"
-_STEPS = "  int stage = 0;\n  while (cur < end) {"
+_STEPS = "  while (cur < end) {\n    const int cp = ag_walk_pair(cur, off, end);"
 _DKDV = "  const int k0 = blockIdx.x * WG_BLOCK_N, hk = blockIdx.y, b = blockIdx.z;\n  if (k0 >= p.Lk) return;"
-_LOOP_BAR = ("    ag_fence_proxy_async();\n    // This step's tiles have landed (and are visible to wgmma), and every warp is done with the\n"
+_LOOP_BAR = ("    // This step's tiles have landed (and are visible to wgmma), and every warp is done with the\n"
              "    // previous step (its stage buffers and dS^T: each step waits for its products), so the next\n"
              "    // step may load into the other stage.\n    __syncthreads();\n")
 _EXP = "ag_ex2(s[4 * j + e] * (SCALE * LOG2E) - sl[qc])"
@@ -139,7 +139,7 @@ def ablate(src: str, what: str) -> str:
         return src.replace(_EXP, "(s[4 * j + e] * (SCALE * LOG2E) - sl[qc])")
     if what == "no_steps":
         need(_STEPS)
-        return src.replace(_STEPS, "  int stage = 0;\n  while (cur < 0) {  // ablation no_steps: never")
+        return src.replace(_STEPS, "  while (cur < 0) {  // ablation no_steps: never\n    const int cp = ag_walk_pair(cur, off, end);")
     if what == "no_dkdv":
         need(_DKDV)
         return src.replace(_DKDV, _DKDV + "\n  return;  // ablation no_dkdv")

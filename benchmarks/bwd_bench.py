@@ -2,7 +2,7 @@
 FlashAttention-2 (SDPA flash), same run, bf16.
 
     python benchmarks/bwd_bench.py [--out PATH] [--iters N] [--only ROW --once] [--also-engine mma|wgmma]
-                                   [--alt-templates DIR]
+                                   [--alt-templates DIR] [--also-loads tma|cp.async]
 
 Rows: D128 B2 H16 L16k dense and causal, D64 B8 H16 L4k dense and causal, D128 B16 H16 L2k causal.
 TFLOP/s count the backward as 2.5x the forward's 4 B H Lq Lk D (causal: half), the FlashAttention
@@ -45,7 +45,7 @@ def _spec(D: int, H: int, causal: bool) -> str:
     return f"attention bwdbench {{\n  dtype bf16\n  head_dim {D}\n  heads {H}{mask}\n  output lse\n}}\n"
 
 
-def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str | None = None) -> dict:
+def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str | None = None, also_loads: str | None = None) -> dict:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -70,7 +70,7 @@ def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str
     fwd_flops = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
     bwd_flops = 2.5 * fwd_flops
     res = {"row": name, "D": D, "B": B, "H": H, "L": L, "causal": causal, "dtype": "bf16",
-           "engine": bp.engine.value, "tc_block_n": bp.tc_block_n, "tc_rotate": bp.tc_rotate, "bwd_flops": bwd_flops, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+           "engine": bp.engine.value, "wg_loads": bp.wg_loads.value if bp.wg_loads else None, "tc_block_n": bp.tc_block_n, "tc_rotate": bp.tc_rotate, "bwd_flops": bwd_flops, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, vv))
     for label, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
         try:
@@ -115,6 +115,30 @@ def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str
             res[f"{eng}_tflops"] = bwd_flops / ms_e / 1e9
         except Exception as ex:  # an engine that refuses the variant: recorded, not fatal
             res[f"{eng}_error"] = f"{type(ex).__name__}: {ex}"[:300]
+    # The wgmma kernel with its tiles copied the other way (--also-loads: plan_bwd.WG_LOADS), timed
+    # the same way (keys loads_<name>_ms, _tflops); its dK and dV (no atomics) compared bit for bit
+    # with the default kernel's on the same inputs.
+    if also_loads:
+        from attngen.plan import bwd as pb
+        from attngen.plan.schedule import WgmmaLoads
+
+        base_loads = pb.WG_LOADS
+        ref = ours()
+        pb.force_wg_loads(also_loads)
+        try:
+            got = ours()
+            key = f"loads_{WgmmaLoads(also_loads).value}"
+            res[f"{key}_plan"] = pb.plan(v, kern.plan.arch).wg_loads.value
+            res[f"{key}_dk_dv_bit_identical"] = bool(torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2]))
+            res[f"{key}_dq_max_rel_diff"] = float((got[0].float() - ref[0].float()).abs().max() / ref[0].float().abs().max())
+            del got, ref
+            ms_l = queued_ms(ours, iters)
+            res[f"{key}_ms"] = ms_l
+            res[f"{key}_tflops"] = bwd_flops / ms_l / 1e9
+        finally:
+            pb.force_wg_loads(base_loads)
+        # the default again, after: how far the clocks drifted between the two
+        res["attngen_after_tflops"] = bwd_flops / queued_ms(ours, iters) / 1e9
     # The same backward rendered from another template tree (--alt-templates: an A/B of a template
     # change in one process, beside the peers), timed the same way (keys alt_ms, alt_tflops).
     if alt:
@@ -175,6 +199,8 @@ def main() -> int:
     ap.add_argument("--alt-templates", metavar="DIR", default=None,
                     help="A/B: also time the backward rendered from the templates under DIR (a copy of backends/cuda, "
                          "e.g. an earlier commit's), in the same process (keys alt_ms, alt_tflops)")
+    ap.add_argument("--also-loads", choices=["tma", "cp.async"], default=None,
+                    help="A/B: also time the wgmma kernel copying its tiles this way (plan_bwd.WG_LOADS; keys loads_<name>_ms, _tflops)")
     args = ap.parse_args()
     if args.wg_dq:
         from attngen.plan import bwd as plan_bwd
@@ -191,7 +217,7 @@ def main() -> int:
     rows = args.only or list(ROWS)
     results = []
     for name in rows:
-        r = _row(name, args.iters, args.once, tuple(args.also_engine), args.alt_templates)
+        r = _row(name, args.iters, args.once, tuple(args.also_engine), args.alt_templates, args.also_loads)
         if args.once:
             continue
         results.append(r)
@@ -201,7 +227,9 @@ def main() -> int:
               f"err vs cuDNN {r.get('max_rel_err_vs_cudnn')}"
               + "".join(f"  | {e} {r[e + '_tflops']:6.1f} TFLOP/s err {r.get(e + '_max_rel_err_vs_cudnn')}" if e + "_tflops" in r
                         else f"  | {e} {r.get(e + '_error')}" for e in args.also_engine)
-              + (f"  | alt {r['alt_tflops']:6.1f} TFLOP/s err {r.get('alt_max_rel_err_vs_cudnn')}" if "alt_tflops" in r else ""), flush=True)
+              + (f"  | alt {r['alt_tflops']:6.1f} TFLOP/s err {r.get('alt_max_rel_err_vs_cudnn')}" if "alt_tflops" in r else "")
+              + "".join(f"  | {k[6:-7]} {r[k]:6.1f} TFLOP/s (default after {r.get('attngen_after_tflops', 0):6.1f}; dK dV bit-identical "
+                        f"{r.get(k[:-7] + '_dk_dv_bit_identical')})" for k in r if k.startswith("loads_") and k.endswith("_tflops")), flush=True)
     if args.once:
         return 0
     out = args.out or (os.path.join(os.environ["OUT"], "h200_bwd.json") if os.environ.get("OUT") else str(ROOT / "benchmarks/results/h200_bwd.json"))

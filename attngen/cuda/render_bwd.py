@@ -14,9 +14,9 @@ from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan.bwd import (PRE_THREADS, THREADS, VEC_ELEMS, WG_CONSUMER_REGS, WG_DQ_PAD, WG_DQ_REGS, WG_DQ_THREADS, WG_SUB_M, BwdEngine,
-                               BwdPlan, WgDq, WgPrefetch, plan, wg_dq_cols, wg_dq_split)
+                               BwdPlan, WgDq, WgPrefetch, plan, wg_dq_cols, wg_dq_split, wg_tma_maps)
 from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
-from attngen.plan.schedule import DEFAULT_ARCH, Arch
+from attngen.plan.schedule import DEFAULT_ARCH, Arch, WgmmaLoads
 
 
 # The header's dQ line by the wgmma kernel's dQ mode (None: the other engines, RED2 and ROWS alike).
@@ -56,6 +56,11 @@ def _header(v: Variant, bp: BwdPlan) -> str:
           f"{k.smem} bytes of dynamic shared memory; {k.doc}" for k in bp.kernels),
         "Arguments, in order (also the fields of Params, for the host launcher):",
         *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(bp.fields)),
+        *([f"The dK/dV kernel takes after them (not in Params) the TMA descriptors of its copies, CUtensorMap, 128 bytes each,",
+           "passed __grid_constant__ (cuTensorMapEncodeTiled: 4-d (columns, rows, heads, batch), boxes of 64 columns, 128-byte",
+           "swizzle, zero fill past the rows; the host launcher encodes them from Params):",
+           *(f"  {i:2d}. {m.name}: {m.tensor}, {m.cols} columns, boxes of {m.rows} rows over {m.length}" for i, m in enumerate(wg_tma_maps(bp, v), len(bp.fields)))]
+          if bp.wg_loads == WgmmaLoads.TMA else []),
         "",
         f"Host: cudaError_t {bp.launcher}(const Params* p, cudaStream_t stream) (nvcc builds only).",
     ]
@@ -136,6 +141,14 @@ def _wg_shapes(v: Variant, bp: BwdPlan) -> list[dict]:
     return out
 
 
+def _tma_strides(m, v: Variant) -> dict[str, str]:
+    """The C++ launcher's element strides (rows, heads, batch) of a descriptor's tensor: its
+    Params stride fields, or a workspace's [B, heads, L, cols] rows."""
+    if not m.tensor.startswith("ws_"):
+        return dict(ss=f"p.{m.tensor}_ss", sh=f"p.{m.tensor}_sh", sb=f"p.{m.tensor}_sb")
+    return dict(ss=str(m.cols), sh=f"(long long)p.{m.length} * {m.cols}", sb=f"(long long){m.heads} * p.{m.length} * {m.cols}")
+
+
 def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False,
                      prefix: str = DEFAULT_PREFIX, engine: BwdEngine | None = None) -> tuple[str, BwdPlan]:
     """The complete backward `.cu` source for one variant, and its plan. ValueError when the
@@ -213,6 +226,10 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         kernels=[dict(name=k.name, func=k.func, threads=k.threads, smem=k.smem, grid_code=k.grid_code, doc=k.doc, min_blocks=k.min_blocks)
                  for k in bp.kernels],
         launcher=bp.launcher,
+        wg_tma=bp.wg_loads == WgmmaLoads.TMA,
+        tma_dtype={"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}.get(v.dtype.value, ""),
+        tma_maps=[dict(name=m.name, tensor=m.tensor, rows=m.rows, cols=m.cols, heads=m.heads, length=m.length, **_tma_strides(m, v))
+                  for m in wg_tma_maps(bp, v)],
     )
     src = _environment().get_template("bwd/backward.cu.j2").render(**ctx)
     return src, bp

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 
 from attngen.lang.diagnostics import Diagnostic
 from attngen.ir.nodes import DType, Layout, NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name, tensors_used
-from attngen.cuda.render import Field, kernel_name
+from attngen.cuda.render import Field, TmaMap, kernel_name
 from attngen.cuda.emit import tensor_ctype
-from attngen.plan.schedule import DEFAULT_ARCH, Arch
+from attngen.plan.limits import MAX_PARAM_BYTES, param_bytes
+from attngen.plan.schedule import DEFAULT_ARCH, Arch, WgmmaLoads
 
 THREADS = 256  # per CTA of the dK/dV and dQ kernels
 PRE_THREADS = 256  # per CTA of the grid-stride pre / convert kernels (8 warps, a row each)
@@ -107,6 +108,42 @@ def wg_prefetch(v: Variant) -> WgPrefetch:
     way (mistral_sliding_window 16 bytes under UNDER_DQ) and gain from it (the window Flex row 1.06x
     -> 1.09x), so only masks that read tensors keep TOP."""
     return WgPrefetch.TOP if tensors_used(v.mask) else WgPrefetch.UNDER_DQ
+
+
+# How the wgmma dK/dV kernel copies its K, V tiles and each step's Q and dO tiles (the LSE and
+# delta rows stay 4-byte cp.async: a descriptor needs 16-byte row strides, which Lq * 4 bytes
+# need not be): TMA (cp.async.bulk.tensor from one consumer thread, completing on a stage's
+# mbarrier, so that the other 255 threads issue no copies and compute no addresses), or cp.async
+# from all 256 consumer threads. Set by `wg_loads`; `force_wg_loads` for A/B timing.
+WG_LOADS = WgmmaLoads.TMA
+
+
+def force_wg_loads(loads: str | WgmmaLoads) -> None:
+    """For experiments (benchmarks/bwd_bench.py --wg-loads): the wgmma dK/dV kernel's copies for
+    the plans made after the call."""
+    global WG_LOADS
+    WG_LOADS = WgmmaLoads(loads)
+
+
+def wg_tma_room(fields: tuple[Field, ...]) -> bool:
+    """Whether the four 128-byte descriptors (64-byte aligned) of the TMA copies fit the kernel's
+    parameter space after the ABI fields (else the kernel keeps cp.async)."""
+    ends = param_bytes([f.ctype for f in fields])
+    end = ends[-1] if ends else 0
+    return (end + 63) // 64 * 64 + 4 * 128 <= MAX_PARAM_BYTES
+
+
+def wg_tma_maps(bp: "BwdPlan", v: Variant) -> tuple[TmaMap, ...]:
+    """The TMA descriptors the wgmma dK/dV kernel takes after its ABI fields (empty with cp.async):
+    Q (Q' in ws_q under a q pre-norm), dO (dO' in ws_do under the o post-norm) in boxes of a step's
+    query rows, K (K' in ws_k under a k pre-norm) and V in boxes of the CTA's key rows. A
+    workspace's strides are its [B, heads, L, D] rows'."""
+    if bp.wg_loads != WgmmaLoads.TMA:
+        return ()
+    return (TmaMap("tm_q", "ws_q" if bp.q_norm else "q", bp.tc_block_m, v.head_dim, v.heads, "Lq"),
+            TmaMap("tm_do", "ws_do" if bp.o_norm else "dO", bp.tc_block_m, v.value_head_dim, v.heads, "Lq"),
+            TmaMap("tm_k", "ws_k" if bp.k_norm else "k", bp.tc_block_n, v.head_dim, v.kv_heads, "Lk"),
+            TmaMap("tm_v", "v", bp.tc_block_n, v.value_head_dim, v.kv_heads, "Lk"))
 
 
 # The wgmma dK/dV kernel: a CTA per 128 keys, two warpgroups of 64 keys each (the wgmma M
@@ -229,6 +266,7 @@ class BwdPlan:
     tok_grad_slices: bool = False
     wg_dq: WgDq | None = None  # the wgmma kernel's dQ reductions (None: another engine, or deterministic)
     wg_prefetch: WgPrefetch | None = None  # the wgmma step's prefetch point (None: another engine)
+    wg_loads: WgmmaLoads | None = None  # the wgmma kernel's tile copies (None: another engine; `wg_tma_maps`)
 
     @property
     def launcher(self) -> str:
@@ -358,16 +396,18 @@ def wg_threads(D: int, Dv: int, deterministic: bool = False) -> int:
     return WG_THREADS + (WG_DQ_THREADS if wg_dq_split(wg_dq_mode(D, Dv, deterministic)) else 0)
 
 
-def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False) -> int:
+def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False, tma: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
-    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), and
+    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), with
+    TMA copies the mbarriers of the two stages and of K and V (8 bytes each, after the dQ staging), and
     the dQ tile (WgDq.TILE: WG_BLOCK_M x D fp32 and a 16-byte slot for its warp count; WgDq.WG: two
     such tiles and a 16-byte header each; WgDq.WG_BULK: the same with rows of D + WG_DQ_PAD
     words), or the staging buffer of the bulk dQ row reductions (WgDq.ROWS: `wg_dq_buffer_bytes`)."""
     bm = wg_block_m(D, Dv, deterministic)
     return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * bm * D + 2 * bm * Dv + WG_BLOCK_N * bm) + 4 * 4 * bm
             + {WgDq.TILE: 4 * bm * D + 16, WgDq.WG: 2 * (4 * bm * D + 16), WgDq.WG_BULK: 2 * (4 * bm * (D + WG_DQ_PAD) + 16),
-               WgDq.ROWS: wg_dq_buffer_bytes(D, bm)}.get(wg_dq_mode(D, Dv, deterministic), 0))
+               WgDq.ROWS: wg_dq_buffer_bytes(D, bm)}.get(wg_dq_mode(D, Dv, deterministic), 0)
+            + (24 if tma else 0))
 
 
 def wgmma_fits(v: Variant, arch: Arch) -> str | None:
@@ -384,7 +424,7 @@ def wgmma_fits(v: Variant, arch: Arch) -> str | None:
     for name, d in (("head_dim", v.head_dim), ("value head dim", v.value_head_dim)):
         if d not in WG_DIMS:
             return f"{name} {d}: the wgmma engine takes {' and '.join(map(str, WG_DIMS))}"
-    if wg_smem_bytes(v.head_dim, v.value_head_dim) > arch.smem_budget:
+    if wg_smem_bytes(v.head_dim, v.value_head_dim, tma=True) > arch.smem_budget:
         return f"its tiles do not fit {arch.value}'s shared memory"
     return None
 
@@ -565,14 +605,18 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
                                  + ", rounded as the forward rounds them" + (" (q: a warp a token, statistics over its H*D row)" if q_token else "")))
     engine, reason = choose_engine(v, arch, engine)
     bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
+    fields = _fields(v)
+    loads = None
     if engine == BwdEngine.WGMMA:
         bn = WG_BLOCK_N
+        loads = WG_LOADS if WG_LOADS != WgmmaLoads.TMA or wg_tma_room(fields) else WgmmaLoads.CP_ASYNC
         wg_split = wg_dq_split(wg_dq_mode(v.head_dim, v.value_head_dim, deterministic))
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", wg_threads(v.head_dim, v.value_head_dim, deterministic),
-                                 wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic),
+                                 wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic, loads == WgmmaLoads.TMA),
                                  f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
                                  "warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
-                                 "query tiles of the group" + _WG_DQ_DOC[wg_dq_mode(v.head_dim, v.value_head_dim, deterministic)],
+                                 "query tiles of the group" + _WG_DQ_DOC[wg_dq_mode(v.head_dim, v.value_head_dim, deterministic)]
+                                 + ("; K, V and each step's Q and dO copied by TMA (one thread, the stage's mbarrier)" if loads == WgmmaLoads.TMA else ""),
                                  min_blocks=1 if wg_split else 0))
     elif bn is not None:
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
@@ -605,10 +649,10 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
                              + ("; weight gradients summed per block in shared memory" if fin_grads else "")
                              + (" (a slice a warp, 16-byte vector path)" if slices else ""), fin_cap))
     tc = engine != BwdEngine.FFMA
-    return BwdPlan(base, _fields(v), t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
+    return BwdPlan(base, fields, t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
                    (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen,
                    tv, slices, wg_dq_mode(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else None,
-                   wg_prefetch(v) if engine == BwdEngine.WGMMA else None)
+                   wg_prefetch(v) if engine == BwdEngine.WGMMA else None, loads)
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
@@ -658,4 +702,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "wg_launch_regs", "WG_DQ", "WgDq", "wg_dq_split", "WgPrefetch", "wg_prefetch", "wg_threads", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "wg_launch_regs", "WG_DQ", "WgDq", "wg_dq_split", "WgPrefetch", "wg_prefetch", "WG_LOADS", "force_wg_loads", "wg_tma_room", "wg_tma_maps", "wg_threads", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

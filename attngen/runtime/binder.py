@@ -182,6 +182,23 @@ class TmaSlot:
         self.last = ptr
 
 
+def tmap_scalar(dtype: str, ptr: int, dims: tuple[int, ...], byte_strides: tuple[int, ...], box: tuple[int, ...], what: str) -> Any:
+    """One TMA descriptor (cuTensorMapEncodeTiled: 4-d, 128-byte swizzle, L2 256B, zero fill) as
+    the 128-byte NumPy structured scalar a CuPy launch passes by value; ValueError naming `what`
+    when the driver refuses the view."""
+    import numpy as np
+
+    buf = (ctypes.c_uint8 * (TMAP_BYTES + 64))()
+    addr = (ctypes.addressof(buf) + 63) // 64 * 64
+    rc = driver().encode_tmap()(addr, TMAP_DTYPES[dtype], 4, ptr, (ctypes.c_uint64 * 4)(*dims), (ctypes.c_uint64 * 3)(*byte_strides),
+                                (ctypes.c_uint32 * 4)(*box), (ctypes.c_uint32 * 4)(1, 1, 1, 1), 0, TMAP_SWIZZLE_128B, TMAP_L2_256B, 0)
+    if rc:
+        raise ValueError(f"{what}: the TMA descriptor of the backward's copies cannot describe it (cuTensorMapEncodeTiled: CUDA error {rc}; "
+                         f"dims {tuple(dims)}, byte strides {tuple(byte_strides)})")
+    desc = np.dtype([("words", np.uint64, (TMAP_BYTES // 8,))])
+    return np.frombuffer(ctypes.string_at(addr, TMAP_BYTES), dtype=desc)[0]
+
+
 @dataclass
 class Launch:
     """One kernel launch of a binding: function, grid, block, shared memory, arguments."""

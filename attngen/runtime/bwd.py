@@ -31,7 +31,7 @@ from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.runtime.kernel import load_functions
 from attngen.ir.nodes import DType, Layout, NormKind, NormTarget, Variant, norm_bias_name, norm_weight_name
-from attngen.plan.bwd import BwdEngine, BwdPlan, choose_engine, learnable, norm_params, unsupported
+from attngen.plan.bwd import BwdEngine, BwdPlan, choose_engine, learnable, norm_params, unsupported, wg_tma_maps
 from attngen.cuda.render_bwd import render_with_plan
 from attngen.plan.schedule import Arch
 
@@ -46,7 +46,7 @@ class BackwardKernels:
     functions: dict[str, Any]  # device function name in the template -> CuPy kernel
 
 
-_CACHE: dict[tuple[Variant, Arch, bool, int, BwdEngine], BackwardKernels] = {}
+_CACHE: dict[tuple[Any, ...], BackwardKernels] = {}
 _LOCK = threading.Lock()
 
 
@@ -61,7 +61,9 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
         raise ValueError(f"variant {v.name}: " + "; ".join(d.message for d in bad))
     dev = cupy.cuda.Device().id
     engine = choose_engine(v, arch, engine)[0]  # the resolved engine keys the cache (the default may change)
-    key = (v, arch, deterministic, dev, engine)
+    from attngen.plan import bwd as plan_bwd
+
+    key = (v, arch, deterministic, dev, engine, plan_bwd.WG_LOADS)  # (WG_LOADS: the A/B switch, force_wg_loads)
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -335,9 +337,31 @@ def backward(
             args.append(np.uint64(runtime._view(param_grads[name], name).ptr))
         else:
             args.append(np.uint64(0))
+    # The wgmma dK/dV kernel's TMA descriptors (plan_bwd.wg_tma_maps), after the ABI fields: the
+    # tensors' own strides, or a workspace's [B, heads, L, cols] rows.
+    maps = ()
+    if bp.wg_loads is not None and wg_tma_maps(bp, var):
+        from attngen.cuda.render import TmaMap
+        from attngen.runtime.binder import tmap_scalar
+
+        views = {"q": aq, "k": ak, "v": av, "dO": ado}
+        mlist = []
+        for m in wg_tma_maps(bp, var):
+            L = Lq if m.length == "Lq" else Lk
+            dims = m.dims(B, L)
+            if m.tensor in views:
+                sb, sh, ss = strides3(views[m.tensor], m.tensor)
+                p = views[m.tensor].ptr
+            else:
+                ss, sh, sb = m.cols, L * m.cols, m.heads * L * m.cols
+                p = int(ptr(ws[m.tensor]))
+            mlist.append(tmap_scalar(var.dtype.value, p, dims, TmaMap.byte_strides(dims, (ss, sh, sb), var.dtype.itemsize),
+                                     (64, m.rows, 1, 1), m.tensor))
+        maps = tuple(mlist)
     for kern in bp.kernels:
         grid = bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim)
-        bk.functions[kern.func](grid, (kern.threads,), tuple(args), shared_mem=kern.smem, stream=stream)
+        kargs = tuple(args) + (maps if kern.func == "ag_bwd_dkdv" else ())
+        bk.functions[kern.func](grid, (kern.threads,), kargs, shared_mem=kern.smem, stream=stream)
         if kern.func == "ag_bwd_pre" and adl is not None:
             # A loss that reads the LSE: dS = P * (dP - delta) + P * dlse = P * (dP - (delta - dlse)).
             if aq.is_torch:

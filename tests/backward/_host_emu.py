@@ -27,6 +27,7 @@ SHIM = r"""
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <functional>
@@ -293,13 +294,71 @@ AG_WG_SHAPE(128)
 """
 
 
+# The wgmma kernel's TMA copies (plan_bwd.WG_LOADS = TMA), emulated as the forward's emulation
+# does (tests/codegen/_fwd_emu.py): an mbarrier word in the emulated shared memory holds its
+# pending arrivals (bits 0-15), expected count (16-31) and completed phases (32-63); an arrival that
+# expects bytes is held back until copies of that many bytes have landed on the barrier; a copy
+# lands at issue, reading the descriptor the harness wrote (words: 0 the tensor's address, 1-4 its
+# extents, innermost first, 5-7 the byte strides of rows, heads and batch) through the 128-byte
+# swizzle, zero past the rows' extent; a wait spins (and aborts after AG_WAIT_SECONDS: a lost
+# arrival or a wrong parity).
+TMA_EMU = r"""
+static std::atomic<long long> ag_tx[1 << 15];
+inline void ag_mbar_arrive(unsigned bar) {
+  std::atomic_ref<unsigned long long> w(*(unsigned long long*)(ag_smem + bar));
+  unsigned long long old = w.load(), nw;
+  do {
+    const unsigned long long pending = old & 0xFFFFull, expected = (old >> 16) & 0xFFFFull;
+    if (pending == 0) { std::fprintf(stderr, "mbarrier at %u: arrival past its count\n", bar); std::abort(); }
+    nw = pending > 1 ? old - 1 : ((old >> 32) + 1) << 32 | expected << 16 | expected;
+  } while (!w.compare_exchange_weak(old, nw));
+}
+inline void ag_bar_init(unsigned bar, int count) {
+  std::atomic_ref<unsigned long long>(*(unsigned long long*)(ag_smem + bar)).store((unsigned long long)count | ((unsigned long long)count << 16));
+  ag_tx[bar / 8] = 0;
+}
+inline void ag_bar_init_fence() {}
+inline void ag_bar_arrive_expect(unsigned bar, unsigned bytes) { ag_tx[bar / 8] += bytes; }
+inline void ag_bar_wait(unsigned bar, int parity) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((int)((std::atomic_ref<unsigned long long>(*(unsigned long long*)(ag_smem + bar)).load() >> 32) & 1ull) == parity) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(AG_WAIT_SECONDS)) {
+      std::fprintf(stderr, "mbarrier at %u: thread %u waited %d s for parity %d (a lost arrival?)\n", bar, threadIdx.x, AG_WAIT_SECONDS, parity);
+      std::abort();
+    }
+    std::this_thread::yield();
+  }
+}
+template <int ROWS, int COLS>
+inline void ag_tma_load(unsigned dst, const ag_tmap* map, int row0, int hh, int b, unsigned bar) {
+  const unsigned long long* w = map->opaque;
+  if (hh < 0 || (unsigned long long)hh >= w[3] || b < 0 || (unsigned long long)b >= w[4] || COLS > (int)w[1] || dst % 1024u) {
+    std::fprintf(stderr, "TMA box outside the tensor (head %d, batch %d) or a tile off its 1024-byte swizzle period\n", hh, b); std::abort();
+  }
+  const unsigned char* base = (const unsigned char*)w[0] + (unsigned long long)b * w[7] + (unsigned long long)hh * w[6];
+  for (int c = 0; c < COLS / 64; ++c)
+    for (int r = 0; r < ROWS; ++r)
+      for (int j = 0; j < 8; ++j) {
+        unsigned char* d = ag_smem + dst + c * ROWS * 128 + r * 128 + ((j ^ (r & 7)) << 4);
+        const long long row = (long long)row0 + r;
+        if (row >= 0 && (unsigned long long)row < w[2]) std::memcpy(d, base + row * w[5] + (c * 64 + j * 8) * 2, 16);
+        else std::memset(d, 0, 16);
+      }
+  const long long n = (long long)(COLS / 64) * ROWS * 128;
+  const long long left = (ag_tx[bar / 8] -= n);
+  if (left < 0) { std::fprintf(stderr, "mbarrier at %u: TMA bytes past the expected count\n", bar); std::abort(); }
+  if (left == 0) ag_mbar_arrive(bar);
+}
+"""
+
+
 def _emulate_tc(body: str) -> str:
     """The source with its tensor-core primitive block (if any) replaced by the emulation."""
     if TC_BEGIN not in body:
         return body
     head, rest = body.split(TC_BEGIN, 1)
     block, tail = rest.split(TC_END, 1)
-    return head + TC_EMU + (WG_EMU if "wgmma" in block else "") + tail
+    return head + TC_EMU + (WG_EMU if "wgmma" in block else "") + (TMA_EMU if "ag_tma_load" in block else "") + tail
 
 
 def available() -> str | None:
@@ -311,7 +370,7 @@ def available() -> str | None:
     return None
 
 
-def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wanted: tuple[str, ...]) -> str:
+def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wanted: tuple[str, ...], maps=()) -> str:
     lines = [f"namespace {ns} {{ float smem[{max(k.smem for k in bp.kernels) // 4 + 1}]; "
              f"alignas(1024) unsigned char ag_smem[{max(k.smem for k in bp.kernels) + 16}]; }}",
              "static std::vector<std::vector<char>> blobs;",
@@ -329,11 +388,15 @@ def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wante
             lines.append(f"  {{ int x; std::fread(&x, 4, 1, f); p.{fl.name} = x; }}")
         else:
             lines.append(f"  {{ long long x; std::fread(&x, 8, 1, f); p.{fl.name} = x; }}")
+    for m in maps:  # TMA descriptors: eight words each, the first replaced by the tensor's address
+        lines += [f"  {ns}::ag_tmap a_{m.name}{{}};", f"  std::fread(a_{m.name}.opaque, 8, 8, f);",
+                  f"  a_{m.name}.opaque[0] = (unsigned long long)p.{m.tensor};"]
     lines.append("  std::fclose(f);")
     args = ", ".join(f"p.{fl.name}" for fl in bp.fields)
     for k in bp.kernels:
         gx, gy, gz = grids[k.func]
-        lines.append(f"  ag_launch({gx}, {gy}, {gz}, {k.threads}, [&] {{ {k.name}({args}); }});")
+        kargs = args + "".join(f", a_{m.name}" for m in maps) if k.func == "ag_bwd_dkdv" else args
+        lines.append(f"  ag_launch({gx}, {gy}, {gz}, {k.threads}, [&] {{ {k.name}({kargs}); }});")
     lines += ["  FILE* o = std::fopen(argv[2], \"wb\");"]
     for name in wanted:
         idx = [i for i, fl in enumerate(bp.fields) if "*" in fl.ctype].index([i for i, fl in enumerate(bp.fields) if fl.name == name][0])
@@ -343,7 +406,7 @@ def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wante
 
 
 def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray, dO: np.ndarray, o: np.ndarray,
-        workdir: str | None = None, wrt: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+        workdir: str | None = None, wrt: tuple[str, ...] = (), wait_seconds: int = 60) -> dict[str, np.ndarray]:
     """Compile `src` for the host and run its kernels on the arrays (numpy, spec dtypes, the
     variant's layout, contiguous; with `norm o`, `o` is the output before the post-norm and the
     residual, as the training forward saves it); returns dq, dk, dv (and the gradients of the score inputs named
@@ -351,7 +414,7 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
     from attngen.check.reference import dtype_of
 
     ns = f"{bp.base_name}_impl"
-    body = src.split("#ifndef __CUDACC_RTC__\n// Host launcher")[0]
+    body = src.rsplit("\n#ifndef __CUDACC_RTC__\n", 1)[0]  # up to the host-only block (the launcher) at the end
     layout = v.layout.value
     if layout == "varlen":  # packed [total, heads, D]; B from cu_seqlens; the per-row kernels see one sequence
         B = int(np.shape(arrays[v.cu_seqlens_names[0]])[0]) - 1
@@ -414,6 +477,17 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
             t, s = n.rsplit("_", 1)
             a = bufs[t]
             blob += np.int64(strides(a)[("sb", "sh", "ss").index(s)]).tobytes()
+    from attngen.plan.bwd import wg_tma_maps
+
+    maps = wg_tma_maps(bp, v)
+    for m in maps:  # the descriptors' words but the address (the harness fills it in)
+        L = Lq if m.length == "Lq" else Lk
+        if m.tensor.startswith("ws_"):
+            ss, sh, sb = m.cols, L * m.cols, m.heads * L * m.cols
+        else:
+            sb, sh, ss = strides(bufs[m.tensor])
+        it = np.dtype(et).itemsize
+        blob += np.array([0, m.cols, L, m.heads, B, ss * it, sh * it, sb * it], np.int64).tobytes()
     H, Hkv, D = v.heads, v.kv_heads, v.head_dim
     grids = {
         "ag_bwd_pre": (2, 1, 1),  # grid-stride kernels: any grid is correct; a small one tests the stride
@@ -426,8 +500,8 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
     tmp = workdir or tempfile.mkdtemp(prefix="attngen-emu-")
     cpp = os.path.join(tmp, "k.cpp")
     exe = os.path.join(tmp, "k")
-    Path(cpp).write_text(SHIM + _emulate_tc(body) + _harness(bp, ns, grids, wanted))
-    r = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", f"-I{CUDA_INCLUDE}", cpp, "-o", exe],
+    Path(cpp).write_text(SHIM + "#define __grid_constant__\n" + _emulate_tc(body) + _harness(bp, ns, grids, wanted, maps))
+    r = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", f"-DAG_WAIT_SECONDS={int(wait_seconds)}", f"-I{CUDA_INCLUDE}", cpp, "-o", exe],
                        capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise RuntimeError("g++ rejected the emulated kernels:\n" + r.stderr[-6000:])

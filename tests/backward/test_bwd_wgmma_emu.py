@@ -79,9 +79,10 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     assert (bp.tc_block_m, bp.tc_block_n, k.threads) == (64, 128, 384)
     assert bp.wg_dq == plan_bwd.wg_dq_mode(128, 128) == plan_bwd.WgDq.WG_BULK and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.WG_BULK
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).wg_dq is None and plan_bwd.plan(bf, Arch.SM80).wg_dq is None
-    assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 2 * (64 * 136 * 4 + 16) and k.smem <= Arch.SM90A.smem_budget
+    # (+ 24: the TMA copies' mbarriers, plan_bwd.WG_LOADS)
+    assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 136 * 4 + 16) + 24 and k.smem <= Arch.SM90A.smem_budget
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").threads == 256
-    assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, True) == 148480
+    assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, True, tma=True) == 148480 + 24
     # D64 = Dv: steps of 128 queries (two sub-steps of 64), dQ split by rows (N = 64), one CTA an SM
     # (registers: 232-255 a thread); elsewhere 64 queries.
     h64_bp = plan_bwd.plan(h64, Arch.SM90A)
@@ -90,7 +91,7 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     rows = plan_bwd.WG_DQ[128] == plan_bwd.WgDq.ROWS
     staging = {plan_bwd.WgDq.ROWS: 8 * 16 * 72 * 4, plan_bwd.WgDq.WG: 2 * (128 * 64 * 4 + 16),
                plan_bwd.WgDq.WG_BULK: 2 * (128 * 72 * 4 + 16)}.get(plan_bwd.WG_DQ[128], 0)
-    assert h64_bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(64, 64) == 2 * (6 * 128 * 64 + 128 * 128) + 16 * 128 + staging
+    assert h64_bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(64, 64, tma=True) == 2 * (6 * 128 * 64 + 128 * 128) + 16 * 128 + staging + 24
     assert plan_bwd.plan(T.variant(T.causal(), (), D=64, Dv=128, heads=2, dtype=DType.BF16), Arch.SM90A).tc_block_m == 64
     h64_src = render_bwd.render(h64, Arch.SM90A)
     assert "constexpr int WG_BLOCK_M = 128;" in h64_src and "constexpr int WG_SUB = WG_BLOCK_M / WG_SUB_M;" in h64_src
@@ -307,19 +308,19 @@ def test_dq_modes_d128_causal_odd_lengths(mode, monkeypatch):
         assert k.threads == 384 and k.min_blocks == 1 and "__launch_bounds__(384, 1)" in src
         assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_nbar_sync(CONS_BAR, WG_THREADS)" in src
         assert "  __syncthreads();" not in src.split("__device__ __forceinline__ void ag_bwd_dkdv")[1].split("\n}\n")[0]
-        assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 2 * (64 * 128 * 4 + 16)
+        assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 128 * 4 + 16) + 24
     elif mode == plan_bwd.WgDq.WG_BULK:
         # the same split; the tiles staged row-major with padded rows, a bulk reduction a row
         k = bp.kernel("ag_bwd_dkdv")
         assert k.threads == 384 and "ag_bulk_reduce_add(p.ws_dq + (row0 + r) * D" in src and "ag_red_add4(" not in src.split("void ag_wg_dq_adder")[1].split("\n}\n")[0]
-        assert k.smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 2 * (64 * 136 * 4 + 16) <= Arch.SM90A.smem_budget
+        assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 136 * 4 + 16) + 24 <= Arch.SM90A.smem_budget
     elif mode == plan_bwd.WgDq.TILE:
         # the tile staged by rotated column groups, issued by the last warp to have written its part
         assert "SDQ_BYTES = WG_BLOCK_M * D * 4 + 16;" in src and "ag_smem_count(base + SDQ_CNT_OFF)" in src
-        assert bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128) == 148480 + 64 * 128 * 4 + 16
+        assert bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 64 * 128 * 4 + 16 + 24
     else:
         assert "ag_red_add4(row + j * 8" in src and "SDQ_BYTES = 0;" in src
-        assert bp.kernel("ag_bwd_dkdv").smem == 148480
+        assert bp.kernel("ag_bwd_dkdv").smem == 148480 + 24  # (+ 24: the TMA copies' mbarriers)
 
 
 # ---- the token-scope q norm (pre-LN block) and the o post-norm on the wgmma engine: it reads the
@@ -358,7 +359,9 @@ def test_o_post_norm(kind, residual):
     dY = rng.normal(size=y.shape).astype(y.dtype)
     want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dY.astype(np.float64), wrt=wrt)
     src, bp = render_bwd.render_with_plan(v, Arch.SM90A)
-    assert bp.engine == BwdEngine.WGMMA and bp.o_norm and "ag_wg_load<WG_BLOCK_M, DV>(sdo, ag_do_base(p, b, h)" in src
+    # dO' from ws_do: the TMA descriptor's tensor (the default), or the cp.async copies' base
+    assert bp.engine == BwdEngine.WGMMA and bp.o_norm
+    assert ("tm_do: ws_do" in src if bp.wg_loads == plan_bwd.WgmmaLoads.TMA else "ag_wg_load<WG_BLOCK_M, DV>(sdo, ag_do_base(p, b, h)" in src)
     got = _host_emu.run(src, bp, v, arrays, lse, dY, o_pre, wrt=wrt)
     for n in ("dq", "dk", "dv", *wrt):
         assert np.all(np.isfinite(got[n]))
