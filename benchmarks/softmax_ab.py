@@ -1,7 +1,7 @@
 """A/B of the wgmma softmax schedule (schedule.WgmmaSoftmax), beside cuDNN.
 
     python benchmarks/softmax_ab.py [--out PATH] [--lengths 1024,4096,16384] [--repeats 20] [--only CONFIG ...]
-                                    [--schedules NAME ...]
+                                    [--schedules NAME ...] [--tiles BMxBNxWxS ...]
 
 The sweep's cells (bf16, H16, B*L = 32768 tokens, dense and causal) with one kernel for each
 schedule. At D64: the plan's default (plain), turns only, the FMA polynomial for 2 or 4 of a
@@ -12,6 +12,9 @@ short-loop kernel alike; `kslot` / `vslot` (the K or the V ring a slot deeper, w
 memory allows: the short-loop kernel, L <= 2k), alone and chained. `chain` (work tiles chained: a tile's first S and softmax under the last
 P.V of the one before) runs on every configuration; `cp.async` (the producer's copies by all its
 threads instead of TMA from one) on D64, D128, GQA 32/8 and the documents; `--schedules` keeps only the named ones.
+`--tiles` adds, beside the default, the configuration compiled at each named tile (a `tile`
+statement: that one kernel at every length, where the default may launch the short-loop tile at
+short lengths, `schedule.short_tile`), as schedule `tile:BMxBNxWxS`.
 `d128_documents` is the suite's document row (16 random documents a row) at each length, with
 FlexAttention beside it instead of cuDNN; `d64_preln_cross` the suite's pre-LN row at its own
 shape (B32 Lq2048 Lk512), with torch.compile of the unfused block beside it. Every kernel of a cell times the same inputs in the same process,
@@ -142,6 +145,16 @@ def run(args: argparse.Namespace) -> int:
             k = runtime.compile(v, family="forward", softmax=sm)
             kernels.append((name, k))
             print(f"  {label} {name}: {k.plan.attention.softmax} built in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+        for t in args.tiles or []:
+            if label in SHAPES:
+                continue
+            bm, bn, wp, st = t.split("x")
+            try:  # a tile this configuration cannot take must not stop the others
+                vt = frontend.loads(f"attention {label} {{ {body}; tile block_m {bm} block_n {bn} warps {wp} stages {st} }}\n",
+                                    f"<ab:{label}:{t}>").get()
+                kernels.append((f"tile:{t}", runtime.compile(vt, family="forward")))
+            except Exception as e:
+                print(f"  {label} tile {t}: skipped ({type(e).__name__}: {str(e)[:200]})", file=sys.stderr, flush=True)
         shapes = [SHAPES[label]] if label in SHAPES else [(max(1, TOKENS // L), L, L) for L in lengths]
         for B, L, Lk in shapes:
             rt = _runtime_inputs(v, B, L, Lk)
@@ -206,7 +219,8 @@ def table(rows: list[bench.Row]) -> str:
     for r in rows:
         if r.ms and r.tflops_visible is not None:
             cells.setdefault((r.extra["config"], r.Lq), {})[r.extra["schedule"]] = r.tflops_visible
-    names = [n for n, _ in SCHEDULES if any(n in c for c in cells.values())] + ["sdpa-cudnn", "flex", "torch-compile"]
+    tiles = sorted({n for c in cells.values() for n in c if n.startswith("tile:")})
+    names = [n for n, _ in SCHEDULES if any(n in c for c in cells.values())] + tiles + ["sdpa-cudnn", "flex", "torch-compile"]
     lines = [f"{'config':<16} {'L':>6} " + " ".join(f"{n:>12}" for n in names)]
     for (cfg, L), c in sorted(cells.items()):
         cud = c.get("sdpa-cudnn")
@@ -231,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--schedules", nargs="*", default=None,
                    help="time only these schedules (and the default): " + ", ".join(n for n, _ in SCHEDULES[1:]))
+    p.add_argument("--tiles", nargs="*", default=None, help="also time each configuration at these tiles (BMxBNxWxS)")
     return run(p.parse_args(argv))
 
 

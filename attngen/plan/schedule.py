@@ -748,6 +748,10 @@ def short_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> ShortTile | None:
     - causal D128, the same tile: L2k 439.7 against 419.3; at L16k 549.1 against 600.4;
     - causal D64, 128 x 128 x 8 warps x 3 stages: L512 216 against 190 and L1k 279 against 248 at
       192 x 128 x 12 warps; the latter wins from L2k.
+    With TMA loads (the twentieth session, benchmarks/results/h200_tile_ab.jsonl, softmax_ab.py
+    --tiles) the D128 short-loop tile also wins at L4k: dense 684 against the long kernel's 655
+    (cuDNN 694), causal 542 against 525 (cuDNN 525); at L8k dense 616 against 619, causal 654
+    against 635; so the D128 threshold moved from 2048 to 4096.
     Plain variants only (nothing past the mask but the LSE: the tiles were measured on plain attention),
     on the wgmma engine, without a tile hint (a hinted tile is the user's choice for every length).
     The thresholds sit at the longest length measured faster; the standalone source of `attngen
@@ -759,7 +763,7 @@ def short_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> ShortTile | None:
         return None
     d, dv = v.head_dim, v.value_head_dim
     if d == dv == 128:
-        return ShortTile(TileConfig(block_m=128, block_n=128, warps=8, stages=2), 2048)
+        return ShortTile(TileConfig(block_m=128, block_n=128, warps=8, stages=2), 4096)
     if d == dv == 64 and causal:
         return ShortTile(TileConfig(block_m=128, block_n=128, warps=8, stages=3), 1024)
     return None

@@ -227,9 +227,9 @@ def test_explain_describes_the_persistent_schedule() -> None:
 @pytest.mark.parametrize(
     "body,want",
     [
-        # Plain D128, unmasked or causal (LSE allowed): 128 x 128 x 2 on split rings up to Lk 2048.
-        ("dtype bf16; head_dim 128; heads 16", (TileConfig(128, 128, 8, 2), 2048)),
-        ("dtype fp16; head_dim 128; heads 32 kv 8; mask causal; output lse", (TileConfig(128, 128, 8, 2), 2048)),
+        # Plain D128, unmasked or causal (LSE allowed): 128 x 128 x 2 on split rings up to Lk 4096.
+        ("dtype bf16; head_dim 128; heads 16", (TileConfig(128, 128, 8, 2), 4096)),
+        ("dtype fp16; head_dim 128; heads 32 kv 8; mask causal; output lse", (TileConfig(128, 128, 8, 2), 4096)),
         # Causal D64: two consumer warpgroups instead of three up to Lk 1024.
         ("dtype bf16; head_dim 64; heads 16; mask causal", (TileConfig(128, 128, 8, 3), 1024)),
         # No second kernel: unmasked D64, other masks, score mods, a tile hint, varlen, fp32.

@@ -296,7 +296,7 @@ def test_load_functions_takes_every_entry_point_while_the_file_exists(monkeypatc
 
 def test_short_key_loops_launch_the_short_kernel(fake):
     # Plain causal D128 on sm_90a: the main kernel (128 x 128 x 3) and, as the runtime's compile
-    # attaches it, the same variant at schedule.short_tile's tile for Lk <= 2048 (bshd: the
+    # attaches it, the same variant at schedule.short_tile's tile for Lk <= 4096 (bshd: the
     # sequence is dim 1). Each call launches exactly one of them, with that kernel's own plan.
     import dataclasses
 
@@ -305,7 +305,7 @@ def test_short_key_loops_launch_the_short_kernel(fake):
 
     k = _kernel("attention c { dtype bf16; head_dim 128; heads 8 kv 2; layout bshd; mask causal; output lse }", Arch.SM90A)
     st = short_tile(k.variant, Arch.SM90A)
-    assert st is not None and st.max_lk == 2048
+    assert st is not None and st.max_lk == 4096
     t = st.tile
     sv = dataclasses.replace(k.variant, tile=TileHint(t.block_m, t.block_n, t.warps, t.stages))
     sp = plan(sv, Arch.SM90A)
@@ -318,7 +318,7 @@ def test_short_key_loops_launch_the_short_kernel(fake):
         kv = [FakeArray((2, L, 2, 128), np.uint16) for _ in range(2)]
         return k(q, *kv)
 
-    for L, want in ((2048, k.short), (2049, k), (1, k.short), (9000, k)):
+    for L, want in ((4096, k.short), (4097, k), (1, k.short), (9000, k)):
         n = len(fake)
         call(L)
         (fn, grid, block, smem, stream, vals), = fake[n:]
