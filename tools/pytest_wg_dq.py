@@ -1,4 +1,4 @@
-"""A pytest plugin for experiments: `-p tools.pytest_wg_dq` with AG_WG_DQ=red2|red4|rows|tile|wg|wgbulk runs
+"""A pytest plugin for experiments: `-p tools.pytest_wg_dq` with AG_WG_DQ=red2|red4|rows|tile|wg|wgbulk|wgtma runs
 the tests with the wgmma backward's dQ reductions forced to that mode (plan_bwd.WG_DQ), e.g. the
 GPU backward tests on a mode before it becomes the default. Loaded in every xdist worker too."""
 

@@ -5,7 +5,7 @@
 Each case runs the backward (tensor-core engine for fp16/bf16, FFMA for fp32; atomics and
 deterministic dQ) and compares dq, dk, dv with the float64 reference, as tests/gpu/test_gpu_backward.py
 does; exits non-zero if any disagrees (the sanitizer reports access errors and hazards itself).
-AG_WG_DQ=red2|red4|rows|tile|wg|wgbulk forces the wgmma kernel's dQ mode (plan_bwd.force_wg_dq), so an
+AG_WG_DQ=red2|red4|rows|tile|wg|wgbulk|wgtma forces the wgmma kernel's dQ mode (plan_bwd.force_wg_dq), so an
 experimental mode is sanitized before it becomes the default."""
 
 from __future__ import annotations

@@ -111,7 +111,9 @@ class Prep:
 class TmaMap:
     """One TMA descriptor a `WgmmaLoads.TMA` kernel takes after its ABI fields: a 4-d view
     (columns, rows, heads, batch) of q, k or v, from the tensor's pointer and strides, copied in
-    boxes of 64 columns x `rows` rows with the 128-byte swizzle, zero-filled past the length."""
+    boxes of 64 columns x `rows` rows with the 128-byte swizzle, zero-filled past the length (or,
+    `fp32`, the backward's dQ workspace, reduced into in boxes of 32 columns, nothing written
+    past the length)."""
 
     name: str  # the kernel parameter: a CUtensorMap, 128 bytes, passed __grid_constant__
     tensor: str  # q, k or v: the ABI field of its pointer, and the prefix of its stride fields
@@ -119,6 +121,8 @@ class TmaMap:
     cols: int  # the tensor's last dimension (its boxes cover it 64 columns at a time)
     heads: int
     length: str  # the ABI field of the length the rows run over: Lq or Lk
+    box_cols: int = 64  # the box's columns: 128 bytes of the element type (32 for an fp32 tensor)
+    fp32: bool = False  # an fp32 tensor (the backward's ws_dq, reduced into), else of the inputs' dtype
 
     def dims(self, B: int, L: int) -> tuple[int, int, int, int]:
         """globalDim, innermost first."""

@@ -26,6 +26,7 @@ _DQ_HEADER = {
     WgDq.RED4: "fp32 atomics of four values into ws_dq, then converted; ws_dq 16-byte aligned.",
     WgDq.WG: "fp32 atomics into ws_dq from a third warpgroup (each step's dQ staged in shared memory), then converted.",
     WgDq.WG_BULK: "fp32 bulk reductions into ws_dq (cp.reduce.async.bulk, a row each) from a third warpgroup (each step's dQ staged in shared memory), then converted; ws_dq 16-byte aligned.",
+    WgDq.WG_TMA: "fp32 TMA reductions into ws_dq (cp.reduce.async.bulk.tensor through its descriptor tm_dq) from a third warpgroup (each step's dQ staged in shared memory), then converted; ws_dq 16-byte aligned.",
 }
 
 
@@ -59,7 +60,9 @@ def _header(v: Variant, bp: BwdPlan) -> str:
         *([f"The dK/dV kernel takes after them (not in Params) the TMA descriptors of its copies, CUtensorMap, 128 bytes each,",
            "passed __grid_constant__ (cuTensorMapEncodeTiled: 4-d (columns, rows, heads, batch), boxes of 64 columns, 128-byte",
            "swizzle, zero fill past the rows; the host launcher encodes them from Params):",
-           *(f"  {i:2d}. {m.name}: {m.tensor}, {m.cols} columns, boxes of {m.rows} rows over {m.length}" for i, m in enumerate(wg_tma_maps(bp, v), len(bp.fields)))]
+           *(f"  {i:2d}. {m.name}: {m.tensor}, {m.cols} columns, boxes of {m.rows} rows over {m.length}"
+             + (f" (fp32: boxes of {m.box_cols} columns, reduced into, nothing written past the rows)" if m.fp32 else "")
+             for i, m in enumerate(wg_tma_maps(bp, v), len(bp.fields)))]
           if bp.wg_loads == WgmmaLoads.TMA else []),
         "",
         f"Host: cudaError_t {bp.launcher}(const Params* p, cudaStream_t stream) (nvcc builds only).",
@@ -161,6 +164,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
     classify_lines, classify_result = IntervalEmitter(consts, decls).classify(v.mask)
     ds = derivative.score_derivative(v.scores)
     ns = f"{bp.base_name}_impl"
+    tma_dtype = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}.get(v.dtype.value, "")
     ctx = dict(
         header=_header(v, bp),
         ns=ns,
@@ -207,7 +211,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         dq_bulk=bp.wg_dq == WgDq.ROWS,
         dq_red4=bp.wg_dq == WgDq.RED4,
         dq_wg=wg_dq_split(bp.wg_dq),  # the third warpgroup and its hand-off
-        dq_wgb=bp.wg_dq == WgDq.WG_BULK,  # ... which adds rows by bulk reductions
+        dq_wgb=bp.wg_dq in (WgDq.WG_BULK, WgDq.WG_TMA),  # ... which adds the tile by bulk reductions (rows, padded)
+        dq_wgt=bp.wg_dq == WgDq.WG_TMA,  # ... or by TMA reductions of swizzled 32-column boxes
         wg_dq_threads=WG_DQ_THREADS,
         wg_dq_regs=WG_DQ_REGS,
         wg_consumer_regs=WG_CONSUMER_REGS,
@@ -227,8 +232,9 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
                  for k in bp.kernels],
         launcher=bp.launcher,
         wg_tma=bp.wg_loads == WgmmaLoads.TMA,
-        tma_dtype={"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}.get(v.dtype.value, ""),
-        tma_maps=[dict(name=m.name, tensor=m.tensor, rows=m.rows, cols=m.cols, heads=m.heads, length=m.length, **_tma_strides(m, v))
+        tma_maps=[dict(name=m.name, tensor=m.tensor, rows=m.rows, cols=m.cols, heads=m.heads, length=m.length, box_cols=m.box_cols,
+                       dtype="CU_TENSOR_MAP_DATA_TYPE_FLOAT32" if m.fp32 else tma_dtype, elem_bytes=4 if m.fp32 else v.dtype.itemsize,
+                       **_tma_strides(m, v))
                   for m in wg_tma_maps(bp, v)],
     )
     src = _environment().get_template("bwd/backward.cu.j2").render(**ctx)

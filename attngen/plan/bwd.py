@@ -87,6 +87,11 @@ class WgDq(enum.Enum):
     # to stay conflict-free, SCALE applied) and the dQ warpgroup adds each row by one
     # cp.reduce.async.bulk (FlashAttention-3's TMA reduce-add): 64-128 bulk operations a step in
     # place of 1024-2048 red.global.add.v4
+    WG_TMA = "wgtma"  # WG_BULK's third warpgroup, but the consumers stage the tile (scaled) in the
+    # 128-byte-swizzled boxes of a TMA descriptor of ws_dq (32 fp32 columns a box: conflict-free
+    # stores, no padding) and one thread of the dQ warpgroup adds it by D / 32 tensor reductions
+    # (cp.reduce.async.bulk.tensor) a step, rows past Lq dropped by the copy engine; needs the TMA
+    # copies' descriptors (WgmmaLoads.TMA), else WG_BULK
 
 
 class WgPrefetch(enum.Enum):
@@ -125,25 +130,29 @@ def force_wg_loads(loads: str | WgmmaLoads) -> None:
     WG_LOADS = WgmmaLoads(loads)
 
 
-def wg_tma_room(fields: tuple[Field, ...]) -> bool:
-    """Whether the four 128-byte descriptors (64-byte aligned) of the TMA copies fit the kernel's
-    parameter space after the ABI fields (else the kernel keeps cp.async)."""
+def wg_tma_room(fields: tuple[Field, ...], maps: int = 4) -> bool:
+    """Whether `maps` 128-byte descriptors (64-byte aligned: the TMA copies' four, and ws_dq's
+    under WgDq.WG_TMA) fit the kernel's parameter space after the ABI fields (else the kernel
+    keeps cp.async)."""
     ends = param_bytes([f.ctype for f in fields])
     end = ends[-1] if ends else 0
-    return (end + 63) // 64 * 64 + 4 * 128 <= MAX_PARAM_BYTES
+    return (end + 63) // 64 * 64 + maps * 128 <= MAX_PARAM_BYTES
 
 
 def wg_tma_maps(bp: "BwdPlan", v: Variant) -> tuple[TmaMap, ...]:
     """The TMA descriptors the wgmma dK/dV kernel takes after its ABI fields (empty with cp.async):
     Q (Q' in ws_q under a q pre-norm), dO (dO' in ws_do under the o post-norm) in boxes of a step's
-    query rows, K (K' in ws_k under a k pre-norm) and V in boxes of the CTA's key rows. A
-    workspace's strides are its [B, heads, L, D] rows'."""
+    query rows, K (K' in ws_k under a k pre-norm) and V in boxes of the CTA's key rows; under
+    WgDq.WG_TMA then ws_dq (fp32) in boxes of 32 columns x a step's query rows. A workspace's
+    strides are its [B, heads, L, D] rows'."""
     if bp.wg_loads != WgmmaLoads.TMA:
         return ()
     return (TmaMap("tm_q", "ws_q" if bp.q_norm else "q", bp.tc_block_m, v.head_dim, v.heads, "Lq"),
             TmaMap("tm_do", "ws_do" if bp.o_norm else "dO", bp.tc_block_m, v.value_head_dim, v.heads, "Lq"),
             TmaMap("tm_k", "ws_k" if bp.k_norm else "k", bp.tc_block_n, v.head_dim, v.kv_heads, "Lk"),
-            TmaMap("tm_v", "v", bp.tc_block_n, v.value_head_dim, v.kv_heads, "Lk"))
+            TmaMap("tm_v", "v", bp.tc_block_n, v.value_head_dim, v.kv_heads, "Lk"),
+            *((TmaMap("tm_dq", "ws_dq", bp.tc_block_m, v.head_dim, v.heads, "Lq", box_cols=32, fp32=True),)
+              if bp.wg_dq == WgDq.WG_TMA else ()))
 
 
 # The wgmma dK/dV kernel: a CTA per 128 keys, two warpgroups of 64 keys each (the wgmma M
@@ -217,6 +226,15 @@ def wg_launch_regs(threads: int) -> int:
 # a step, with no product in flight, held a quarter of the consumers' samples) and the dQ warpgroup
 # spreads its row reductions over its four warps: 430 / 432 / 357 / 304 / 320 against 9b97daf's
 # 406 / 423 / 345 / 284 / 312 in the same run (results/h200_bwd_wgmma.json, key alt_tflops).
+# WG_TMA (the twenty-first session) hands the dQ warpgroup the tile in the swizzled boxes of a TMA
+# descriptor of ws_dq and adds it by 2-4 tensor reductions a step from one thread, in place of
+# WG_BULK's 64-128 row reductions from padded rows: correct on the H200 (the backward smoke cases,
+# the GPU backward tests; dK/dV bit-identical to WG_BULK's) but 0.97-0.98x WG_BULK on all five rows
+# in the same run (results/h200_bwd_dq_tma_ab.json: 451.7 / 451.7 / 364.3 / 307.3 / 333.2 TFLOP/s
+# against 464.6 / 469.8 / 371.7 / 316.9 / 342.2), with each buffer released once read (as WG_BULK)
+# or one tile later (two tiles' reads in flight), and with the boxes issued from one thread or a
+# warp each (within 1% of each other), so WG_BULK stays the default and WG_TMA an experiment
+# (benchmarks/bwd_bench.py --also-dq wgtma).
 WG_DQ = {64: WgDq.WG_BULK, 128: WgDq.WG_BULK}
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
 # Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
@@ -373,10 +391,14 @@ def wg_dq_buffer_bytes(D: int, block_m: int) -> int:
     return (WG_THREADS // 32) * 16 * (wg_dq_cols(D, block_m) + WG_DQ_PAD) * 4
 
 
-def wg_dq_mode(D: int, Dv: int, deterministic: bool = False) -> WgDq | None:
-    """The wgmma kernel's dQ reductions (WG_DQ by its query rows a step); None in the deterministic
-    mode, whose dQ kernel adds nothing."""
-    return None if deterministic else WG_DQ[wg_block_m(D, Dv, deterministic)]
+def wg_dq_mode(D: int, Dv: int, deterministic: bool = False, tma: bool = True) -> WgDq | None:
+    """The wgmma kernel's dQ reductions (WG_DQ by its query rows a step; WG_TMA becomes WG_BULK
+    where the kernel has no TMA descriptors, `tma` False); None in the deterministic mode, whose
+    dQ kernel adds nothing."""
+    if deterministic:
+        return None
+    mode = WG_DQ[wg_block_m(D, Dv, deterministic)]
+    return WgDq.WG_BULK if mode == WgDq.WG_TMA and not tma else mode
 
 
 def force_wg_dq(mode: str | WgDq) -> None:
@@ -386,13 +408,13 @@ def force_wg_dq(mode: str | WgDq) -> None:
 
 
 def wg_dq_split(mode: WgDq | None) -> bool:
-    """Whether the dQ mode adds dQ from a third warpgroup (WgDq.WG, WgDq.WG_BULK)."""
-    return mode in (WgDq.WG, WgDq.WG_BULK)
+    """Whether the dQ mode adds dQ from a third warpgroup (WgDq.WG, WG_BULK, WG_TMA)."""
+    return mode in (WgDq.WG, WgDq.WG_BULK, WgDq.WG_TMA)
 
 
 def wg_threads(D: int, Dv: int, deterministic: bool = False) -> int:
     """Threads of the wgmma dK/dV kernel: its two warpgroups, and the dQ warpgroup (WgDq.WG,
-    WgDq.WG_BULK)."""
+    WG_BULK, WG_TMA)."""
     return WG_THREADS + (WG_DQ_THREADS if wg_dq_split(wg_dq_mode(D, Dv, deterministic)) else 0)
 
 
@@ -401,12 +423,13 @@ def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False, tma: bool = Fals
     (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), with
     TMA copies the mbarriers of the two stages and of K and V (8 bytes each, after the dQ staging), and
     the dQ tile (WgDq.TILE: WG_BLOCK_M x D fp32 and a 16-byte slot for its warp count; WgDq.WG: two
-    such tiles and a 16-byte header each; WgDq.WG_BULK: the same with rows of D + WG_DQ_PAD
-    words), or the staging buffer of the bulk dQ row reductions (WgDq.ROWS: `wg_dq_buffer_bytes`)."""
+    such tiles and a 16-byte header each, as WgDq.WG_TMA's swizzled boxes are; WgDq.WG_BULK: the
+    same with rows of D + WG_DQ_PAD words), or the staging buffer of the bulk dQ row reductions
+    (WgDq.ROWS: `wg_dq_buffer_bytes`)."""
     bm = wg_block_m(D, Dv, deterministic)
     return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * bm * D + 2 * bm * Dv + WG_BLOCK_N * bm) + 4 * 4 * bm
             + {WgDq.TILE: 4 * bm * D + 16, WgDq.WG: 2 * (4 * bm * D + 16), WgDq.WG_BULK: 2 * (4 * bm * (D + WG_DQ_PAD) + 16),
-               WgDq.ROWS: wg_dq_buffer_bytes(D, bm)}.get(wg_dq_mode(D, Dv, deterministic), 0)
+               WgDq.WG_TMA: 2 * (4 * bm * D + 16), WgDq.ROWS: wg_dq_buffer_bytes(D, bm)}.get(wg_dq_mode(D, Dv, deterministic, tma), 0)
             + (24 if tma else 0))
 
 
@@ -550,7 +573,8 @@ _WG_DQ_DOC = {None: "", WgDq.RED2: "; dQ by fp32 atomics", WgDq.RED4: "; dQ by f
               WgDq.ROWS: "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory",
               WgDq.TILE: "; dQ a step by one bulk fp32 reduction (cp.reduce.async.bulk) of its tile",
               WgDq.WG: "; dQ a step staged in shared memory and added by fp32 atomics from a third warpgroup",
-              WgDq.WG_BULK: "; dQ a step staged in shared memory and added by bulk fp32 reductions (cp.reduce.async.bulk, a row each) from a third warpgroup"}
+              WgDq.WG_BULK: "; dQ a step staged in shared memory and added by bulk fp32 reductions (cp.reduce.async.bulk, a row each) from a third warpgroup",
+              WgDq.WG_TMA: "; dQ a step staged in shared memory and added by TMA fp32 reductions (cp.reduce.async.bulk.tensor, 32 columns each) from a third warpgroup"}
 
 
 def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, engine: BwdEngine | None = None) -> BwdPlan:
@@ -606,16 +630,18 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     engine, reason = choose_engine(v, arch, engine)
     bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
     fields = _fields(v)
-    loads = None
+    loads, wg_dq = None, None
     if engine == BwdEngine.WGMMA:
         bn = WG_BLOCK_N
-        loads = WG_LOADS if WG_LOADS != WgmmaLoads.TMA or wg_tma_room(fields) else WgmmaLoads.CP_ASYNC
-        wg_split = wg_dq_split(wg_dq_mode(v.head_dim, v.value_head_dim, deterministic))
+        n_maps = 5 if wg_dq_mode(v.head_dim, v.value_head_dim, deterministic) == WgDq.WG_TMA else 4
+        loads = WG_LOADS if WG_LOADS != WgmmaLoads.TMA or wg_tma_room(fields, n_maps) else WgmmaLoads.CP_ASYNC
+        wg_dq = wg_dq_mode(v.head_dim, v.value_head_dim, deterministic, loads == WgmmaLoads.TMA)
+        wg_split = wg_dq_split(wg_dq)
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", wg_threads(v.head_dim, v.value_head_dim, deterministic),
                                  wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic, loads == WgmmaLoads.TMA),
                                  f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
                                  "warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
-                                 "query tiles of the group" + _WG_DQ_DOC[wg_dq_mode(v.head_dim, v.value_head_dim, deterministic)]
+                                 "query tiles of the group" + _WG_DQ_DOC[wg_dq]
                                  + ("; K, V and each step's Q and dO copied by TMA (one thread, the stage's mbarrier)" if loads == WgmmaLoads.TMA else ""),
                                  min_blocks=1 if wg_split else 0))
     elif bn is not None:
@@ -651,7 +677,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     tc = engine != BwdEngine.FFMA
     return BwdPlan(base, fields, t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
                    (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen,
-                   tv, slices, wg_dq_mode(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else None,
+                   tv, slices, wg_dq if engine == BwdEngine.WGMMA else None,
                    wg_prefetch(v) if engine == BwdEngine.WGMMA else None, loads)
 
 

@@ -145,7 +145,7 @@ class ArgBuffer:
 # CUtensorMap: 16 opaque 64-bit words
 TMAP_BYTES = 128
 # CUtensorMapDataType, CUtensorMapSwizzle, CUtensorMapL2promotion of cuda.h
-TMAP_DTYPES = {"bf16": 9, "fp16": 6}
+TMAP_DTYPES = {"bf16": 9, "fp16": 6, "fp32": 7}  # CUtensorMapDataType
 TMAP_SWIZZLE_128B = 3
 TMAP_L2_256B = 3
 

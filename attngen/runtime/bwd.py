@@ -63,7 +63,8 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
     engine = choose_engine(v, arch, engine)[0]  # the resolved engine keys the cache (the default may change)
     from attngen.plan import bwd as plan_bwd
 
-    key = (v, arch, deterministic, dev, engine, plan_bwd.WG_LOADS)  # (WG_LOADS: the A/B switch, force_wg_loads)
+    # (WG_LOADS, WG_DQ: the A/B switches force_wg_loads, force_wg_dq)
+    key = (v, arch, deterministic, dev, engine, plan_bwd.WG_LOADS, tuple(sorted((bm, m.value) for bm, m in plan_bwd.WG_DQ.items())))
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -354,9 +355,9 @@ def backward(
                 p = views[m.tensor].ptr
             else:
                 ss, sh, sb = m.cols, L * m.cols, m.heads * L * m.cols
-                p = int(ptr(ws[m.tensor]))
-            mlist.append(tmap_scalar(var.dtype.value, p, dims, TmaMap.byte_strides(dims, (ss, sh, sb), var.dtype.itemsize),
-                                     (64, m.rows, 1, 1), m.tensor))
+                p = int(ptr(ws_dq if m.tensor == "ws_dq" else ws[m.tensor]))
+            dt, size = ("fp32", 4) if m.fp32 else (var.dtype.value, var.dtype.itemsize)
+            mlist.append(tmap_scalar(dt, p, dims, TmaMap.byte_strides(dims, (ss, sh, sb), size), (m.box_cols, m.rows, 1, 1), m.tensor))
         maps = tuple(mlist)
     for kern in bp.kernels:
         grid = bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim)

@@ -225,25 +225,52 @@ template <int N> inline void ag_setmaxnreg_inc() {}
 // reduces the wrong values (or none). The source is also copied at issue, as early as the hardware
 // may read it, and a source that changed in between aborts the run: it was not all written before
 // the issue, or was rewritten before the wait.
-struct ag_bulk_op { float* d; unsigned src, bytes; std::vector<unsigned char> at_issue; };
+// A tensor reduction (ag_tma_reduce_add) is one too, `words` its descriptor's (else null).
+// `group`: the bulk group the op belongs to (the thread's commits before its issue).
+struct ag_bulk_op { float* d; unsigned src, bytes; std::vector<unsigned char> at_issue; const unsigned long long* words = nullptr; int rows = 0, row0 = 0, hh = 0, b = 0; int group = 0; };
 thread_local std::vector<ag_bulk_op> ag_bulk_pending;
+thread_local int ag_bulk_groups = 0;
 inline void ag_bulk_reduce_add(float* d, unsigned src, unsigned bytes) {
   if (((uintptr_t)d | src | bytes) % 16u) { std::fprintf(stderr, "cp.reduce.async.bulk: 16-byte alignment\n"); std::abort(); }
   ag_bulk_pending.push_back({d, src, bytes, std::vector<unsigned char>(ag_smem + src, ag_smem + src + bytes)});
+  ag_bulk_pending.back().group = ag_bulk_groups;
 }
-inline void ag_bulk_commit() {}
+inline void ag_bulk_commit() { ++ag_bulk_groups; }
 // atom.acq_rel.cta.shared::cta.add.u32: the old count.
 inline unsigned ag_smem_count(unsigned addr) { return std::atomic_ref<unsigned>(*reinterpret_cast<unsigned*>(ag_smem + addr)).fetch_add(1u); }
-inline void ag_bulk_wait_read() {
+// cp.async.bulk.wait_group.read N: the ops of every group but the newest N (0: every op issued).
+inline void ag_bulk_wait_read_n(int n) {
+  std::vector<ag_bulk_op> keep;
   for (const ag_bulk_op& o : ag_bulk_pending) {
+    if (n > 0 && o.group >= ag_bulk_groups - n) { keep.push_back(o); continue; }
     if (std::memcmp(o.at_issue.data(), ag_smem + o.src, o.bytes) != 0) {
       std::fprintf(stderr, "cp.reduce.async.bulk: the shared source changed between the issue and the wait\n");
       std::abort();
     }
-    for (unsigned i = 0; i < o.bytes / 4; ++i) { float x; std::memcpy(&x, ag_smem + o.src + 4 * i, 4); atomicAdd(o.d + i, x); }
+    if (o.words == nullptr) {
+      for (unsigned i = 0; i < o.bytes / 4; ++i) { float x; std::memcpy(&x, ag_smem + o.src + 4 * i, 4); atomicAdd(o.d + i, x); }
+      continue;
+    }
+    // The boxes of 32 fp32 columns x rows, through the 128-byte swizzle; rows at or past the
+    // descriptor's extent are not written.
+    const unsigned long long* w = o.words;
+    unsigned char* g = (unsigned char*)w[0] + (unsigned long long)o.b * w[7] + (unsigned long long)o.hh * w[6];
+    for (unsigned c = 0; c < o.bytes / (unsigned)(o.rows * 128); ++c)
+      for (int r = 0; r < o.rows; ++r) {
+        const long long row = (long long)o.row0 + r;
+        if (row < 0 || (unsigned long long)row >= w[2]) continue;
+        for (int j = 0; j < 8; ++j)
+          for (int e = 0; e < 4; ++e) {
+            float x;
+            std::memcpy(&x, ag_smem + o.src + c * o.rows * 128 + r * 128 + ((j ^ (r & 7)) << 4) + 4 * e, 4);
+            atomicAdd((float*)(g + row * w[5]) + c * 32 + j * 4 + e, x);
+          }
+      }
   }
-  ag_bulk_pending.clear();
+  ag_bulk_pending.swap(keep);
 }
+inline void ag_bulk_wait_read() { ag_bulk_wait_read_n(0); }
+inline void ag_bulk_wait_read1() { ag_bulk_wait_read_n(1); }
 inline void ag_bulk_wait() { ag_bulk_wait_read(); }
 inline float ag_wg_desc_elem(unsigned long long desc, int mn, int k, bool mn_major) {
   if ((desc >> 62) != 1ull || ((desc >> 49) & 7ull) != 0ull) { std::fprintf(stderr, "wgmma descriptor: not a 128-byte swizzle at base offset 0\n"); std::abort(); }
@@ -348,6 +375,19 @@ inline void ag_tma_load(unsigned dst, const ag_tmap* map, int row0, int hh, int 
   const long long left = (ag_tx[bar / 8] -= n);
   if (left < 0) { std::fprintf(stderr, "mbarrier at %u: TMA bytes past the expected count\n", bar); std::abort(); }
   if (left == 0) ag_mbar_arrive(bar);
+}
+// cp.reduce.async.bulk.tensor (WgDq.WG_TMA): the boxes of one call are one bulk group of the
+// issuing thread, its source read at a wait that covers the group, as above.
+template <int ROWS, int COLS>
+inline void ag_tma_reduce_add(unsigned src, const ag_tmap* map, int row0, int hh, int b) {
+  const unsigned long long* w = map->opaque;
+  if (hh < 0 || (unsigned long long)hh >= w[3] || b < 0 || (unsigned long long)b >= w[4] || COLS > (int)w[1] || COLS % 32 || src % 1024u || w[0] % 16u) {
+    std::fprintf(stderr, "TMA reduction box outside the tensor (head %d, batch %d), a tile off its 1024-byte swizzle period or a misaligned tensor\n", hh, b);
+    std::abort();
+  }
+  const unsigned bytes = (unsigned)(COLS / 32) * ROWS * 128;
+  ag_bulk_pending.push_back({nullptr, src, bytes, std::vector<unsigned char>(ag_smem + src, ag_smem + src + bytes), w, ROWS, row0, hh, b, ag_bulk_groups});
+  ag_bulk_commit();  // (the kernel's ag_tma_reduce_add commits its boxes as one group)
 }
 """
 
@@ -486,7 +526,7 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
             ss, sh, sb = m.cols, L * m.cols, m.heads * L * m.cols
         else:
             sb, sh, ss = strides(bufs[m.tensor])
-        it = np.dtype(et).itemsize
+        it = 4 if m.fp32 else np.dtype(et).itemsize
         blob += np.array([0, m.cols, L, m.heads, B, ss * it, sh * it, sb * it], np.int64).tobytes()
     H, Hkv, D = v.heads, v.kv_heads, v.head_dim
     grids = {

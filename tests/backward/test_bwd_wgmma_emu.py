@@ -139,7 +139,7 @@ def test_nvcc_sm90a_without_spills():
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
-@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED2, plan_bwd.WgDq.WG, plan_bwd.WgDq.WG_BULK], ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED2, plan_bwd.WgDq.WG, plan_bwd.WgDq.WG_BULK, plan_bwd.WgDq.WG_TMA], ids=lambda m: m.value)
 def test_nvcc_sm90a_wgmma_never_serialised(mode, monkeypatch):
     # ptxas serialises or fences the asynchronous products when registers run short (C7512, or an
     # injected warpgroup.arrive / wait: C7519, C7517): the default and the dQ-warpgroup mode must
@@ -291,7 +291,8 @@ def test_bf16_dense_d64_whole_and_partial_128_query_steps(mode, monkeypatch):
 
 
 @emu
-@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED4, plan_bwd.WgDq.TILE, plan_bwd.WgDq.WG, plan_bwd.WgDq.WG_BULK], ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED4, plan_bwd.WgDq.TILE, plan_bwd.WgDq.WG, plan_bwd.WgDq.WG_BULK, plan_bwd.WgDq.WG_TMA],
+                         ids=lambda m: m.value)
 def test_dq_modes_d128_causal_odd_lengths(mode, monkeypatch):
     # The four-value, tile and dQ-warpgroup modes at D128 (64-query steps, the warpgroups split dQ
     # by columns): causal with a partial last query tile (rows past Lq are never added), two heads
@@ -314,6 +315,13 @@ def test_dq_modes_d128_causal_odd_lengths(mode, monkeypatch):
         k = bp.kernel("ag_bwd_dkdv")
         assert k.threads == 384 and "ag_bulk_reduce_add(p.ws_dq + (row0 + r) * D" in src and "ag_red_add4(" not in src.split("void ag_wg_dq_adder")[1].split("\n}\n")[0]
         assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 136 * 4 + 16) + 24 <= Arch.SM90A.smem_budget
+    elif mode == plan_bwd.WgDq.WG_TMA:
+        # the same split; the tiles staged in tm_dq's swizzled boxes (no padding), added by tensor
+        # reductions from one thread (rows past Lq dropped by the copy engine)
+        k = bp.kernel("ag_bwd_dkdv")
+        adder = src.split("void ag_wg_dq_adder")[1].split("\n}\n")[0]
+        assert k.threads == 384 and "ag_tma_reduce_add<WG_BLOCK_M, D>(" in adder and "ag_bulk_reduce_add(" not in adder
+        assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 128 * 4 + 16) + 24
     elif mode == plan_bwd.WgDq.TILE:
         # the tile staged by rotated column groups, issued by the last warp to have written its part
         assert "SDQ_BYTES = WG_BLOCK_M * D * 4 + 16;" in src and "ag_smem_count(base + SDQ_CNT_OFF)" in src

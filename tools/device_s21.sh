@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# The twentieth session's device calls (one H200):
-#   source .whl/env.sh && ITEMS="..." bash tools/device_s20.sh
+# The twenty-first session's device calls (one H200):
+#   source .whl/env.sh && ITEMS="..." bash tools/device_s21.sh
 # Items, in the order given:
 #   smoke     the backward odd shapes (tools/sanitize_bwd_cases.py --quick, no sanitizer) on the
 #             TMA dK/dV kernel, under $SMOKE_S: a hang or a wrong gradient shows here first (then
 #             bwdab and gpubwd are skipped)
 #   bwdab     benchmarks/bwd_bench.py --also-loads cp.async: the backward with the TMA copies (the
 #             default) and with cp.async in the same run, cuDNN and FA2 beside them ($BWD_ARGS added)
+#   bwddq     benchmarks/bwd_bench.py --also-dq $ALSO_DQ (default wgtma): the default dQ mode (WgDq.WG_BULK: row
+#             reductions of padded rows) against that one (WG_TMA: tensor reductions of swizzled boxes) in the
+#             same run, peers beside (this session's runs had WG_TMA as the default and --also-dq wgbulk)
 #   gpubwd    the GPU tests of the backward (TMA vs cp.async, wgmma, autograd)
-#   tiles     softmax_ab --tiles at the sweep cells that missed 0.95x cuDNN (D64 L1k/2k, D128 2k-8k)
+#   tiles     (the twentieth session) softmax_ab --tiles at the sweep cells that missed 0.95x cuDNN (D64 L1k/2k, D128 2k-8k)
 #   tiles2    the D128 short-loop threshold (4096) checked: default against 128 x 128 x 2 at L4k and
 #             L16k, dense, causal and GQA 32/8
 #   gpu       GPU test files ($GPU_FILES, default the ones the nineteenth session did not run)
+#   flex      benchmarks/bwd_flex_bench.py: window, documents, softcap against Flex's backward
+#   train     benchmarks/train_block_bench.py: the two training blocks against torch.compile
+#   fuzz      attngen fuzz --pass backward over the training examples ($FUZZ_N cases each)
+#   sanbwd    compute-sanitizer memcheck of the backward odd shapes, default and with AG_WG_DQ=wgtma, then
+#             racecheck of the default (its named-barrier hand-off reports are known: see benchmarks/README.md)
+#   gpuwgt    the GPU backward tests with the dQ mode forced to WgDq.WG_TMA (-p tools.pytest_wg_dq)
 #   san       compute-sanitizer memcheck of the forward and backward odd shapes (TMA kernels)
 # Results under $OUT, a summary last.
 set -uo pipefail
@@ -41,6 +50,10 @@ for it in ${ITEMS:-smoke bwdab gpubwd}; do
       [ $BAD = 0 ] || { echo "bwdab skipped (smoke failed)" >> "$S"; continue; }
       timeout ${BWD_S:-200} python3 benchmarks/bwd_bench.py --iters ${BWD_ITERS:-5} --also-loads cp.async ${BWD_ARGS:-} --out "$OUT/bwd_tma_ab.json" > "$OUT/bwd_tma_ab.txt" 2>&1
       echo "bwdab rc=$?" >> "$S"; grep -E "TFLOP/s" "$OUT/bwd_tma_ab.txt" >> "$S" ;;
+    bwddq)
+      [ $BAD = 0 ] || { echo "bwddq skipped (smoke failed)" >> "$S"; continue; }
+      timeout ${BWD_S:-200} python3 benchmarks/bwd_bench.py --iters ${BWD_ITERS:-5} --also-dq ${ALSO_DQ:-wgtma} ${BWD_ARGS:-} --out "$OUT/bwd_dq_ab.json" > "$OUT/bwd_dq_ab.txt" 2>&1
+      echo "bwddq rc=$?" >> "$S"; grep -E "TFLOP/s" "$OUT/bwd_dq_ab.txt" >> "$S" ;;
     gpubwd)
       [ $BAD = 0 ] || { echo "gpubwd skipped (smoke failed)" >> "$S"; continue; }
       pyt bwd ${GPUBWD_S:-200} tests/gpu/test_gpu_backward_tma.py tests/gpu/test_gpu_backward_wgmma.py tests/gpu/test_gpu_autograd.py ;;
@@ -58,6 +71,26 @@ for it in ${ITEMS:-smoke bwdab gpubwd}; do
       echo "tiles2 rc=$?" >> "$S"; tail -n 12 "$OUT/tiles2.txt" >> "$S" ;;
     gpu)
       pyt rest ${GPU_S:-200} ${GPU_FILES:-tests/gpu/test_gpu_varlen.py tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_headdim.py tests/gpu/test_gpu_backward.py tests/gpu/test_gpu_backward_features.py tests/gpu/test_gpu_backward_tc.py} ;;
+    flex)
+      timeout ${FLEX_S:-240} python3 benchmarks/bwd_flex_bench.py --iters ${FLEX_ITERS:-5} ${FLEX_ARGS:-} --out "$OUT/bwd_flex.json" > "$OUT/bwd_flex.txt" 2>&1
+      echo "flex rc=$?" >> "$S"; tail -n 5 "$OUT/bwd_flex.txt" >> "$S" ;;
+    train)
+      timeout ${TRAIN_S:-200} python3 benchmarks/train_block_bench.py --out "$OUT/train_block.json" > "$OUT/train_block.txt" 2>&1
+      echo "train rc=$?" >> "$S"; tail -n 4 "$OUT/train_block.txt" >> "$S" ;;
+    fuzz)
+      for ex in ${FUZZ_SPECS:-examples/whisper_preln_cross.attn examples/qwen3_qk_norm.attn examples/llama3_gqa_causal.attn}; do
+        timeout ${FUZZ_S:-100} python3 -m attngen fuzz "$ex" --pass backward --max-examples ${FUZZ_N:-40} > "$OUT/fuzz_$(basename $ex .attn).txt" 2>&1
+        echo "fuzz backward $ex rc=$? ($(tail -n 1 "$OUT/fuzz_$(basename $ex .attn).txt"))" >> "$S"
+      done ;;
+    sanbwd)
+      timeout ${SANB_S:-120} compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_bwd_cases.py --quick > "$OUT/san_bwd.txt" 2>&1
+      echo "memcheck backward rc=$? ($(grep -E 'ERROR SUMMARY' "$OUT/san_bwd.txt" | tail -n 1); $(tail -n 1 "$OUT/san_bwd.txt"))" >> "$S"
+      AG_WG_DQ=wgtma timeout ${SANB_S:-120} compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_bwd_cases.py --quick > "$OUT/san_bwd_wgtma.txt" 2>&1
+      echo "memcheck backward (wgtma) rc=$? ($(grep -E 'ERROR SUMMARY' "$OUT/san_bwd_wgtma.txt" | tail -n 1); $(tail -n 1 "$OUT/san_bwd_wgtma.txt"))" >> "$S"
+      timeout ${RACE_S:-150} compute-sanitizer --tool racecheck python3 tools/sanitize_bwd_cases.py --quick > "$OUT/race_bwd.txt" 2>&1
+      echo "racecheck backward rc=$? ($(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/race_bwd.txt" | tail -n 1); $(tail -n 1 "$OUT/race_bwd.txt"))" >> "$S" ;;
+    gpuwgt)
+      AG_WG_DQ=wgtma pyt wgt ${GPUWGT_S:-200} -p tools.pytest_wg_dq tests/gpu/test_gpu_backward_tma.py tests/gpu/test_gpu_backward_wgmma.py tests/gpu/test_gpu_autograd.py tests/gpu/test_gpu_backward_features.py ;;
     san)
       timeout ${SAN_S:-150} compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_cases.py > "$OUT/san_fwd.txt" 2>&1
       echo "memcheck forward rc=$? ($(grep -E 'ERROR SUMMARY' "$OUT/san_fwd.txt" | tail -n 1); $(tail -n 1 "$OUT/san_fwd.txt"))" >> "$S"
