@@ -128,6 +128,11 @@ class TmaMap:
         """globalDim, innermost first."""
         return (self.cols, L, self.heads, B)
 
+    def dense_strides(self, L: int) -> tuple[int, int, int]:
+        """Element strides (rows, heads, batch) of a dense [B, heads, L, cols] tensor: the
+        backward's workspaces (ws_q, ws_k, ws_do, ws_dq)."""
+        return (self.cols, L * self.cols, self.heads * L * self.cols)
+
     @staticmethod
     def byte_strides(dims: tuple[int, int, int, int], strides: tuple[int, int, int], itemsize: int) -> tuple[int, int, int]:
         """globalStrides (rows, heads, batch) in bytes from element strides: a dimension of size 1

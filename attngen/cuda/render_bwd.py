@@ -211,8 +211,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         dq_bulk=bp.wg_dq == WgDq.ROWS,
         dq_red4=bp.wg_dq == WgDq.RED4,
         dq_wg=wg_dq_split(bp.wg_dq),  # the third warpgroup and its hand-off
-        dq_wgb=bp.wg_dq in (WgDq.WG_BULK, WgDq.WG_TMA),  # ... which adds the tile by bulk reductions (rows, padded)
-        dq_wgt=bp.wg_dq == WgDq.WG_TMA,  # ... or by TMA reductions of swizzled 32-column boxes
+        dq_wgb=bp.wg_dq == WgDq.WG_BULK,  # ... which adds rows by bulk reductions
+        dq_wgt=bp.wg_dq == WgDq.WG_TMA,  # ... or the tile by TMA reductions of swizzled 32-column boxes
         wg_dq_threads=WG_DQ_THREADS,
         wg_dq_regs=WG_DQ_REGS,
         wg_consumer_regs=WG_CONSUMER_REGS,

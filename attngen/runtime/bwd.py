@@ -341,20 +341,21 @@ def backward(
     # The wgmma dK/dV kernel's TMA descriptors (plan_bwd.wg_tma_maps), after the ABI fields: the
     # tensors' own strides, or a workspace's [B, heads, L, cols] rows.
     maps = ()
-    if bp.wg_loads is not None and wg_tma_maps(bp, var):
+    specs = wg_tma_maps(bp, var) if bp.wg_loads is not None else ()
+    if specs:
         from attngen.cuda.render import TmaMap
         from attngen.runtime.binder import tmap_scalar
 
         views = {"q": aq, "k": ak, "v": av, "dO": ado}
         mlist = []
-        for m in wg_tma_maps(bp, var):
+        for m in specs:
             L = Lq if m.length == "Lq" else Lk
             dims = m.dims(B, L)
             if m.tensor in views:
                 sb, sh, ss = strides3(views[m.tensor], m.tensor)
                 p = views[m.tensor].ptr
             else:
-                ss, sh, sb = m.cols, L * m.cols, m.heads * L * m.cols
+                ss, sh, sb = m.dense_strides(L)
                 p = int(ptr(ws_dq if m.tensor == "ws_dq" else ws[m.tensor]))
             dt, size = ("fp32", 4) if m.fp32 else (var.dtype.value, var.dtype.itemsize)
             mlist.append(tmap_scalar(dt, p, dims, TmaMap.byte_strides(dims, (ss, sh, sb), size), (m.box_cols, m.rows, 1, 1), m.tensor))

@@ -329,7 +329,9 @@ AG_WG_SHAPE(128)
 # extents, innermost first, 5-7 the byte strides of rows, heads and batch) through the 128-byte
 # swizzle, zero past the rows' extent; a wait spins (and aborts after AG_WAIT_SECONDS: a lost
 # arrival or a wrong parity).
-TMA_EMU = r"""
+# The mbarrier word and one arrival (the forward's emulation, tests/codegen/_fwd_emu.py, shares it).
+MBAR_CORE = r"""
+// TMA bytes still expected, per mbarrier (by its offset / 8)
 static std::atomic<long long> ag_tx[1 << 15];
 inline void ag_mbar_arrive(unsigned bar) {
   std::atomic_ref<unsigned long long> w(*(unsigned long long*)(ag_smem + bar));
@@ -340,7 +342,8 @@ inline void ag_mbar_arrive(unsigned bar) {
     nw = pending > 1 ? old - 1 : ((old >> 32) + 1) << 32 | expected << 16 | expected;
   } while (!w.compare_exchange_weak(old, nw));
 }
-inline void ag_bar_init(unsigned bar, int count) {
+"""
+TMA_EMU = MBAR_CORE + r"""inline void ag_bar_init(unsigned bar, int count) {
   std::atomic_ref<unsigned long long>(*(unsigned long long*)(ag_smem + bar)).store((unsigned long long)count | ((unsigned long long)count << 16));
   ag_tx[bar / 8] = 0;
 }
@@ -523,7 +526,7 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
     for m in maps:  # the descriptors' words but the address (the harness fills it in)
         L = Lq if m.length == "Lq" else Lk
         if m.tensor.startswith("ws_"):
-            ss, sh, sb = m.cols, L * m.cols, m.heads * L * m.cols
+            ss, sh, sb = m.dense_strides(L)
         else:
             sb, sh, ss = strides(bufs[m.tensor])
         it = 4 if m.fp32 else np.dtype(et).itemsize

@@ -28,7 +28,7 @@ import numpy as np
 import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backward"))
-from _host_emu import CUDA_INCLUDE, SHIM, WG_EMU, available  # noqa: E402
+from _host_emu import CUDA_INCLUDE, MBAR_CORE, SHIM, WG_EMU, available  # noqa: E402
 
 __all__ = ["available", "run", "last_votes"]
 
@@ -126,20 +126,7 @@ WG_SHAPE = ("inline void ag_wgmma_ss_n{n}(float (&d)[{h}], unsigned long long da
 # The backward's wgmma emulation, without its cp.async / bulk-reduction parts (the forward has its own).
 WG_CORE = WG_EMU[WG_EMU.index("inline float ag_wg_desc_elem"):WG_EMU.index("#define AG_WG_SHAPE")]
 # Placed before the first primitive: what the replacements share.
-MBAR = r"""
-extern unsigned char ag_smem[];
-// TMA bytes still expected, per mbarrier (by its offset / 8)
-static std::atomic<long long> ag_tx[1 << 15];
-inline void ag_mbar_arrive(unsigned bar) {
-  std::atomic_ref<unsigned long long> w(*(unsigned long long*)(ag_smem + bar));
-  unsigned long long old = w.load(), nw;
-  do {
-    const unsigned long long pending = old & 0xFFFFull, expected = (old >> 16) & 0xFFFFull;
-    if (pending == 0) { std::fprintf(stderr, "mbarrier at %u: arrival past its count\n", bar); std::abort(); }
-    nw = pending > 1 ? old - 1 : ((old >> 32) + 1) << 32 | expected << 16 | expected;
-  } while (!w.compare_exchange_weak(old, nw));
-}
-// Whether the phase of this parity has completed: the phase in progress has the other parity.
+MBAR = "\nextern unsigned char ag_smem[];" + MBAR_CORE + r"""// Whether the phase of this parity has completed: the phase in progress has the other parity.
 inline bool ag_mbar_done(unsigned bar, int parity) {
   const unsigned long long w = std::atomic_ref<unsigned long long>(*(unsigned long long*)(ag_smem + bar)).load();
   return (int)((w >> 32) & 1ull) != parity;
