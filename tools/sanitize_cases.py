@@ -36,6 +36,10 @@ SPECS = [
     ("attention dense_split_d128 { dtype bf16; head_dim 128; heads 2; tile block_m 128 block_n 176 warps 8 stages 2 }", "self"),
     ("attention dense_short_d128 { dtype bf16; head_dim 128; heads 2 kv 1 }", "self"),
     ("attention causal_split_d256 { dtype bf16; head_dim 256; heads 2; mask causal }", "self"),
+    # A mask's lookups hoisted per row and per key (emit.split_by_axis), on the short-run tile
+    # that document and window masks take at D128 (schedule._short_runs).
+    ("attention doc_d128 { dtype bf16; head_dim 128; heads 2; input doc: i32[B, Lk] sorted; mask document(doc) && causal }", "self"),
+    ("attention window_d128 { dtype bf16; head_dim 128; heads 2; mask causal && window(300, 0) }", "self"),
 ]
 
 

@@ -37,6 +37,7 @@ from attngen.ir.nodes import (
     Expr,
     Func,
     Index,
+    IndexVar,
     Load,
     ScalarType,
     Score,
@@ -46,7 +47,10 @@ from attngen.ir.nodes import (
     TensorRef,
     Unary,
     UnOp,
+    children,
     fp32_literal,
+    strip_sugar,
+    walk,
 )
 
 NEVER, MAYBE, ALWAYS = 0, 1, 2
@@ -99,10 +103,16 @@ class ElementEmitter:
     """Renders an expression as a single C++ expression.
 
     `fast_math` picks hardware approximations (tanh.approx, __expf) for the tensor-core path; the
-    fp32 path keeps libm accuracy."""
+    fp32 path keeps libm accuracy. `eager` renders `&&` and `||` as `&` and `|` on bools: every
+    operand is evaluated. That is safe because element code has no side effects and no undefined
+    operations (lookups are bounds-checked, integer division by zero gives 0), and it is what lets
+    ptxas issue all of a thread's lookups together: under short circuits each element's loads sat
+    behind a branch of their own and waited in turn (ncu, document masks: a third of the
+    kernel's warp samples)."""
 
     consts: dict[SizeSym, int]
     fast_math: bool = True
+    eager: bool = False
 
     def emit(self, e: Expr) -> str:
         if isinstance(e, Builtin):
@@ -139,7 +149,8 @@ class ElementEmitter:
 
     def _binary(self, e: Binary) -> str:
         if e.op in LOGIC_OPS:
-            return f"({self.emit(e.lhs)} {e.op.value} {self.emit(e.rhs)})"
+            op = {"&&": "&", "||": "|"}[e.op.value] if self.eager else e.op.value
+            return f"({self.emit(e.lhs)} {op} {self.emit(e.rhs)})"
         floaty = e.lhs.type == ScalarType.FLOAT or e.rhs.type == ScalarType.FLOAT
         if floaty:
             a, b = self._as_float(e.lhs), self._as_float(e.rhs)
@@ -359,3 +370,93 @@ class IntervalEmitter:
 
 
 _CMP = {BinOp.LT: "lt", BinOp.LE: "le", BinOp.GT: "gt", BinOp.GE: "ge", BinOp.EQ: "eq", BinOp.NE: "ne"}
+
+
+@dataclass(frozen=True, slots=True)
+class AxisValue:
+    """A lookup-reading piece of an element expression that depends on the row alone (or on the
+    key alone), read once per row (per key)."""
+
+    ctype: str
+    name: str
+    code: str
+
+
+@dataclass(frozen=True, slots=True)
+class AxisSplit:
+    """An element expression split by axis: `rows` over (b, h, q), `cols` over (b, h, kv), and
+    `elem`, the expression with those pieces read back as `name[ri]` (the thread's row ri) and
+    `namek` (the element's key)."""
+
+    rows: tuple[AxisValue, ...]
+    cols: tuple[AxisValue, ...]
+    elem: str
+
+
+# The most lookups `split_by_axis` hoists; a mask reading more keeps the per-element form.
+MAX_HOISTED_LOOKUPS = 4
+_VALUE_CTYPE = {ScalarType.BOOL: "bool", ScalarType.INT: "int", ScalarType.FLOAT: "float"}
+
+
+@dataclass
+class _SubstEmitter(ElementEmitter):
+    subst: dict[Expr, str] = field(default_factory=dict)
+
+    def emit(self, e: Expr) -> str:
+        got = self.subst.get(e)
+        return got if got is not None else ElementEmitter.emit(self, e)
+
+
+def split_by_axis(e: Expr, consts: dict[SizeSym, int], *, fast_math: bool = True) -> AxisSplit | None:
+    """`e` (a mask) with every maximal lookup-reading subexpression that does not depend on kv
+    hoisted to a per-row value and every one that does not depend on q to a per-key value, all
+    rendered eagerly (`ElementEmitter.eager`); None when a lookup is left in the element part (it
+    reads both q and kv, e.g. a block-sparse table) or nothing reads one.
+
+    A thread's partial tile then reads 2 rows and 2 * N_TILES keys instead of evaluating every
+    lookup per element: a document mask read doc[b, q] and doc[b, kv] 64 times a tile, and the
+    hoisted form keeps its loads few enough to issue together without spills."""
+    e = strip_sugar(e)
+    rows: dict[Expr, AxisValue] = {}
+    cols: dict[Expr, AxisValue] = {}
+    base = ElementEmitter(consts, fast_math=fast_math, eager=True)
+    leftover = False
+
+    def info(n: Expr) -> tuple[frozenset[IndexVar], bool]:
+        deps: set[IndexVar] = set()
+        load = False
+        for m in walk(n):
+            if isinstance(m, Index):
+                deps.add(m.var)
+            load = load or isinstance(m, Load)
+        return frozenset(deps), load
+
+    def visit(n: Expr) -> None:
+        nonlocal leftover
+        deps, load = info(n)
+        if not load:
+            return
+        if n.type in _VALUE_CTYPE and IndexVar.KV not in deps:
+            if n not in rows:
+                rows[n] = AxisValue(_VALUE_CTYPE[n.type], f"r{len(rows)}", base.emit(n))
+            return
+        if n.type in _VALUE_CTYPE and IndexVar.Q not in deps:
+            if n not in cols:
+                cols[n] = AxisValue(_VALUE_CTYPE[n.type], f"c{len(cols)}", base.emit(n))
+            return
+        if isinstance(n, Load):
+            leftover = True
+            return
+        for c in children(n):
+            visit(c)
+
+    visit(e)
+    if leftover or not (rows or cols):
+        return None
+    # Every hoisted lookup is live at once (a key one in each of BLOCK_N / 32 slots): past a few,
+    # ptxas spills (a hostile spec summing eight lookups a key spilled 16 bytes at head dim 64).
+    if sum(isinstance(m, Load) for x in (*rows, *cols) for m in walk(x)) > MAX_HOISTED_LOOKUPS:
+        return None
+    subst = {x: f"{v.name}[ri]" for x, v in rows.items()} | {x: f"{v.name}k" for x, v in cols.items()}
+    elem = _SubstEmitter(consts, fast_math=fast_math, eager=True, subst=subst).emit(e)
+    return AxisSplit(tuple(rows.values()), tuple(cols.values()), elem)

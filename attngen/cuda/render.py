@@ -36,7 +36,7 @@ from attngen.ir.nodes import (
 )
 from attngen.lang.printer import print_expr, print_program
 from attngen.analysis.kv_bounds import kv_upper_bounds
-from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
+from attngen.cuda.emit import INT_UNKNOWN, AxisSplit, ElementEmitter, IntervalEmitter, float_literal, split_by_axis, tensor_ctype
 from attngen.resources import cache_dir, cuda_template_dir
 from attngen.plan.limits import MAX_PARAM_BYTES, param_bytes
 from attngen.plan.schedule import (
@@ -704,6 +704,14 @@ def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFI
     return render_with_plan(v, arch, prefix=prefix)[0]
 
 
+def _split_ctx(sp: AxisSplit | None) -> dict | None:
+    if sp is None:
+        return None
+    return dict(rows=[dict(ctype=x.ctype, name=x.name, code=x.code) for x in sp.rows],
+                cols=[dict(ctype=x.ctype, name=x.name, code=x.code, shfl_type="float" if x.ctype == "float" else "int")
+                      for x in sp.cols], elem=sp.elem)
+
+
 def _kv_bounds_ctx(v: Variant, elem: ElementEmitter, engine: Engine) -> dict:
     """C++ for the mask's key upper bound at a global query position `q` ('' where the mask states
     none, or off the wgmma engine, whose producer alone walks key tiles downwards)."""
@@ -724,6 +732,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
     decls = {d.name: d for d in v.runtime_inputs()}
     tc = kp.engine != Engine.FFMA
     elem = ElementEmitter(consts, fast_math=tc)
+    mask_early = kp.engine == Engine.WGMMA and bool(tensors_used(v.mask))
     classify_lines, classify_result = IntervalEmitter(consts, decls).classify(v.mask)
     ctx = dict(
         header=_header(v, kp),
@@ -772,8 +781,10 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         tensors=_tensor_ctx(v),
         mask_text=_expr_text(v.mask),
         mask_code=elem.emit(v.mask),
-        # Masks that read tensors are evaluated while S is on the tensor cores (wgmma engine).
-        mask_early=kp.engine == Engine.WGMMA and bool(tensors_used(v.mask)),
+        # Masks that read tensors are evaluated while S is on the tensor cores (wgmma engine),
+        # their lookups hoisted per row and per key where the mask allows (emit.split_by_axis).
+        mask_early=mask_early,
+        mask_split=_split_ctx(split_by_axis(v.mask, consts, fast_math=tc) if mask_early else None),
         # The key bound the mask states (kv <= f(q)): the wgmma producer walks down from f.
         **_kv_bounds_ctx(v, elem, kp.engine),
         classify_lines=classify_lines,

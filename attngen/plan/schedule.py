@@ -12,7 +12,7 @@ import enum
 import dataclasses
 from dataclasses import dataclass
 
-from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, Layout, NormScope, NormTarget, TileConfig, Variant
+from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, Layout, NormScope, NormTarget, TileConfig, Variant, walk
 
 
 class Arch(enum.Enum):
@@ -724,7 +724,28 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
         # Three consumer warpgroups leave 160 registers a thread: lookups in the mask or score
         # mods spill there (ptxas, sm_90a: t5_relative_bias 1020 bytes), so two warpgroups.
         t = TileConfig(block_m=128, block_n=128, warps=8, stages=3)
+    if t == TileConfig(block_m=128, block_n=128, warps=8, stages=3) and _short_runs(v, arch):
+        t = SHORT_RUN_TILE
     return t
+
+
+# The short-loop tile (`short_tile`): two stages of split K/V rings and two Q buffers.
+SHORT_RUN_TILE = TileConfig(block_m=128, block_n=128, warps=8, stages=2)
+
+
+def _short_runs(v: Variant, arch: Arch) -> bool:
+    """Whether a plain D128 wgmma variant's mask keeps each query tile's visible keys few at any
+    length (a window, documents), so the short-loop tile serves it at every length: its second Q
+    buffer loads the next work tile's Q under the current one. H200, bf16 D128 H16 B2 L16k, the
+    same run (twenty-second session, .scratch tile probe; benchmarks/README.md "Document masks"),
+    128 x 128 x 2 against x 3: 16 random documents 367 against 353 TFLOP/s, 16 of 1024 tokens 387
+    against 358, 64 of 256 tokens 193 against 165, one document of 16k 622 against 578, causal &&
+    window(1023, 0) 467 against 433; outputs bit-identical."""
+    if arch != Arch.SM90A or not uses_tensor_cores(v.dtype) or not (v.head_dim == v.value_head_dim == 128):
+        return False
+    if not _plain_consumers(v, lse_ok=True):
+        return False
+    return any(isinstance(n, Builtin) and n.name in (BuiltinName.DOCUMENT, BuiltinName.WINDOW) for n in walk(v.mask))
 
 
 @dataclass(frozen=True, slots=True)

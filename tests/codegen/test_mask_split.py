@@ -1,0 +1,94 @@
+"""The wgmma forward's per-element mask bits read each lookup once per row and once per key
+(`emit.split_by_axis`), and document and window masks at D128 take the short-run tile
+(`schedule._short_runs`). The kernels themselves run under the CPU emulation
+(test_fwd_wgmma_emu.py, the `documents` case and every example) and on the GPU."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from attngen.cuda import render as render_cuda
+from attngen.cuda.emit import MAX_HOISTED_LOOKUPS, ElementEmitter, split_by_axis
+from attngen.lang import frontend
+from attngen.plan.schedule import SHORT_RUN_TILE, Arch, variant_tile
+from attngen.ir.nodes import TileConfig
+
+
+def _v(body: str, kind: str = "self", d: int = 128):
+    return frontend.loads(f"attention x {{ dtype bf16; head_dim {d}; heads 4; kind {kind}; {body} }}").get()
+
+
+def _vis(src: str) -> str:
+    start = src.index("void ag_wg_vis(")
+    return src[start:src.index("\n}\n", start)]
+
+
+def test_document_mask_splits_into_a_row_and_a_key_lookup() -> None:
+    sp = split_by_axis(_v("input doc: i32[B, Lk] sorted; mask document(doc) && causal").mask, {})
+    assert sp is not None
+    assert [(r.ctype, r.code) for r in sp.rows] == [("int", "ag_ld_doc(p, b, q)")]
+    assert [(c.ctype, c.code) for c in sp.cols] == [("int", "ag_ld_doc(p, b, kv)")]
+    assert "ag_ld_" not in sp.elem and "&&" not in sp.elem and "r0[ri] == c0k" in sp.elem
+
+
+@pytest.mark.parametrize("body,rows,cols", [
+    ("mask padding", 1, 1),                                                        # q < q_lens[b], kv < kv_lens[b]
+    ("input plen: i32[B]; mask causal || prefix(plen[b])", 0, 1),
+    ("input cache_lens: i32[B]; mask causal && kv < cache_lens[b]", 0, 1),
+])
+def test_lookups_of_one_axis_are_hoisted(body: str, rows: int, cols: int) -> None:
+    sp = split_by_axis(_v(body).mask, {})
+    assert sp is not None and (len(sp.rows), len(sp.cols)) == (rows, cols)
+    assert "ag_ld_" not in sp.elem and "||" not in sp.elem and "&&" not in sp.elem
+
+
+def test_cross_documents_split_over_their_two_tensors() -> None:
+    sp = split_by_axis(_v("input a: i32[B, Lq] sorted; input c: i32[B, Lk] sorted; mask document(a, c)", "cross").mask, {})
+    assert sp is not None and sp.rows[0].code == "ag_ld_a(p, b, q)" and sp.cols[0].code == "ag_ld_c(p, b, kv)"
+
+
+@pytest.mark.parametrize("body", [
+    "mask causal",                                                                 # nothing to hoist
+    "input blocks: u8[H, QB, KB]; mask block_sparse(blocks, 128, 128)",            # a lookup over q and kv
+    "input t: i32[B, Lk]; mask " + " + ".join(f"t[b, kv + {i}]" for i in range(MAX_HOISTED_LOOKUPS + 1)) + " >= 0",
+])
+def test_masks_that_do_not_split_keep_the_per_element_form(body: str) -> None:
+    assert split_by_axis(_v(body).mask, {}) is None
+
+
+def test_eager_emission_has_no_short_circuits() -> None:
+    m = _v("input doc: i32[B, Lk] sorted; mask document(doc) && (causal || kv < 3)").mask
+    assert "&&" in ElementEmitter({}).emit(m) and "||" in ElementEmitter({}).emit(m)
+    eager = ElementEmitter({}, eager=True).emit(m)
+    assert "&&" not in eager and "||" not in eager and " & " in eager and " | " in eager
+
+
+def test_the_wgmma_render_reads_hoisted_lookups_and_shuffles_the_keys() -> None:
+    src = render_cuda.render(_v("input doc: i32[B, Lk] sorted; mask document(doc) && causal"), Arch.SM90A)
+    vis = _vis(src)
+    assert "ag_mask(" not in vis and "__shfl_sync" in vis
+    # one row read a row and one key read a slot: no lookup inside the element loop
+    assert len(re.findall(r"ag_ld_doc\(", vis)) == 2
+    src = render_cuda.render(_v("input blocks: u8[H, QB, KB]; mask block_sparse(blocks, 128, 128)"), Arch.SM90A)
+    assert "ag_mask(p, b, h, qi, kv)" in _vis(src) and "__shfl_sync" not in _vis(src)
+
+
+@pytest.mark.parametrize("body,tile", [
+    ("input doc: i32[B, Lk] sorted; mask document(doc) && causal", SHORT_RUN_TILE),
+    ("mask causal && window(1023, 0)", SHORT_RUN_TILE),
+    ("mask window(64, 64)", SHORT_RUN_TILE),
+    # score mods and the plain causal mask keep 128 x 128 x 3 (causal has its own short-loop kernel)
+    ("mask causal && window(1023, 0); score softcap(30.0)", TileConfig(128, 128, 8, 3)),
+    ("mask causal", TileConfig(128, 128, 8, 3)),
+    ("input doc: i32[B, Lk] sorted; mask document(doc) && causal; tile block_m 128 block_n 64 warps 8 stages 3", TileConfig(128, 64, 8, 3)),
+])
+def test_document_and_window_masks_take_the_short_run_tile_at_d128(body: str, tile: TileConfig) -> None:
+    assert variant_tile(_v(body), Arch.SM90A) == tile
+
+
+def test_the_short_run_tile_is_only_for_d128_on_sm90a() -> None:
+    doc = "input doc: i32[B, Lk] sorted; mask document(doc) && causal"
+    assert variant_tile(_v(doc, d=64), Arch.SM90A) != SHORT_RUN_TILE
+    assert variant_tile(_v(doc), Arch.SM80) != SHORT_RUN_TILE
