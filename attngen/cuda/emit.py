@@ -385,8 +385,9 @@ class AxisValue:
 @dataclass(frozen=True, slots=True)
 class AxisSplit:
     """An element expression split by axis: `rows` over (b, h, q), `cols` over (b, h, kv), and
-    `elem`, the expression with those pieces read back as `name[ri]` (the thread's row ri) and
-    `namek` (the element's key)."""
+    `elem`, the expression with those pieces read back as `split_by_axis`'s `row_ref` / `col_ref`
+    give (the forward: `name[ri]`, the thread's row ri, and `namek`, the element's key shuffled in;
+    the backward, whose accumulators hold keys as rows: `namek` per query, `name[ki]` per key)."""
 
     rows: tuple[AxisValue, ...]
     cols: tuple[AxisValue, ...]
@@ -407,7 +408,8 @@ class _SubstEmitter(ElementEmitter):
         return got if got is not None else ElementEmitter.emit(self, e)
 
 
-def split_by_axis(e: Expr, consts: dict[SizeSym, int], *, fast_math: bool = True) -> AxisSplit | None:
+def split_by_axis(e: Expr, consts: dict[SizeSym, int], *, fast_math: bool = True, row_ref: str = "{}[ri]",
+                  col_ref: str = "{}k") -> AxisSplit | None:
     """`e` (a mask) with every maximal lookup-reading subexpression that does not depend on kv
     hoisted to a per-row value and every one that does not depend on q to a per-key value, all
     rendered eagerly (`ElementEmitter.eager`); None when a lookup is left in the element part (it
@@ -457,6 +459,6 @@ def split_by_axis(e: Expr, consts: dict[SizeSym, int], *, fast_math: bool = True
     # ptxas spills (a hostile spec summing eight lookups a key spilled 16 bytes at head dim 64).
     if sum(isinstance(m, Load) for x in (*rows, *cols) for m in walk(x)) > MAX_HOISTED_LOOKUPS:
         return None
-    subst = {x: f"{v.name}[ri]" for x, v in rows.items()} | {x: f"{v.name}k" for x, v in cols.items()}
+    subst = {x: row_ref.format(v.name) for x, v in rows.items()} | {x: col_ref.format(v.name) for x, v in cols.items()}
     elem = _SubstEmitter(consts, fast_math=fast_math, eager=True, subst=subst).emit(e)
     return AxisSplit(tuple(rows.values()), tuple(cols.values()), elem)

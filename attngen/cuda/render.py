@@ -707,7 +707,8 @@ def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFI
 def _split_ctx(sp: AxisSplit | None) -> dict | None:
     if sp is None:
         return None
-    return dict(rows=[dict(ctype=x.ctype, name=x.name, code=x.code) for x in sp.rows],
+    return dict(rows=[dict(ctype=x.ctype, name=x.name, code=x.code, shfl_type="float" if x.ctype == "float" else "int")
+                      for x in sp.rows],
                 cols=[dict(ctype=x.ctype, name=x.name, code=x.code, shfl_type="float" if x.ctype == "float" else "int")
                       for x in sp.cols], elem=sp.elem)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from attngen import __version__
 from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
-from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
+from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, split_by_axis, tensor_ctype
 from attngen.plan.bwd import (PRE_THREADS, THREADS, VEC_ELEMS, WG_CONSUMER_REGS, WG_DQ_PAD, WG_DQ_REGS, WG_DQ_THREADS, WG_SUB_M, BwdEngine,
                                BwdPlan, WgDq, WgPrefetch, plan, wg_dq_cols, wg_dq_split, wg_tma_maps)
-from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _tensor_ctx, _varlen_ctx, kernel_name
+from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _split_ctx, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch, WgmmaLoads
 
 
@@ -183,6 +183,9 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         int_unknown=INT_UNKNOWN,
         mask_text=_expr_text(v.mask),
         mask_code=elem.emit(v.mask),
+        # the wgmma step's visibility word (not vis_inline): lookups read once per query (shuffled)
+        # and once per key, as the forward's (emit.split_by_axis)
+        mask_split=_bwd_split_ctx(v, bp, consts),
         classify_lines=classify_lines,
         classify_result=classify_result,
         score_texts=[_expr_text(s) for s in v.scores],
@@ -248,3 +251,12 @@ def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False
 
 
 __all__ = ["render", "render_with_plan", "with_prefix"]
+
+
+def _bwd_split_ctx(v: Variant, bp, consts: dict) -> dict | None:
+    """The mask split by axis for the wgmma dK/dV step's visibility word, or None (other engines,
+    per-element tests inside the products (`vis_inline`), masks without lookups or that do not
+    split). Its rows are the accumulator's columns here: queries, shuffled in as `namek`."""
+    if bp.engine != BwdEngine.WGMMA or bp.tc_block_m > WG_SUB_M:
+        return None
+    return _split_ctx(split_by_axis(v.mask, consts, fast_math=False, row_ref="{}k", col_ref="{}[ki]"))

@@ -68,6 +68,7 @@ inline T ag_warp_exchange(T x, F src) {
   return r;
 }
 template <class T> inline T __shfl_xor_sync(unsigned, T x, int o) { return ag_warp_exchange(x, [o](int l) { return l ^ o; }); }
+template <class T> inline T __shfl_sync(unsigned, T x, int src) { return ag_warp_exchange(x, [src](int) { return src; }); }
 inline unsigned __ballot_sync(unsigned, int pred) {
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
   ag_warp_bar[w]->arrive_and_wait();

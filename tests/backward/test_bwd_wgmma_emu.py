@@ -387,3 +387,16 @@ def test_long_walk_document_causal_gqa_several_classification_rounds():
     v = frontend.load(Path(__file__).parent / "regressions" / "document_causal_long_walk.attn").get()
     got, want, bp = _run(v, 1, 1100, 1100, seed=6)
     assert bp.tc_rotate and bp.engine == BwdEngine.WGMMA
+
+
+@pytest.mark.parametrize("example", ["packed_documents", "paligemma_prefix_lm"])
+def test_examples_whose_step_hoists_mask_lookups_match_the_reference(example):
+    # The dK/dV step's visibility word with the mask's lookups read once per query (shuffled) and
+    # once per key (emit.split_by_axis): documents (a query and a key lookup) and the prefix-LM
+    # mask (a key lookup, `kv < plen[b]`), at odd lengths over several tiles.
+    from attngen.lang import frontend
+
+    v = frontend.load(Path(__file__).resolve().parents[2] / "examples" / f"{example}.attn").get()
+    src = render_bwd.render(v, Arch.SM90A)
+    assert "__shfl_sync" in src or "c0[ki]" in src
+    _run(v, 2, 300, 300, seed=3)

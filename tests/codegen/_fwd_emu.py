@@ -38,7 +38,6 @@ last_votes: tuple[int, int] = (0, 0)  # the latest run's warpgroup votes: (true,
 FWD_SHIM = r"""
 #include <chrono>
 #define __align__(n)  // (the harness defines ag_smem with its alignment)
-template <class T> inline T __shfl_sync(unsigned, T x, int src) { return ag_warp_exchange(x, [src](int) { return src; }); }
 #define __grid_constant__
 inline void __syncwarp(unsigned = 0xffffffffu) { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 inline bool __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }

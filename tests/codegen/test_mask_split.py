@@ -92,3 +92,21 @@ def test_the_short_run_tile_is_only_for_d128_on_sm90a() -> None:
     doc = "input doc: i32[B, Lk] sorted; mask document(doc) && causal"
     assert variant_tile(_v(doc, d=64), Arch.SM90A) != SHORT_RUN_TILE
     assert variant_tile(_v(doc), Arch.SM80) != SHORT_RUN_TILE
+
+
+def _bwd_vis(src: str) -> str:
+    start = src.index("unsigned vis_bits = 0u;")
+    return src[start:src.index("// S^T = K Q^T", start)]
+
+
+def test_the_wgmma_backward_reads_hoisted_lookups_at_d128_only() -> None:
+    from attngen.cuda import render_bwd
+
+    doc = "input doc: i32[B, Lk] sorted; mask document(doc) && causal"
+    vis = _bwd_vis(render_bwd.render(_v(doc), Arch.SM90A))
+    assert "ag_mask(" not in vis and "__shfl_sync" in vis and len(re.findall(r"ag_ld_doc\(", vis)) == 2
+    # head dim 64 takes 128-query steps, whose tests stay inside the products (vis_inline)
+    assert "__shfl_sync" not in render_bwd.render(_v(doc, d=64), Arch.SM90A)
+    # a lookup over both axes keeps the per-element form
+    vis = _bwd_vis(render_bwd.render(_v("input blocks: u8[H, QB, KB]; mask block_sparse(blocks, 128, 128)"), Arch.SM90A))
+    assert "ag_mask(" in vis and "__shfl_sync" not in vis

@@ -24,6 +24,9 @@ SPECS = {
     "wg_fp16_d128_padding_causal": "dtype fp16; head_dim 128; heads 2; mask padding && causal",
     "wg_bf16_d64_document": ("dtype bf16; head_dim 64; heads 2; kind cross; input qd: i32[B, Lq] sorted; input kd: i32[B, Lk] sorted; "
                              "mask document(qd, kd)"),
+    # D128 steps test visibility before the products, with the mask's lookups read per query and
+    # per key (emit.split_by_axis)
+    "wg_bf16_d128_document_causal": "dtype bf16; head_dim 128; heads 4 kv 2; input doc: i32[B, Lk] sorted; mask document(doc) && causal",
     "wg_fp16_d64_alibi": "dtype fp16; head_dim 64; heads 4; mask causal; score alibi",
     "wg_bf16_d128_custom": "dtype bf16; head_dim 128; heads 2; score tanh(s / 4.0) * 4.0",
     "wg_bf16_d128_qk_rmsnorm": "dtype bf16; head_dim 128; heads 4 kv 2; mask causal; norm q rmsnorm(1e-6) scope head; norm k rmsnorm(1e-6) scope head",
