@@ -392,6 +392,8 @@ class AxisSplit:
     rows: tuple[AxisValue, ...]
     cols: tuple[AxisValue, ...]
     elem: str
+    elem_q: bool  # whether `elem` reads q itself (not only through a row value)
+    elem_kv: bool  # ... kv itself
 
 
 # The most lookups `split_by_axis` hoists; a mask reading more keeps the per-element form.
@@ -461,4 +463,12 @@ def split_by_axis(e: Expr, consts: dict[SizeSym, int], *, fast_math: bool = True
         return None
     subst = {x: row_ref.format(v.name) for x, v in rows.items()} | {x: col_ref.format(v.name) for x, v in cols.items()}
     elem = _SubstEmitter(consts, fast_math=fast_math, eager=True, subst=subst).emit(e)
-    return AxisSplit(tuple(rows.values()), tuple(cols.values()), elem)
+
+    def elem_vars(n: Expr) -> set[IndexVar]:
+        if n in subst:
+            return set()
+        own = {n.var} if isinstance(n, Index) else set()
+        return own.union(*(elem_vars(c) for c in children(n)))
+
+    used = elem_vars(e)
+    return AxisSplit(tuple(rows.values()), tuple(cols.values()), elem, IndexVar.Q in used, IndexVar.KV in used)

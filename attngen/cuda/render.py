@@ -705,12 +705,16 @@ def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFI
 
 
 def _split_ctx(sp: AxisSplit | None) -> dict | None:
+    """A mask split by axis (emit.split_by_axis) for the templates; each value with the type its
+    shuffle moves it as."""
     if sp is None:
         return None
-    return dict(rows=[dict(ctype=x.ctype, name=x.name, code=x.code, shfl_type="float" if x.ctype == "float" else "int")
-                      for x in sp.rows],
-                cols=[dict(ctype=x.ctype, name=x.name, code=x.code, shfl_type="float" if x.ctype == "float" else "int")
-                      for x in sp.cols], elem=sp.elem)
+
+    def val(x) -> dict:
+        return dict(ctype=x.ctype, name=x.name, code=x.code, shfl_type="float" if x.ctype == "float" else "int")
+
+    return dict(rows=[val(x) for x in sp.rows], cols=[val(x) for x in sp.cols], elem=sp.elem, elem_q=sp.elem_q,
+                elem_kv=sp.elem_kv)
 
 
 def _kv_bounds_ctx(v: Variant, elem: ElementEmitter, engine: Engine) -> dict:

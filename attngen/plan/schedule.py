@@ -737,7 +737,7 @@ def _short_runs(v: Variant, arch: Arch) -> bool:
     """Whether a plain D128 wgmma variant's mask keeps each query tile's visible keys few at any
     length (a window, documents), so the short-loop tile serves it at every length: its second Q
     buffer loads the next work tile's Q under the current one. H200, bf16 D128 H16 B2 L16k, the
-    same run (twenty-second session, .scratch tile probe; benchmarks/README.md "Document masks"),
+    same run (twenty-second session, benchmarks/doc_mask_ab.py; benchmarks/README.md "Document masks"),
     128 x 128 x 2 against x 3: 16 random documents 367 against 353 TFLOP/s, 16 of 1024 tokens 387
     against 358, 64 of 256 tokens 193 against 165, one document of 16k 622 against 578, causal &&
     window(1023, 0) 467 against 433; outputs bit-identical."""

@@ -110,3 +110,33 @@ def test_the_wgmma_backward_reads_hoisted_lookups_at_d128_only() -> None:
     # a lookup over both axes keeps the per-element form
     vis = _bwd_vis(render_bwd.render(_v("input blocks: u8[H, QB, KB]; mask block_sparse(blocks, 128, 128)"), Arch.SM90A))
     assert "ag_mask(" in vis and "__shfl_sync" not in vis
+
+
+def test_the_split_says_which_positions_the_element_part_reads() -> None:
+    # the templates declare q / kv in the element loop only where it reads them (nvcc warns of
+    # unused locals)
+    pad = split_by_axis(_v("mask padding").mask, {})
+    assert pad is not None and not pad.elem_q and not pad.elem_kv
+    doc = split_by_axis(_v("input doc: i32[B, Lk] sorted; mask document(doc) && causal").mask, {})
+    assert doc is not None and doc.elem_q and doc.elem_kv
+
+
+@pytest.mark.nvcc
+def test_split_masks_compile_without_warnings(tmp_path) -> None:
+    import shutil
+    import subprocess
+
+    from attngen.cuda import render_bwd
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on the PATH")
+    v = _v("mask padding")
+    for name, src in (("fwd", render_cuda.render(v, Arch.SM90A)), ("bwd", render_bwd.render(v, Arch.SM90A))):
+        cu = tmp_path / f"{name}.cu"
+        cu.write_text(src)
+        r = subprocess.run([nvcc, "-c", "-gencode=arch=compute_90a,code=sm_90a", str(cu), "-o", str(tmp_path / f"{name}.o")],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        # the split's loops declare no unused positions (the backward has older unused constants)
+        assert not re.search(r'variable "(q|kv)" was declared but never referenced', r.stderr), r.stderr[-3000:]
