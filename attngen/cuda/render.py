@@ -717,6 +717,33 @@ def _split_ctx(sp: AxisSplit | None) -> dict | None:
                 elem_kv=sp.elem_kv)
 
 
+# Where each tensor-core forward engine's element loop finds a hoisted value: the wgmma visibility
+# loop's two rows and its shuffled key (`ag_wg_vis`); the mma.sync pre-mask loop's rows by (row
+# tile, half) and the same shuffled key (`ag_tile_step`; both accumulators put key 8 j + 2 (lane %
+# 4) + e in a thread's column e of group j).
+_SPLIT_REFS = {Engine.WGMMA: ("{}[ri]", "{}k"), Engine.MMA_SYNC: ("{}[mt][half]", "{}k")}
+
+
+# The mma.sync engine takes the split up to this head dim. Above it its tiles hold 255 registers
+# and ptxas spills erratically either way: at 128 x 64 the split took a padding mask's spills from
+# 156 bytes to 0 at head dim 128 and a document mask's from 0 to 84, a prefix-LM's from 0 to 240
+# (tools/mma_split_ptxas.py, results/mma_split_ptxas.txt); at 64 no form spills and the split
+# needs fewer registers for documents and padding. Wider heads keep the per-element form until a
+# GPU run weighs the loads it saves against the spills.
+MMA_SPLIT_MAX_HEAD_DIM = 64
+
+
+def _fwd_split(v: Variant, consts: dict, engine: Engine) -> AxisSplit | None:
+    """The mask split by axis for a forward engine's visibility loop, or None (the FFMA engine,
+    mma.sync above MMA_SPLIT_MAX_HEAD_DIM, masks without lookups or that do not split)."""
+    if engine not in _SPLIT_REFS or not tensors_used(v.mask):
+        return None
+    if engine == Engine.MMA_SYNC and max(v.head_dim, v.value_head_dim) > MMA_SPLIT_MAX_HEAD_DIM:
+        return None
+    row_ref, col_ref = _SPLIT_REFS[engine]
+    return split_by_axis(v.mask, consts, fast_math=True, row_ref=row_ref, col_ref=col_ref)
+
+
 def _kv_bounds_ctx(v: Variant, elem: ElementEmitter, engine: Engine) -> dict:
     """C++ for the mask's key upper bound at a global query position `q` ('' where the mask states
     none, or off the wgmma engine, whose producer alone walks key tiles downwards)."""
@@ -787,9 +814,10 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         mask_text=_expr_text(v.mask),
         mask_code=elem.emit(v.mask),
         # Masks that read tensors are evaluated while S is on the tensor cores (wgmma engine),
-        # their lookups hoisted per row and per key where the mask allows (emit.split_by_axis).
+        # their lookups hoisted per row and per key where the mask allows (emit.split_by_axis);
+        # the mma.sync engine hoists them the same way into its visibility words.
         mask_early=mask_early,
-        mask_split=_split_ctx(split_by_axis(v.mask, consts, fast_math=tc) if mask_early else None),
+        mask_split=_split_ctx(_fwd_split(v, consts, kp.engine)),
         # The key bound the mask states (kv <= f(q)): the wgmma producer walks down from f.
         **_kv_bounds_ctx(v, elem, kp.engine),
         classify_lines=classify_lines,

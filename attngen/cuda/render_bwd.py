@@ -15,7 +15,7 @@ from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Va
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, split_by_axis, tensor_ctype
 from attngen.plan.bwd import (PRE_THREADS, THREADS, VEC_ELEMS, WG_CONSUMER_REGS, WG_DQ_PAD, WG_DQ_REGS, WG_DQ_THREADS, WG_SUB_M, BwdEngine,
                                BwdPlan, WgDq, WgPrefetch, plan, wg_dq_cols, wg_dq_split, wg_tma_maps)
-from attngen.cuda.render import DEFAULT_PREFIX, _environment, _expr_text, _spec_text, _split_ctx, _tensor_ctx, _varlen_ctx, kernel_name
+from attngen.cuda.render import DEFAULT_PREFIX, MMA_SPLIT_MAX_HEAD_DIM, _environment, _expr_text, _spec_text, _split_ctx, _tensor_ctx, _varlen_ctx, kernel_name
 from attngen.plan.schedule import DEFAULT_ARCH, Arch, WgmmaLoads
 
 
@@ -254,9 +254,13 @@ __all__ = ["render", "render_with_plan", "with_prefix"]
 
 
 def _bwd_split_ctx(v: Variant, bp, consts: dict) -> dict | None:
-    """The mask split by axis for the wgmma dK/dV step's visibility word, or None (other engines,
-    per-element tests inside the products (`vis_inline`), masks without lookups or that do not
-    split). Its rows are the accumulator's columns here: queries, shuffled in as `namek`."""
-    if bp.engine != BwdEngine.WGMMA or bp.tc_block_m > WG_SUB_M:
+    """The mask split by axis for the tensor-core dK/dV step's visibility word, or None (the FFMA
+    engine, the wgmma step's per-element tests inside the products (`vis_inline`), mma.sync above
+    MMA_SPLIT_MAX_HEAD_DIM, masks without lookups or that do not split). Its rows are the
+    accumulator's columns here: queries, shuffled in as `namek`."""
+    if bp.engine == BwdEngine.WGMMA:
+        if bp.tc_block_m > WG_SUB_M:
+            return None
+    elif bp.engine != BwdEngine.MMA or max(v.head_dim, v.value_head_dim) > MMA_SPLIT_MAX_HEAD_DIM:
         return None
     return _split_ctx(split_by_axis(v.mask, consts, fast_math=False, row_ref="{}k", col_ref="{}[ki]"))

@@ -114,10 +114,14 @@ template <class T> inline void __stwb(T* p, T v) { *p = v; }
 inline float atomicAdd(float* a, float v) { return std::atomic_ref<float>(*a).fetch_add(v); }
 template <class A, class B> inline std::common_type_t<A, B> min(A a, B b) { return a < b ? a : b; }
 template <class A, class B> inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
-static void ag_launch(unsigned gx, unsigned gy, unsigned gz, int threads, const std::function<void()>& body) {
+// `ys`: run only these rows of the grid's y dimension (all when empty).
+static void ag_launch(unsigned gx, unsigned gy, unsigned gz, int threads, const std::function<void()>& body,
+                      std::vector<unsigned> ys = {}) {
   gridDim.x = gx; gridDim.y = gy; gridDim.z = gz;
+  if (ys.empty())
+    for (unsigned y = 0; y < gy; ++y) ys.push_back(y);
   for (unsigned z = 0; z < gz; ++z)
-    for (unsigned y = 0; y < gy; ++y)
+    for (unsigned y : ys)
       for (unsigned x = 0; x < gx; ++x) {
         std::barrier<> bar(threads);
         ag_block_bar = &bar;

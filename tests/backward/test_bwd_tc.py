@@ -175,3 +175,37 @@ def test_long_walk_window_gqa_several_classification_rounds():
     # leaving most of each round invisible.
     v = T.variant(T.window(90, 0), (), D=32, heads=4, kv_heads=1, dtype=DType.FP16)
     _run(v, 1, 1050, 1050, seed=7)
+
+
+# Masks that read tensors, split by axis in the dK/dV step (emit.split_by_axis: lookups once per
+# query, shuffled, and once per key): documents (both axes), a prefix-LM (a per-batch length, the
+# whole `kv < plen[b]` per key) and padding (per-batch lengths, rows and keys), each against the
+# per-element form it replaced.
+SPLIT_MASKS = {
+    "documents": lambda: (T.and_(T.document("doc"), T.causal()), (T.decl("doc", DType.I32, SizeSym.B, SizeSym.LK, sorted=True),)),
+    "prefix_lm": lambda: (T.or_(T.causal(), T.prefix(T.load("plen", T.b))), (T.decl("plen", DType.I32, SizeSym.B),)),
+    "padding": lambda: (T.padding(), ()),
+}
+
+
+@pytestmark_emu
+@pytest.mark.parametrize("name", sorted(SPLIT_MASKS))
+def test_split_mask_gives_the_same_bits(name, monkeypatch):
+    mask, inputs = SPLIT_MASKS[name]()
+    v = T.variant(mask, (), D=64, heads=2, dtype=DType.FP16, inputs=inputs)
+    src = render_bwd.render(v, Arch.SM80, deterministic=True)
+    assert "as the wgmma engine's step (emit.split_by_axis)" in src and "ag_mask(p, b, h, qi + p.q_offset" not in src
+    got, _ = _run(v, 2, 150, 150, seed=8, deterministic=True)
+    monkeypatch.setattr(render_bwd, "_bwd_split_ctx", lambda *a: None)
+    assert "ag_mask(p, b, h, qi + p.q_offset" in render_bwd.render(v, Arch.SM80, deterministic=True)
+    plain, _ = _run(v, 2, 150, 150, seed=8, deterministic=True)
+    for n in ("dq", "dk", "dv"):
+        assert np.array_equal(got[n], plain[n]), n
+
+
+def test_split_mask_stays_off_above_head_dim_64():
+    # Its tiles hold 255 registers there and ptxas spilled more with the split (results/mma_split_ptxas.txt).
+    mask, inputs = SPLIT_MASKS["documents"]()
+    v = T.variant(mask, (), D=128, heads=2, dtype=DType.BF16, inputs=inputs)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM80)
+    assert bp.engine == BwdEngine.MMA and "ag_mask(p, b, h, qi + p.q_offset" in src and "emit.split_by_axis" not in src

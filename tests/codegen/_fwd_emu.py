@@ -1,11 +1,13 @@
-"""Run the generated sm_90a forward kernel (the wgmma engine) on the CPU: the rendered CUDA compiled
+"""Run the generated forward kernels of the tensor-core engines on the CPU (sm_90a's wgmma engine, and
+the mma.sync engine of sm_80-89 and other head dims): the rendered CUDA compiled
 with g++ against the backward's execution-model shim (`tests/backward/_host_emu.py`: one
 std::thread per CUDA thread, warp barriers, warp shuffles), with its PTX primitives replaced by
 emulations: mbarriers as 64-bit atomics in the emulated shared memory (pending count, expected
 count, phase; waits spin), named barriers with their thread counts and the AND reduction, cp.async
 as synchronous copies that arrive on their mbarrier at once, and wgmma as a synchronous product at
 issue that reads its shared operands through the descriptors with the 128-byte swizzle (the
-backward emulation's `ag_wg_ss` / `ag_wg_rs`). CTAs run one after another on one shared-memory
+backward emulation's `ag_wg_ss` / `ag_wg_rs`); ldmatrix and mma.sync by the backward emulation's
+fragment-layout gathers through the warp barrier. CTAs run one after another on one shared-memory
 array; the persistent schedule's counter is an atomic. A variant's prep kernels (norm statistics,
 normalised rows) run first, into workspaces poisoned with NaN bytes.
 
@@ -25,10 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from attngen.cuda.render import GridRule
+
 import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backward"))
-from _host_emu import CUDA_INCLUDE, MBAR_CORE, SHIM, WG_EMU, available  # noqa: E402
+from _host_emu import CUDA_INCLUDE, MBAR_CORE, SHIM, TC_EMU, WG_EMU, available  # noqa: E402
 
 __all__ = ["available", "run", "last_votes"]
 
@@ -119,6 +123,11 @@ PRIMS = {
     "ag_wgmma_wait": "template <int N> inline void ag_wgmma_wait() {}",
     "ag_reg_fence": "template <class T> inline void ag_reg_fence(T&) {}",
 }
+# The mma.sync engine's primitives (backends/cuda/fwd/_mma.cu.j2), by the backward emulation's
+# definitions (TC_EMU: ldmatrix and mma.sync gathered through the warp barrier by the PTX fragment
+# layouts), inserted once where the first of them was.
+MMA_PRIMS = ("ag_ldmatrix_x4", "ag_ldmatrix_x4_trans", "ag_mma")
+MMA_CORE = "static unsigned ag_xb[64][32][2];\n" + TC_EMU[TC_EMU.index("// ldmatrix.m8n8.x4"):]
 # wgmma shapes: ss reads both operands K-major, rs reads B (V) MN-major.
 WG_SHAPE = ("inline void ag_wgmma_ss_n{n}(float (&d)[{h}], unsigned long long da, unsigned long long db, int acc) {{ ag_wg_ss<{n}>(d, da, db, acc, 0, 0); }}\n"
             "inline void ag_wgmma_rs_n{n}(float (&d)[{h}], const unsigned (&a)[4], unsigned long long db, int acc) {{ ag_wg_rs<{n}>(d, a, db, acc); }}")
@@ -160,7 +169,7 @@ def emulated_source(src: str) -> str:
     body = body.replace("#include <cuda_runtime.h>\n", "")
     if "TURN_BAR" in body:
         raise ValueError("the emulation does not model the consumer turns (WgmmaSoftmax.turns)")
-    fns = [f for f in _functions(body) if f[0] in PRIMS or re.fullmatch(r"ag_wgmma_(ss|rs)_n\d+", f[0])]
+    fns = [f for f in _functions(body) if f[0] in PRIMS or f[0] in MMA_PRIMS or re.fullmatch(r"ag_wgmma_(ss|rs)_n\d+", f[0])]
     first = min(s for _, s, _ in fns)
     wrapper = re.compile(r"ag_wgmma_(ss|rs)_n(\d+)")
     shapes = sorted({int(wrapper.fullmatch(n).group(2)) for n, _, _ in fns if wrapper.fullmatch(n)})
@@ -171,8 +180,12 @@ def emulated_source(src: str) -> str:
             out.append(MBAR)
         if wrapper.fullmatch(name):
             if "wgmma" not in done:  # every shape's wrappers where the first one was
-                out.append(LD_HELPERS + WG_CORE + "\n" + "\n".join(WG_SHAPE.format(n=n, h=n // 2) for n in shapes))
-                done.add("wgmma")
+                out.append(("" if "ld" in done else LD_HELPERS) + WG_CORE + "\n" + "\n".join(WG_SHAPE.format(n=n, h=n // 2) for n in shapes))
+                done |= {"wgmma", "ld"}
+        elif name in MMA_PRIMS:
+            if "mma" not in done:
+                out.append(("" if "ld" in done else LD_HELPERS) + MMA_CORE)
+                done |= {"mma", "ld"}
         elif name not in done:
             out.append(PRIMS[name])
             done.add(name)
@@ -184,7 +197,7 @@ def emulated_source(src: str) -> str:
     if re.search(r"\basm(\s+volatile)?\s*\(", text):
         left = sorted(set(re.findall(r'asm(?: volatile)?\(\s*"([a-z.]+)', text)))
         raise ValueError(f"PTX left after emulation: {left}")
-    assert shapes, "no wgmma wrappers found"
+    assert shapes or "mma" in done, "neither wgmma wrappers nor mma.sync primitives found"
     return text
 
 
@@ -212,9 +225,10 @@ def _harness(ns: str, launches, fields, smem: int, n_out: int, maps=()) -> str:
                   f"  a_{m.name}.opaque[0] = (unsigned long long)b_{m.tensor}.data();"]
     lines.append("  std::fclose(f);")
     map_args = [f"a_{m.name}" for m in maps]
-    for kernel, grid, threads in launches:  # the prep kernels, then the attention kernel, in order
+    for kernel, (gx, gy, gz), threads, ys in launches:  # the prep kernels, then the attention kernel, in order
         kargs = args + (map_args if kernel == launches[-1][0] else [])
-        lines.append(f"  ag_launch({grid}, 1, 1, {threads}, [&] {{ {kernel}({', '.join(kargs)}); }});")
+        only = f", {{{', '.join(map(str, ys))}}}" if ys else ""
+        lines.append(f"  ag_launch({gx}, {gy}, {gz}, {threads}, [&] {{ {kernel}({', '.join(kargs)}); }}{only});")
     lines.append("  FILE* o = std::fopen(argv[2], \"wb\");")
     for i in range(n_out):
         lines.append(f"  std::fwrite(blobs[{i}].data(), 1, blobs[{i}].size(), o);")
@@ -224,14 +238,28 @@ def _harness(ns: str, launches, fields, smem: int, n_out: int, maps=()) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _grid(k, v, B: int, Lq: int, persistent: int) -> tuple[int, int, int]:
+    """A kernel's launch grid: prep kernels loop over rows (two CTAs), the persistent wgmma kernel
+    takes `persistent` CTAs, the others a CTA per (query tile, head, batch) as their launcher."""
+    if k.prep is not None:
+        return (2, 1, 1)
+    if k.grid_rule == GridRule.PERSISTENT:
+        return (persistent, 1, 1)
+    if k.grid_rule == GridRule.TILES:
+        return (-(-Lq // k.tile.block_m), v.heads, B)
+    raise ValueError(f"the emulation harness has no grid for {k.name} ({k.grid_rule})")
+
+
 def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdir: str | None = None,
-        timeout: float = 600.0, wait_seconds: int = 30, test_patience_ms: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+        timeout: float = 600.0, wait_seconds: int = 30, test_patience_ms: int = 0,
+        heads: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Compile the rendered forward `src` (plan `kp`, variant `v`, bhsd or bshd) for the host and run
     it on `arrays` (numpy q, k, v and runtime inputs in the variant's layout and dtypes); returns O
     (float64) and the LSE (or None). `grid` persistent CTAs (any grid is correct). A thread that
     waits on one mbarrier phase for `wait_seconds` aborts the run (a lost arrival: RuntimeError);
     `test_patience_ms`: how long a non-blocking barrier test waits before it says no (< 0: it
-    always does, at once). The run's
+    always does, at once). `heads`: the query heads the attention kernel runs (one with a CTA
+    a (query tile, head, batch) only; prep kernels run whole); the others' outputs stay NaN. The run's
     warpgroup votes (chained steps taken and not) are left in `last_votes`."""
     global last_votes
     from attngen.check.reference import dtype_of
@@ -293,7 +321,10 @@ def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdi
     cpp, exe = os.path.join(tmp, "k.cpp"), os.path.join(tmp, "k")
     fields = [type("F", (), dict(name=f.name, ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{ns}::elem_t")))() for f in kp.fields]
     n_out = ptrs.index("lse") + 1 if v.lse else ptrs.index("o") + 1
-    launches = [(k.name, 2 if k.prep is not None else grid, k.threads) for k in kp.kernels]  # preps: grid-stride loops
+    if heads is not None and kp.attention.grid_rule != GridRule.TILES:
+        raise ValueError("a subset of heads needs a CTA a (query tile, head, batch), not a persistent grid")
+    launches = [(k.name, _grid(k, v, B, Lq, grid), k.threads, heads if k.grid_rule == GridRule.TILES else None)
+                for k in kp.kernels]
     Path(cpp).write_text(SHIM + FWD_SHIM + emulated_source(src) + _harness(ns, launches, fields, kp.smem_bytes, n_out, maps))
     r = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", f"-DAG_WAIT_SECONDS={int(wait_seconds)}",
                         f"-DAG_TEST_PATIENCE_MS={int(test_patience_ms)}", f"-I{CUDA_INCLUDE}",

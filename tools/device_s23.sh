@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The device run the twenty-third session prepared and could not make (no machine was lent): what
+# issues 14 and 16 still need on the final kernels, in calls of at most 600 s on one H200.
+#   source .whl/env.sh && ITEMS="..." bash tools/device_s23.sh
+# A plan for the 1800 s budget (one cold start, then each call issued at once so the machine stays warm):
+#   call 1  ITEMS="mmaab gpu1"        the mma.sync split A/B (~120 s), GPU suite part 1
+#   call 2  ITEMS="gpu2 race"         GPU suite part 2, racecheck and memcheck of the odd shapes
+#   call 3  ITEMS="campaign"          the fuzz campaign (tools/fuzz_all.sh, N=1000 SPECS=200, ~7 min)
+#   call 4  ITEMS="sweep"             the length sweep on the TMA producer (sweep.py, one D at a time: SWEEP_ONLY)
+# Items:
+#   mmaab     benchmarks/mma_split_ab.py: the mma.sync forward and backward with the mask split by
+#             axis against the per-element form (D64, where it is the default, and D128, where
+#             render.MMA_SPLIT_MAX_HEAD_DIM keeps it off: ptxas spills there), outputs compared
+#   gpu1      the forward GPU tests (examples, constructs, regressions, kernels, oracles, chain,
+#             validation, tiles, arches)
+#   gpu2      the rest: backward, autograd, binder/torch op, decode, varlen, head dims
+#   race      compute-sanitizer racecheck and memcheck of the forward and backward odd shapes
+#   campaign  tools/fuzz_all.sh (every example, N shape cases each, SPECS generated specs)
+#   sweep     benchmarks/sweep.py --only $SWEEP_ONLY --append (peers in the same run)
+# Results under $OUT, a summary last.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+S="$OUT/summary.txt"
+DIST=$(python3 -c "import sys, xdist; sys.exit(0 if tuple(map(int, xdist.__version__.split('.')[:2])) >= (3, 2) else 1)" 2>/dev/null && echo "--dist worksteal")
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee -a "$S"
+pyt() {  # label, limit, files...
+  local label=$1 lim=$2; shift 2
+  HYPOTHESIS_PROFILE=ci timeout "$lim" python3 -m pytest -v -m gpu "$@" -p no:cacheprovider -n ${WORKERS:-14} $DIST -rfE --tb=short \
+    --durations=15 > "$OUT/pytest_$label.txt" 2>&1
+  echo "gpu pytest $label rc=$?: $(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$OUT/pytest_$label.txt" | tail -n 1) ($(grep -c ' PASSED' "$OUT/pytest_$label.txt") PASSED, $(grep -c ' FAILED' "$OUT/pytest_$label.txt") FAILED, $(grep -c ' SKIPPED' "$OUT/pytest_$label.txt") SKIPPED)" >> "$S"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest_$label.txt" | head -n 20 >> "$S"
+}
+G=tests/gpu
+for it in ${ITEMS:-mmaab gpu1}; do
+  t0=$(date +%s)
+  case $it in
+    mmaab)
+      timeout ${MMAAB_S:-200} python3 benchmarks/mma_split_ab.py --out "$OUT/mma_split_ab.jsonl" > "$OUT/mma_split_ab.txt" 2>&1
+      echo "mmaab rc=$?" >> "$S"; grep -E "^D" "$OUT/mma_split_ab.txt" >> "$S" ;;
+    gpu1)
+      pyt fwd ${GPU1_S:-520} $G/test_gpu_examples.py $G/test_gpu_constructs.py $G/test_gpu_regressions.py $G/test_gpu_kernels.py \
+        $G/test_gpu_oracles.py $G/test_gpu_chain.py $G/test_gpu_validation.py $G/test_gpu_tiles_by_length.py $G/test_gpu_arches.py ;;
+    gpu2)
+      pyt rest ${GPU2_S:-420} $G/test_gpu_backward.py $G/test_gpu_backward_features.py $G/test_gpu_backward_tc.py \
+        $G/test_gpu_backward_tma.py $G/test_gpu_backward_wgmma.py $G/test_gpu_autograd.py $G/test_gpu_binder_torch.py \
+        $G/test_gpu_decode.py $G/test_gpu_varlen.py $G/test_gpu_headdim.py ;;
+    race)
+      for tool in racecheck memcheck; do
+        timeout ${RACE_S:-90} compute-sanitizer --tool $tool python3 tools/sanitize_cases.py > "$OUT/${tool}_fwd.txt" 2>&1
+        echo "$tool forward rc=$? ($(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/${tool}_fwd.txt" | tail -n 1); $(tail -n 1 "$OUT/${tool}_fwd.txt"))" >> "$S"
+        timeout ${RACE_S:-90} compute-sanitizer --tool $tool python3 tools/sanitize_bwd_cases.py --quick > "$OUT/${tool}_bwd.txt" 2>&1
+        echo "$tool backward rc=$? ($(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/${tool}_bwd.txt" | tail -n 1); $(tail -n 1 "$OUT/${tool}_bwd.txt"))" >> "$S"
+      done ;;
+    campaign)
+      N=${N:-1000} SPECS=${SPECS:-200} LIMIT=${CAMPAIGN_S:-480} bash tools/fuzz_all.sh > "$OUT/campaign.txt" 2>&1
+      echo "campaign rc=$?" >> "$S"; grep -E "^rc=" "$OUT/campaign.txt" | sort | uniq -c | head -n 40 >> "$S"
+      tail -n 2 "$OUT/campaign.txt" >> "$S" ;;
+    sweep)
+      timeout ${SWEEP_S:-540} python3 benchmarks/sweep.py --out "$OUT/sweep.jsonl" --append ${SWEEP_ONLY:+--only $SWEEP_ONLY} > "$OUT/sweep.txt" 2>&1
+      echo "sweep rc=$?" >> "$S"; tail -n 30 "$OUT/sweep.txt" >> "$S" ;;
+  esac
+  echo "  ($it: $(( $(date +%s) - t0 )) s)" >> "$S"
+done
+cat "$S"
