@@ -1,18 +1,20 @@
 """The mma.sync engines' mask split by axis (`emit.split_by_axis`) against the per-element form, on
-the GPU: forward and backward, same process, outputs compared.
+the GPU: forward and backward, same process, outputs compared; and the wgmma backward's (the same
+split, at head dim 64 inside the products since the twenty-third session).
 
     python benchmarks/mma_split_ab.py [--out PATH] [--iters N] [--head-dims 64,128]
 
 The mma.sync forward (sm_80-89's engine; on an H200 the tile `128 x 64 x 4 warps`, sm_80's `tile
-auto`, selects it) and the mma.sync dK/dV backward (`engine=BwdEngine.MMA`) of bf16 B8 H16 L4096
+auto`, selects it), the mma.sync dK/dV backward (`engine=BwdEngine.MMA`) and the wgmma one
+(`engine=BwdEngine.WGMMA`, sm_90a's default) of bf16 B8 H16 L4096
 self attention under masks that read tensors: 16 random documents a row with causal (the suite's
 document rows), documents of 1024 tokens, a prefix-LM (`causal || prefix(plen[b])`, a quarter of
 each row a prefix) and padding (random lengths). Modes: `split` (the rendered default where the
 head dim is at most `render.MMA_SPLIT_MAX_HEAD_DIM`, forced above it) and `plain` (the per-element
 form: `render._fwd_split` / `render_bwd._bwd_split_ctx` answering None). Each mode compiles its
-own variant name so that no cache hands one mode's kernel to the other. O, dK and dV are compared
-bit for bit against `plain` (the masks are the same booleans); dQ by its max difference (fp32
-atomics in a different order). JSON lines; `results/` keeps the committed runs."""
+own variant name so that no cache hands one mode's kernel to the other. O, dK and dV (both
+backward engines) are compared bit for bit against `plain` (the masks are the same booleans); dQ
+by its max difference (fp32 sums in a different order). JSON lines; `results/` keeps the committed runs."""
 
 from __future__ import annotations
 
@@ -101,24 +103,31 @@ def main(argv: list[str] | None = None) -> int:
                     o, lse = kern(q, k, vv, **ins)
                     grads = backward(kern, q, k, vv, dO, o=o, lse=lse, engine=BwdEngine.MMA, **ins)
                     torch.cuda.synchronize()
+                    wg_grads = backward(kern, q, k, vv, dO, o=o, lse=lse, engine=BwdEngine.WGMMA, **ins)
+                    torch.cuda.synchronize()
                     fwd_ms = queued_ms(lambda: kern(q, k, vv, **ins), args.iters)
                     bwd_ms = queued_ms(lambda: backward(kern, q, k, vv, dO, o=o, lse=lse, engine=BwdEngine.MMA, **ins), args.iters)
-                res[mode] = dict(o=o, grads=grads, fwd_ms=fwd_ms, bwd_ms=bwd_ms, engine=kern.plan.engine.value,
-                                 split_in_source=("emit.split_by_axis" in src) if src else None)
+                    wg_ms = queued_ms(lambda: backward(kern, q, k, vv, dO, o=o, lse=lse, engine=BwdEngine.WGMMA, **ins), args.iters)
+                res[mode] = dict(o=o, grads=grads, wg_grads=wg_grads, fwd_ms=fwd_ms, bwd_ms=bwd_ms, wg_ms=wg_ms,
+                                 engine=kern.plan.engine.value, split_in_source=("emit.split_by_axis" in src) if src else None)
             p, s = res["plain"], res["split"]
             diff = {"o": float((p["o"].float() - s["o"].float()).abs().max())}
             for n, a, b in zip(("dq", "dk", "dv"), p["grads"], s["grads"]):
                 diff[n] = float((a.float() - b.float()).abs().max())
-            bad += diff["o"] != 0 or diff["dk"] != 0 or diff["dv"] != 0
+            for n, a, b in zip(("wg_dq", "wg_dk", "wg_dv"), p["wg_grads"], s["wg_grads"]):
+                diff[n] = float((a.float() - b.float()).abs().max())
+            bad += any(diff[n] != 0 for n in ("o", "dk", "dv", "wg_dk", "wg_dv"))
             row = {"case": label, "D": D, "B": B, "H": H, "L": L, "tile": TILE, "engine": s["engine"],
                    "plain_fwd_ms": p["fwd_ms"], "split_fwd_ms": s["fwd_ms"], "fwd_speedup": p["fwd_ms"] / s["fwd_ms"],
                    "plain_bwd_ms": p["bwd_ms"], "split_bwd_ms": s["bwd_ms"], "bwd_speedup": p["bwd_ms"] / s["bwd_ms"],
+                   "plain_wgmma_bwd_ms": p["wg_ms"], "split_wgmma_bwd_ms": s["wg_ms"], "wgmma_bwd_speedup": p["wg_ms"] / s["wg_ms"],
                    "maxdiff_split_vs_plain": diff, "split_in_source": s["split_in_source"],
                    "torch": torch.__version__, "device": torch.cuda.get_device_name()}
             out.write(json.dumps(row) + "\n")
             out.flush()
             print(f"D{D} {label:16s} fwd {p['fwd_ms']:.3f} -> {s['fwd_ms']:.3f} ms ({row['fwd_speedup']:.2f}x)  "
-                  f"bwd {p['bwd_ms']:.3f} -> {s['bwd_ms']:.3f} ms ({row['bwd_speedup']:.2f}x)  diff {diff}", flush=True)
+                  f"bwd {p['bwd_ms']:.3f} -> {s['bwd_ms']:.3f} ms ({row['bwd_speedup']:.2f}x)  "
+                  f"wgmma bwd {p['wg_ms']:.3f} -> {s['wg_ms']:.3f} ms ({row['wgmma_bwd_speedup']:.2f}x)  diff {diff}", flush=True)
             del res, q, k, vv, dO
     out.close()
     return 1 if bad else 0

@@ -8,7 +8,8 @@
 #   call 3  ITEMS="campaign"          the fuzz campaign (tools/fuzz_all.sh, N=1000 SPECS=200, ~7 min)
 #   call 4  ITEMS="sweep"             the length sweep on the TMA producer (sweep.py, one D at a time: SWEEP_ONLY)
 # Items:
-#   mmaab     benchmarks/mma_split_ab.py: the mma.sync forward and backward with the mask split by
+#   mmaab     benchmarks/mma_split_ab.py: the mma.sync forward and backward (and the wgmma backward, split
+#             at D64 inside the products since this session) with the mask split by
 #             axis against the per-element form (D64, where it is the default, and D128, where
 #             render.MMA_SPLIT_MAX_HEAD_DIM keeps it off: ptxas spills there), outputs compared
 #   gpu1      the forward GPU tests (examples, constructs, regressions, kernels, oracles, chain,

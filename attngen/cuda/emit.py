@@ -380,6 +380,7 @@ class AxisValue:
     ctype: str
     name: str
     code: str
+    expr: Expr  # the piece of the mask it computes (for explain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,11 +443,11 @@ def split_by_axis(e: Expr, consts: dict[SizeSym, int], *, fast_math: bool = True
             return
         if n.type in _VALUE_CTYPE and IndexVar.KV not in deps:
             if n not in rows:
-                rows[n] = AxisValue(_VALUE_CTYPE[n.type], f"r{len(rows)}", base.emit(n))
+                rows[n] = AxisValue(_VALUE_CTYPE[n.type], f"r{len(rows)}", base.emit(n), n)
             return
         if n.type in _VALUE_CTYPE and IndexVar.Q not in deps:
             if n not in cols:
-                cols[n] = AxisValue(_VALUE_CTYPE[n.type], f"c{len(cols)}", base.emit(n))
+                cols[n] = AxisValue(_VALUE_CTYPE[n.type], f"c{len(cols)}", base.emit(n), n)
             return
         if isinstance(n, Load):
             leftover = True

@@ -744,6 +744,13 @@ def _fwd_split(v: Variant, consts: dict, engine: Engine) -> AxisSplit | None:
     return split_by_axis(v.mask, consts, fast_math=True, row_ref=row_ref, col_ref=col_ref)
 
 
+def mask_split(v: Variant, engine: Engine) -> AxisSplit | None:
+    """How the forward kernel on `engine` reads the mask's lookups in partial tiles: split by axis
+    (each row lookup once per row, each key lookup once per key) or None (per element)."""
+    consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
+    return _fwd_split(v, consts, engine)
+
+
 def _kv_bounds_ctx(v: Variant, elem: ElementEmitter, engine: Engine) -> dict:
     """C++ for the mask's key upper bound at a global query position `q` ('' where the mask states
     none, or off the wgmma engine, whose producer alone walks key tiles downwards)."""
@@ -817,7 +824,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         # their lookups hoisted per row and per key where the mask allows (emit.split_by_axis);
         # the mma.sync engine hoists them the same way into its visibility words.
         mask_early=mask_early,
-        mask_split=_split_ctx(_fwd_split(v, consts, kp.engine)),
+        mask_split=_split_ctx(mask_split(v, kp.engine)),
         # The key bound the mask states (kv <= f(q)): the wgmma producer walks down from f.
         **_kv_bounds_ctx(v, elem, kp.engine),
         classify_lines=classify_lines,
@@ -847,4 +854,4 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
     return src, kp
 
 
-__all__ = ["render", "render_with_plan", "plan", "OpPlan", "TmaMap", "tma_maps", "OpKernel", "Problem", "KernelRole", "GridRule", "KernelPlan", "Field", "Prep", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]
+__all__ = ["render", "render_with_plan", "plan", "mask_split", "OpPlan", "TmaMap", "tma_maps", "OpKernel", "Problem", "KernelRole", "GridRule", "KernelPlan", "Field", "Prep", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]

@@ -183,8 +183,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         int_unknown=INT_UNKNOWN,
         mask_text=_expr_text(v.mask),
         mask_code=elem.emit(v.mask),
-        # the wgmma step's visibility word (not vis_inline): lookups read once per query (shuffled)
-        # and once per key, as the forward's (emit.split_by_axis)
+        # the tensor-core steps' visibility tests: lookups read once per query (shuffled) and once
+        # per key, as the forward's (emit.split_by_axis)
         mask_split=_bwd_split_ctx(v, bp, consts),
         classify_lines=classify_lines,
         classify_result=classify_result,
@@ -254,13 +254,10 @@ __all__ = ["render", "render_with_plan", "with_prefix"]
 
 
 def _bwd_split_ctx(v: Variant, bp, consts: dict) -> dict | None:
-    """The mask split by axis for the tensor-core dK/dV step's visibility word, or None (the FFMA
-    engine, the wgmma step's per-element tests inside the products (`vis_inline`), mma.sync above
-    MMA_SPLIT_MAX_HEAD_DIM, masks without lookups or that do not split). Its rows are the
-    accumulator's columns here: queries, shuffled in as `namek`."""
-    if bp.engine == BwdEngine.WGMMA:
-        if bp.tc_block_m > WG_SUB_M:
-            return None
-    elif bp.engine != BwdEngine.MMA or max(v.head_dim, v.value_head_dim) > MMA_SPLIT_MAX_HEAD_DIM:
+    """The mask split by axis for the tensor-core dK/dV step's visibility tests (the word before
+    the products, or the wgmma step's tests inside them, `vis_inline`), or None (the FFMA engine,
+    mma.sync above MMA_SPLIT_MAX_HEAD_DIM, masks without lookups or that do not split). Its rows
+    are the accumulator's columns here: queries, shuffled in as `namek`."""
+    if bp.engine != BwdEngine.WGMMA and (bp.engine != BwdEngine.MMA or max(v.head_dim, v.value_head_dim) > MMA_SPLIT_MAX_HEAD_DIM):
         return None
     return _split_ctx(split_by_axis(v.mask, consts, fast_math=False, row_ref="{}k", col_ref="{}[ki]"))

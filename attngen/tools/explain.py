@@ -356,6 +356,30 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     return ", ".join(parts)
 
 
+def _partial_tile_lines(v: Variant, eng: Engine) -> list[str]:
+    """How partial tiles read a mask that reads tensors: its lookups split by axis, or per element."""
+    from attngen.cuda.render import MMA_SPLIT_MAX_HEAD_DIM, mask_split
+
+    if not tensors_used(v.mask):
+        return []
+    sp = mask_split(v, eng)
+    if sp is None:
+        why = "its lookups per element"
+        if eng == Engine.FFMA:
+            why += " (the FFMA engine)"
+        elif eng == Engine.MMA_SYNC and max(v.head_dim, v.value_head_dim) > MMA_SPLIT_MAX_HEAD_DIM:
+            why += f" (the mma.sync engine reads them once per row and key up to head dim {MMA_SPLIT_MAX_HEAD_DIM})"
+        else:
+            why += " (a lookup reads both q and kv, or more than 4 would be held)"
+        return [f"  partial tiles: the mask with {why}"]
+    parts = []
+    if sp.rows:
+        parts.append("once per query row: " + ", ".join(print_expr(x.expr) for x in sp.rows))
+    if sp.cols:
+        parts.append("once per key: " + ", ".join(print_expr(x.expr) for x in sp.cols))
+    return [f"  partial tiles: the mask's lookups read {'; '.join(parts)}; the rest per element, without memory reads"]
+
+
 def explain(
     v: Variant,
     shape: tuple[int, int, int] | None = None,
@@ -510,6 +534,8 @@ def explain(
                    f"at most one an SM; {key_tiles}")
     else:
         out.append(f"  grid {g[0]} x {g[1]} x {g[2]} CTAs (query tiles x heads x batch); {key_tiles}")
+
+    out += _partial_tile_lines(v, eng)
 
     out.append("")
     out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")

@@ -400,3 +400,33 @@ def test_examples_whose_step_hoists_mask_lookups_match_the_reference(example):
     src = render_bwd.render(v, Arch.SM90A)
     assert "__shfl_sync" in src or "c0[ki]" in src
     _run(v, 2, 300, 300, seed=3)
+
+
+# Masks that read tensors, split by axis at head dim 64 (128-query steps, the tests inside the
+# products: `vis_inline`), against the per-element form: documents (rows and keys), a prefix-LM
+# (`kv < plen[b]` per key) and padding (rows and keys), the documents once with a score mod (the
+# elementwise pass that waits for both products); dK and dV bit for bit, dQ to its fp32 sums'
+# order (the dQ warpgroup's reductions race each other in the emulation too).
+SPLIT_D64 = {
+    "documents": (lambda: T.and_(T.document("doc"), T.causal()), (), (T.decl("doc", DType.I32, SizeSym.B, SizeSym.LK, sorted=True),)),
+    "documents_softcap": (lambda: T.and_(T.document("doc"), T.causal()), (T.softcap(5.0),),
+                          (T.decl("doc", DType.I32, SizeSym.B, SizeSym.LK, sorted=True),)),
+    "prefix_lm": (lambda: T.or_(T.causal(), T.prefix(T.load("plen", T.b))), (), (T.decl("plen", DType.I32, SizeSym.B),)),
+    "padding": (lambda: T.padding(), (), ()),
+}
+
+
+@emu
+@pytest.mark.parametrize("name", sorted(SPLIT_D64))
+def test_split_mask_inside_the_products_gives_the_same_bits(name, monkeypatch):
+    mask, scores, inputs = SPLIT_D64[name]
+    v = T.variant(mask(), scores, D=64, heads=2, dtype=DType.BF16, inputs=inputs)
+    src, bp = render_bwd.render_with_plan(v, Arch.SM90A)
+    assert bp.tc_block_m > plan_bwd.WG_SUB_M  # the vis_inline path
+    assert "(emit.split_by_axis)" in src
+    got, _, _ = _run(v, 2, 200, 200, seed=9)
+    monkeypatch.setattr(render_bwd, "_bwd_split_ctx", lambda *a: None)
+    assert "(emit.split_by_axis)" not in render_bwd.render(v, Arch.SM90A)
+    plain, _, _ = _run(v, 2, 200, 200, seed=9)
+    assert np.array_equal(got["dk"], plain["dk"]) and np.array_equal(got["dv"], plain["dv"])
+    assert float(np.abs(got["dq"] - plain["dq"]).max()) <= 1e-5 * float(np.abs(plain["dq"]).max())

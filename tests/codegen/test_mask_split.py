@@ -99,14 +99,18 @@ def _bwd_vis(src: str) -> str:
     return src[start:src.index("// S^T = K Q^T", start)]
 
 
-def test_the_wgmma_backward_reads_hoisted_lookups_at_d128_only() -> None:
+def test_the_wgmma_backward_reads_hoisted_lookups_at_both_head_dims() -> None:
     from attngen.cuda import render_bwd
 
     doc = "input doc: i32[B, Lk] sorted; mask document(doc) && causal"
     vis = _bwd_vis(render_bwd.render(_v(doc), Arch.SM90A))
     assert "ag_mask(" not in vis and "__shfl_sync" in vis and len(re.findall(r"ag_ld_doc\(", vis)) == 2
-    # head dim 64 takes 128-query steps, whose tests stay inside the products (vis_inline)
-    assert "__shfl_sync" not in render_bwd.render(_v(doc, d=64), Arch.SM90A)
+    # head dim 64 takes 128-query steps, whose tests stay inside the products (vis_inline): the
+    # lookups are read once the products have landed and shuffled inside the elementwise pass
+    src = render_bwd.render(_v(doc, d=64), Arch.SM90A)
+    assert len(re.findall(r"ag_ld_doc\(p, b, (q|kv)\)", src)) == 2 * 2  # a query and a key read, in each of the two passes
+    step = src[src.index("void ag_wg_step("):]
+    assert "ag_mask(" not in step[:step.index("\n}\n")]
     # a lookup over both axes keeps the per-element form
     vis = _bwd_vis(render_bwd.render(_v("input blocks: u8[H, QB, KB]; mask block_sparse(blocks, 128, 128)"), Arch.SM90A))
     assert "ag_mask(" in vis and "__shfl_sync" not in vis
@@ -131,12 +135,34 @@ def test_split_masks_compile_without_warnings(tmp_path) -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on the PATH")
-    v = _v("mask padding")
-    for name, src in (("fwd", render_cuda.render(v, Arch.SM90A)), ("bwd", render_bwd.render(v, Arch.SM90A))):
-        cu = tmp_path / f"{name}.cu"
+    # padding reads neither position in its element part; documents both (and a key slot `ki`);
+    # the backward at head dim 64 tests inside the products; sm_80 is the mma.sync engines
+    renders = []
+    for body in ("mask padding", "input doc: i32[B, Lk] sorted; mask document(doc) && causal"):
+        for d in (64, 128):
+            v = _v(body, d=d)
+            renders += [(f"fwd{d}", Arch.SM90A, render_cuda.render(v, Arch.SM90A)), (f"bwd{d}", Arch.SM90A, render_bwd.render(v, Arch.SM90A))]
+        v = _v(body, d=64)
+        renders += [("fwd80", Arch.SM80, render_cuda.render(v, Arch.SM80)), ("bwd80", Arch.SM80, render_bwd.render(v, Arch.SM80))]
+    for i, (name, arch, src) in enumerate(renders):
+        assert "emit.split_by_axis" in src, name
+        cu = tmp_path / f"{name}_{i}.cu"
         cu.write_text(src)
-        r = subprocess.run([nvcc, "-c", "-gencode=arch=compute_90a,code=sm_90a", str(cu), "-o", str(tmp_path / f"{name}.o")],
+        gencode = "-gencode=arch=compute_90a,code=sm_90a" if arch == Arch.SM90A else "-gencode=arch=compute_80,code=sm_80"
+        r = subprocess.run([nvcc, "-c", gencode, str(cu), "-o", str(tmp_path / f"{name}_{i}.o")],
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
         # the split's loops declare no unused positions (the backward has older unused constants)
-        assert not re.search(r'variable "(q|kv)" was declared but never referenced', r.stderr), r.stderr[-3000:]
+        assert not re.search(r'variable "(q|kv|ki)" was declared but never referenced', r.stderr), (name, r.stderr[-3000:])
+
+
+def test_explain_says_how_partial_tiles_read_the_mask() -> None:
+    from attngen.tools.explain import explain
+
+    doc = "input doc: i32[B, Lk] sorted; mask document(doc) && causal"
+    assert "partial tiles: the mask's lookups read once per query row: doc[b, q]; once per key: doc[b, kv]" in explain(_v(doc))
+    assert "partial tiles: the mask's lookups read once per query row" in explain(_v(doc, d=64), arch=Arch.SM80)
+    assert "up to head dim 64" in explain(_v(doc), arch=Arch.SM80)
+    sparse = _v("input blocks: u8[H, QB, KB]; mask block_sparse(blocks, 128, 128)")
+    assert "its lookups per element (a lookup reads both q and kv" in explain(sparse)
+    assert "partial tiles" not in explain(_v("mask causal"))

@@ -1,5 +1,5 @@
 """The mma.sync split A/B benchmark's CPU parts: every case is a valid spec that runs on the
-mma.sync forward and backward engines and splits, its two modes render the two forms (and put
+mma.sync forward and backward engines and the wgmma backward and splits, its two modes render the two forms (and put
 the gate back), and the script refuses to time without a GPU."""
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ def test_cases_split_in_split_mode_only(D: int) -> None:
             with bench._mode(mode):
                 src, kp = render.render_with_plan(v, Arch.SM90A)  # the H200's arch: the tile selects mma.sync
                 bsrc, bp = render_bwd.render_with_plan(v, Arch.SM90A, engine=BwdEngine.MMA)
-            assert kp.engine == Engine.MMA_SYNC and bp.engine == BwdEngine.MMA
-            assert ("emit.split_by_axis" in src) == (mode == "split"), (label, mode)
-            assert ("emit.split_by_axis" in bsrc) == (mode == "split"), (label, mode)
+                wsrc, wp = render_bwd.render_with_plan(v, Arch.SM90A, engine=BwdEngine.WGMMA)
+            assert kp.engine == Engine.MMA_SYNC and bp.engine == BwdEngine.MMA and wp.engine == BwdEngine.WGMMA
+            for text in (src, bsrc, wsrc):
+                assert ("emit.split_by_axis" in text) == (mode == "split"), (label, mode)
         assert render.MMA_SPLIT_MAX_HEAD_DIM == render_bwd.MMA_SPLIT_MAX_HEAD_DIM == gate
         assert render._fwd_split.__name__ == "_fwd_split" and render_bwd._bwd_split_ctx.__name__ == "_bwd_split_ctx"
 
