@@ -728,8 +728,10 @@ _SPLIT_REFS = {Engine.WGMMA: ("{}[ri]", "{}k"), Engine.MMA_SYNC: ("{}[mt][half]"
 # and ptxas spills erratically either way: at 128 x 64 the split took a padding mask's spills from
 # 156 bytes to 0 at head dim 128 and a document mask's from 0 to 84, a prefix-LM's from 0 to 240
 # (tools/mma_split_ptxas.py, results/mma_split_ptxas.txt); at 64 no form spills and the split
-# needs fewer registers for documents and padding. Wider heads keep the per-element form until a
-# GPU run weighs the loads it saves against the spills.
+# needs fewer registers for documents and padding. The mma.sync dK/dV kernel (render_bwd) follows
+# the same bound: at 128 the split spilled 20-44 bytes where the per-element form spilled 0-28.
+# Wider heads keep the per-element form until a GPU run (benchmarks/mma_split_ab.py) weighs the
+# loads it saves against the spills.
 MMA_SPLIT_MAX_HEAD_DIM = 64
 
 
