@@ -50,7 +50,9 @@ def test_device_arch_of_hopper_is_sm90a():
     assert runtime.device_arch() == Arch.SM90A
 
 
-@pytest.mark.parametrize("name", ["gpt2_causal_fp16", "llama3_gqa_causal", "seed_padded_fp32"])
+# t5_relative_bias and mqa_decode_cross: head dim 64 under padding masks, whose lookups the mma.sync
+# engine reads once per row and key (render.mask_split).
+@pytest.mark.parametrize("name", ["gpt2_causal_fp16", "llama3_gqa_causal", "seed_padded_fp32", "t5_relative_bias", "mqa_decode_cross"])
 def test_sm90_target_runs_on_hopper(name):
     from attngen.runtime import kernel as runtime
 
@@ -83,3 +85,19 @@ def test_turing_source_built_for_hopper_matches_reference(name, monkeypatch):
         _check(k, v, examples(1 / 10, minimum=4))
     finally:
         runtime._KERNELS.pop((v, Arch.SM75, __import__("cupy").cuda.Device().id), None)
+
+
+@pytest.mark.parametrize("tile", ["128 64 4", "64 32 4"], ids=["two_row_tiles_a_warp", "one_row_tile_a_warp"])
+def test_sm90_target_split_document_mask(tile):
+    # The mma.sync forward with a document mask split by axis, on both of its visibility paths.
+    from attngen.cuda import render
+    from attngen.lang import frontend
+    from attngen.runtime import kernel as runtime
+
+    bm, bn, w = tile.split()
+    v = frontend.loads(f"attention mma_doc_{bm}x{bn} {{ dtype bf16; head_dim 64; heads 4 kv 2; input doc: i32[B, Lk] sorted; "
+                       f"mask document(doc) && causal; output lse; tile block_m {bm} block_n {bn} warps {w} stages 2 }}").get()
+    k = runtime.compile(v, arch="sm_90")
+    assert k.plan.engine.value == "mma.sync" and render.mask_split(v, k.plan.engine) is not None
+    assert "emit.split_by_axis" in k.source
+    _check(k, v, examples(1 / 10, minimum=4))

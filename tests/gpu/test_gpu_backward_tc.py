@@ -22,6 +22,7 @@ SPECS = {
     "tc_bf16_d64_document": ("dtype bf16; head_dim 64; heads 2; kind cross; input qd: i32[B, Lq] sorted; input kd: i32[B, Lk] sorted; "
                              "mask document(qd, kd)"),
     "tc_fp16_d32_alibi": "dtype fp16; head_dim 32; heads 4; mask causal; score alibi",
+    "tc_fp16_d64_padding": "dtype fp16; head_dim 64; heads 2; mask padding",
     "tc_bf16_d96_custom": "dtype bf16; head_dim 96; heads 2; score tanh(s / 4.0) * 4.0",
 }
 SHAPES = BACKWARD_SHAPES

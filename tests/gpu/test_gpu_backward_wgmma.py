@@ -22,8 +22,11 @@ SPECS = {
     "wg_fp16_d64_cross_causal": "dtype fp16; head_dim 64; heads 4 kv 1; kind cross; mask causal",
     "wg_bf16_d64_window_softcap": "dtype bf16; head_dim 64; heads 4 kv 2; layout bshd; mask window(100, 7); score softcap(30.0)",
     "wg_fp16_d128_padding_causal": "dtype fp16; head_dim 128; heads 2; mask padding && causal",
+    # D64 steps (128 queries) test visibility inside the products, with the lookups read per query
+    # and per key once the products land (since the twenty-third session)
     "wg_bf16_d64_document": ("dtype bf16; head_dim 64; heads 2; kind cross; input qd: i32[B, Lq] sorted; input kd: i32[B, Lk] sorted; "
                              "mask document(qd, kd)"),
+    "wg_fp16_d64_padding_causal": "dtype fp16; head_dim 64; heads 2; mask padding && causal",
     # D128 steps test visibility before the products, with the mask's lookups read per query and
     # per key (emit.split_by_axis)
     "wg_bf16_d128_document_causal": "dtype bf16; head_dim 128; heads 4 kv 2; input doc: i32[B, Lk] sorted; mask document(doc) && causal",
