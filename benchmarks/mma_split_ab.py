@@ -128,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"D{D} {label:16s} fwd {p['fwd_ms']:.3f} -> {s['fwd_ms']:.3f} ms ({row['fwd_speedup']:.2f}x)  "
                   f"bwd {p['bwd_ms']:.3f} -> {s['bwd_ms']:.3f} ms ({row['bwd_speedup']:.2f}x)  "
                   f"wgmma bwd {p['wg_ms']:.3f} -> {s['wg_ms']:.3f} ms ({row['wgmma_bwd_speedup']:.2f}x)  diff {diff}", flush=True)
-            del res, q, k, vv, dO
     out.close()
     return 1 if bad else 0
 

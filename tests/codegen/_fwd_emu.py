@@ -34,7 +34,7 @@ import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backward"))
 from _host_emu import CUDA_INCLUDE, MBAR_CORE, SHIM, TC_EMU, WG_EMU, available  # noqa: E402
 
-__all__ = ["available", "run", "last_votes"]
+__all__ = ["available", "run", "last_votes", "example_params", "example_kernel"]
 
 last_votes: tuple[int, int] = (0, 0)  # the latest run's warpgroup votes: (true, false)
 
@@ -347,3 +347,34 @@ def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdi
         res[n] = np.frombuffer(raw[off:off + a.nbytes], dtype=a.dtype).reshape(a.shape)
         off += a.nbytes
     return res["o"].astype(np.float64), (res["lse"].astype(np.float64) if v.lse else None)
+
+
+def example_params() -> list:
+    """Every variant of every example, as pytest params named file:variant."""
+    import pytest
+
+    from attngen.lang import frontend
+
+    out = []
+    for f in sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.attn")):
+        for v in frontend.loads(f.read_text(), str(f)).variants:
+            out.append(pytest.param(v, id=f"{f.stem}:{v.name}"))
+    return out
+
+
+def example_kernel(v, arch, engine):
+    """(source, plan) of `v`'s forward kernel on `arch`; skips the test where that is not a kernel
+    of `engine` this harness runs (decode-family variants, other engines, varlen batches)."""
+    import pytest
+
+    from attngen.cuda.render import render_with_plan
+
+    try:
+        src, kp = render_with_plan(v, arch)
+    except ValueError as e:
+        pytest.skip(f"not a forward-kernel variant: {e}")
+    if kp.engine != engine:
+        pytest.skip(f"runs on the {kp.engine.value} engine on {arch.value}")
+    if v.layout.value == "varlen":
+        pytest.skip("varlen batches are outside the emulation harness")
+    return src, kp

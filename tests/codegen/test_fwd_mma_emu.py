@@ -23,15 +23,6 @@ from attngen.plan.schedule import Arch, Engine  # noqa: E402
 
 pytestmark = pytest.mark.skipif(_fwd_emu.available() is not None, reason=f"no host emulation: {_fwd_emu.available()}")
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _example_variants() -> list:
-    out = []
-    for f in sorted((ROOT / "examples").glob("*.attn")):
-        for v in frontend.loads(f.read_text(), str(f)).variants:
-            out.append(pytest.param(v, id=f"{f.stem}:{v.name}"))
-    return out
 
 
 def _check(v, case: fuzz.Case, src: str, kp, tmp_path, heads: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -55,16 +46,9 @@ def _check(v, case: fuzz.Case, src: str, kp, tmp_path, heads: tuple[int, ...] | 
     return o, lse
 
 
-@pytest.mark.parametrize("v", _example_variants())
+@pytest.mark.parametrize("v", _fwd_emu.example_params())
 def test_every_example_on_the_mma_engine_matches_the_reference(v, tmp_path) -> None:
-    try:
-        src, kp = render.render_with_plan(v, Arch.SM80)
-    except ValueError as e:
-        pytest.skip(f"not a forward-kernel variant: {e}")
-    if kp.engine != Engine.MMA_SYNC:
-        pytest.skip(f"runs on the {kp.engine.value} engine on sm_80")
-    if v.layout.value == "varlen":
-        pytest.skip("varlen batches are outside the emulation harness")
+    src, kp = _fwd_emu.example_kernel(v, Arch.SM80, Engine.MMA_SYNC)
     # Two query tiles and three key tiles at least (a partial last one); the first, second and last
     # query heads (the last of the last kv group), so that a 128-head example costs what a
     # 3-head one does (each emulated mma.sync is two warp barriers).

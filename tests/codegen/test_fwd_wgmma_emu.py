@@ -90,28 +90,11 @@ def test_a_lost_arrival_is_reported_not_hung(tmp_path) -> None:
         _fwd_emu.run(src.replace(line, ""), kp, v, arrays, workdir=str(tmp_path), timeout=120, wait_seconds=3)
 
 
-def _example_variants() -> list:
-    from pathlib import Path
-
-    out = []
-    for f in sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.attn")):
-        for v in frontend.loads(f.read_text(), str(f)).variants:
-            out.append(pytest.param(v, id=f"{f.stem}:{v.name}"))
-    return out
-
-
-@pytest.mark.parametrize("v", _example_variants())
+@pytest.mark.parametrize("v", _fwd_emu.example_params())
 def test_every_example_on_the_wgmma_engine_matches_the_reference(v, tmp_path) -> None:
     # Lengths scaled so each case is a few seconds of emulation (the work grows with H L^2 D) and
     # still spans more than one key tile and query tile.
-    try:
-        src, kp = render_with_plan(v, Arch.SM90A)
-    except ValueError as e:
-        pytest.skip(f"not a forward-kernel variant: {e}")
-    if kp.engine != Engine.WGMMA:
-        pytest.skip(f"runs on the {kp.engine.value} engine on sm_90a")
-    if v.layout.value == "varlen":
-        pytest.skip("varlen batches are outside the emulation harness")
+    src, kp = _fwd_emu.example_kernel(v, Arch.SM90A, Engine.WGMMA)
     L = max(130, min(300, int((8 * 220 * 220 * 64 / (v.heads * max(v.head_dim, v.value_head_dim))) ** 0.5)))
     case = fuzz.Case(B=1, Lq=L, Lk=L + 33 if v.kind.value == "cross" else L, dist="normal", seed=5)
     arrays = fuzz.case_inputs(v, case)
