@@ -50,6 +50,7 @@ inline float __log2f(float x) { return std::log2(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline int atomicAdd(int* a, int v) { return std::atomic_ref<int>(*a).fetch_add(v); }
 inline int atomicExch(int* a, int v) { return std::atomic_ref<int>(*a).exchange(v); }
+inline int atomicOr(int* a, int v) { return std::atomic_ref<int>(*a).fetch_or(v); }
 // Warpgroup votes (ag_wg_all) that came out true and false, reported on stderr at exit.
 static std::atomic<long long> ag_votes_true{0}, ag_votes_false{0};
 """
