@@ -387,8 +387,9 @@ class AxisValue:
 class AxisSplit:
     """An element expression split by axis: `rows` over (b, h, q), `cols` over (b, h, kv), and
     `elem`, the expression with those pieces read back as `split_by_axis`'s `row_ref` / `col_ref`
-    give (the forward: `name[ri]`, the thread's row ri, and `namek`, the element's key shuffled in;
-    the backward, whose accumulators hold keys as rows: `namek` per query, `name[ki]` per key)."""
+    give: each template's own (the forward engines' in `render._SPLIT_REFS`, the wgmma one's
+    `name[ri]` for the thread's row ri and `namek` for the element's key shuffled in; the backward,
+    whose accumulators hold keys as rows: `namek` per query, `name[ki]` per key)."""
 
     rows: tuple[AxisValue, ...]
     cols: tuple[AxisValue, ...]
