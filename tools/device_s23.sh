@@ -2,8 +2,9 @@
 # The device run the twenty-third session prepared and could not make (no machine was lent): what
 # issues 14 and 16 still need on the final kernels, in calls of at most 600 s.
 #   source .whl/env.sh && ITEMS="..." bash tools/device_s23.sh
-# Items run in order; groups separated by `|` run at once, group i on GPU i (CUDA_VISIBLE_DEVICES),
-# for the two-GPU kind. A plan for the 1800 s budget on nvidia-h200-x2 (one cold start, then each
+# Items run in order; groups separated by `|` run at once, group i on GPU i mod the GPU count
+# (CUDA_VISIBLE_DEVICES): one GPU each on the two-GPU kind, all sharing it on one (correctness
+# items only then: nothing timed should share the GPU). A plan for the 1800 s budget on nvidia-h200-x2 (one cold start, then each
 # call issued at once so that the machine stays warm; the session-18 GPU suite ran ~310 tests in
 # ~380 s + ~150 s on one H200, so the two halves fit a call side by side):
 #   call 1  ITEMS="gpu1 | gpu2"              the whole GPU suite (<= 520 s | <= 420 s)
@@ -20,7 +21,8 @@
 #   gpu1      the forward GPU tests (examples, constructs, regressions, kernels, oracles, chain,
 #             validation, tiles, arches)
 #   gpu2      the rest: backward, autograd, binder/torch op, decode, varlen, head dims
-#   race      compute-sanitizer racecheck and memcheck of the forward and backward odd shapes
+#   race      compute-sanitizer racecheck and memcheck of the forward and backward odd shapes ($RACE_FWD:
+#             the forward specs racecheck runs, all when empty)
 #   campaign  tools/fuzz_all.sh (every example, N shape cases each, SPECS generated specs)
 #   bwdfuzz   attngen fuzz --pass backward over every example that trains ($BWD_N cases each, 6 at
 #             once; issue 14's "every example trains" asks for a backward fuzz pass of each)
@@ -44,7 +46,8 @@ for it in "$@"; do
         $G/test_gpu_decode.py $G/test_gpu_varlen.py $G/test_gpu_headdim.py ;;
     race)
       for tool in racecheck memcheck; do
-        timeout ${RACE_S:-120} compute-sanitizer --tool $tool python3 tools/sanitize_cases.py > "$OUT/${tool}_fwd.txt" 2>&1
+        names=""; [ $tool = racecheck ] && names=${RACE_FWD:-}  # racecheck is slow: RACE_FWD names the specs
+        timeout ${RACE_S:-120} compute-sanitizer --tool $tool python3 tools/sanitize_cases.py $names > "$OUT/${tool}_fwd.txt" 2>&1
         echo "$tool forward rc=$? ($(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/${tool}_fwd.txt" | tail -n 1); $(tail -n 1 "$OUT/${tool}_fwd.txt"))" >> "$S"
         timeout ${RACE_S:-120} compute-sanitizer --tool $tool python3 tools/sanitize_bwd_cases.py --quick > "$OUT/${tool}_bwd.txt" 2>&1
         echo "$tool backward rc=$? ($(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/${tool}_bwd.txt" | tail -n 1); $(tail -n 1 "$OUT/${tool}_bwd.txt"))" >> "$S"
@@ -66,9 +69,10 @@ for it in "$@"; do
 done
 }
 IFS='|' read -ra GROUPS_ <<< "${ITEMS:-gpu1}"
+NGPU=$(nvidia-smi -L | grep -c '^GPU')
 if [ ${#GROUPS_[@]} -gt 1 ]; then
   for i in "${!GROUPS_[@]}"; do
-    ( export CUDA_VISIBLE_DEVICES=$i; S="$OUT/summary_gpu$i.txt"; echo "== GPU $i: ${GROUPS_[$i]}" > "$S"
+    ( export CUDA_VISIBLE_DEVICES=$(( i % (NGPU > 0 ? NGPU : 1) )); S="$OUT/summary_gpu$i.txt"; echo "== GPU $i: ${GROUPS_[$i]}" > "$S"
       run_items ${GROUPS_[$i]} ) &
   done
   wait

@@ -589,7 +589,7 @@ def _header(v: Variant, kp: OpPlan) -> str:
         "Arguments, in order (also the fields of Params, for the host launcher):",
         *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(kp.fields)),
         *(
-            [f"The kernel takes after them (not in Params) the TMA descriptors of its copies, CUtensorMap, 128 bytes each,",
+            ["The kernel takes after them (not in Params) the TMA descriptors of its copies, CUtensorMap, 128 bytes each,",
              "passed __grid_constant__, which the host encodes per call (the launcher below does, from Params): 4-d views",
              "(columns, rows, heads, batch) of the tensor at its pointer and strides, bf16/fp16, boxes of 64 columns, the",
              "128-byte swizzle, zero fill past the length:",

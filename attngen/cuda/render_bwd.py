@@ -57,7 +57,7 @@ def _header(v: Variant, bp: BwdPlan) -> str:
           f"{k.smem} bytes of dynamic shared memory; {k.doc}" for k in bp.kernels),
         "Arguments, in order (also the fields of Params, for the host launcher):",
         *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(bp.fields)),
-        *([f"The dK/dV kernel takes after them (not in Params) the TMA descriptors of its copies, CUtensorMap, 128 bytes each,",
+        *(["The dK/dV kernel takes after them (not in Params) the TMA descriptors of its copies, CUtensorMap, 128 bytes each,",
            "passed __grid_constant__ (cuTensorMapEncodeTiled: 4-d (columns, rows, heads, batch), boxes of 64 columns, 128-byte",
            "swizzle, zero fill past the rows; the host launcher encodes them from Params):",
            *(f"  {i:2d}. {m.name}: {m.tensor}, {m.cols} columns, boxes of {m.rows} rows over {m.length}"

@@ -797,7 +797,7 @@ def _varlen(lw: _Lowerer, seen: Mapping[A.StmtKind, A.Stmt], inputs: list[Tensor
     for name in (CU_SEQLENS, CU_SEQLENS_Q, CU_SEQLENS_K):
         d = tensors.get(name)
         if d is not None and name in implied:
-            lw.error(f"`{name}` is implied by `layout varlen`", d.span, f"remove its `input` line: it is i32[B+1], the prefix sums of the sequence lengths")
+            lw.error(f"`{name}` is implied by `layout varlen`", d.span, "remove its `input` line: it is i32[B+1], the prefix sums of the sequence lengths")
     for d in inputs:
         if d.name in implied:
             continue

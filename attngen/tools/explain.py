@@ -10,6 +10,7 @@ import math
 from typing import Any, Iterable
 
 from attngen.ir.nodes import (
+    BLOCK_TABLE,
     LOGIC_OPS,
     AttnKind,
     Binary,
@@ -130,6 +131,10 @@ def io_shapes(v: Variant, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, ...]
 
 def _symbolic(v: Variant, name: str) -> str:
     # Sizes fixed by the spec are shown as numbers; B, Lq, Lk stay symbols.
+    if v.page_size is not None and name in ("k", "v"):
+        # The page count is the caller's (any pool size), not a product of B and Lk.
+        d = v.value_head_dim if name == "v" else v.head_dim
+        return f"[num_pages, {v.page_size}, {v.kv_heads}, {d}]"
     shapes = io_shapes(v, _SB, _SLQ, _SLK)
     return _dims_text(shapes[name])
 
@@ -176,6 +181,9 @@ def _input_role(v: Variant, d: TensorDecl) -> str:
         return "norm weight (gamma)"
     if d.name.endswith("_norm_bias"):
         return "norm bias (beta)"
+    if v.page_size is not None and d.name == BLOCK_TABLE and d.name not in (x.name for x in v.inputs):
+        return (f"implied by kv_cache paged({v.page_size}): each row's pages in order (keys t*{v.page_size} .. "
+                f"t*{v.page_size}+{v.page_size - 1} of row b live in page block_table[b, t]); Lk = max_pages * {v.page_size}")
     if d.name in v.cu_seqlens_names and d.name not in (x.name for x in v.inputs):
         which = "q and k/v" if len(set(v.cu_seqlens_names)) == 1 else ("q" if d.name == v.cu_seqlens_names[0] else "k/v")
         return (f"implied by layout varlen: row offsets of the B packed sequences in {which} (prefix sums of the "
@@ -255,9 +263,9 @@ def affordable_shape(v: Variant, shape: tuple[int, int, int], tile: TileConfig) 
         Lq, Lk = max(1, (Lq + 1) // 2), max(1, (Lk + 1) // 2)
 
 
-def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, seed: int) -> list[str]:
+def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, seed: int, tiles: bool = True) -> list[str]:
     """Lines about the mask's density at `shape` (or a smaller sample explain can afford, said so)
-    and its tile classification."""
+    and, with `tiles`, its classification into the forward's tiles."""
     fit = affordable_shape(v, shape, tile)
     if fit is None:
         elems, tiles, drawn = sample_cost(v, shape, tile)
@@ -269,7 +277,7 @@ def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, se
         lines = [f"  (sampled at Lq={fit[1]}, Lk={fit[2]}: the full {shape[1]} x {shape[2]} sample is past explain's "
                  f"budget of {MAX_SAMPLE_ELEMENTS} mask elements, {MAX_SAMPLE_TILES} tiles and "
                  f"{MAX_SAMPLE_INPUT_ELEMENTS} input elements)"]
-        return lines + _density_lines(v, fit, tile, seed)
+        return lines + _density_lines(v, fit, tile, seed, tiles)
     B, Lq, Lk = shape
     sizes = sample_sizes(v, B, Lq, Lk)
     try:
@@ -282,7 +290,7 @@ def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, se
     if frac is not None:
         lines.append(f"  visible fraction: {100.0 * float(frac):.2f}% of the {Lq} x {Lk} score matrix")
     never, always, maybe = _pick(d, "never"), _pick(d, "always"), _pick(d, "maybe")
-    if None not in (never, always, maybe):
+    if tiles and None not in (never, always, maybe):
         total = int(_pick(d, "tiles") or (never + always + maybe))
         lines.append(
             f"  tiles of {tile.block_m} x {tile.block_n} over all (b, h): {int(never)} skipped (nothing visible), "
@@ -455,8 +463,11 @@ def explain(
     rows.append(("k", v.dtype.value, _symbolic(v, "k"), _dims_text(io["k"]), "keys"))
     rows.append(("v", v.dtype.value, _symbolic(v, "v"), _dims_text(io["v"]), "values"))
 
+    from attngen.plan import decode as plan_decode
+
+    decode_only = plan_decode.forward_unsupported(v)
     tile, auto = resolved_tile(v, arch)
-    dens_lines = _density_lines(v, (B, Lq, Lk), tile, seed)
+    dens_lines = _density_lines(v, (B, Lq, Lk), tile, seed, tiles=decode_only is None)
     sizes = sample_sizes(v, B, Lq, Lk)
     for d in v.runtime_inputs():
         try:
@@ -471,8 +482,58 @@ def explain(
     for r in rows:
         out.append("  " + "  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
 
-    # Tile plan
     out.append("")
+    if decode_only is not None:
+        out += _decode_plan_lines(v, arch, B, Lq, Lk)
+    else:
+        out += _tile_plan_lines(v, arch, B, Lq, Lk, tile, auto)
+
+    out.append("")
+    out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")
+    out += dens_lines
+
+    from attngen.plan.bwd import describe as describe_backward
+
+    out.append("")
+    out += describe_backward(v, arch)
+    return "\n".join(out)
+
+
+# An H200's SMs: the sample shape's split count is shown for it (the runtime reads the device's).
+_SAMPLE_SMS = 132
+
+
+def _decode_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int) -> list[str]:
+    """The decode family's plan, for variants only it runs (plan.decode.forward_unsupported: a
+    paged KV cache)."""
+    from attngen.plan import decode as plan_decode
+
+    dp = plan_decode.plan(v, arch)
+    group = v.heads // v.kv_heads
+    splits, ctas = dp.schedule(B, Lq, Lk, _SAMPLE_SMS)
+    from attngen.runtime.decode import DecodeKernel
+
+    merged = DecodeKernel.fused_default
+    launches = dp.launches(B, Lq, splits, ctas, merged=merged)
+    out = [f"Decode plan on {arch.value} (kv_cache paged: every Lq runs on the decode family; the forward family has no paged kernel):"]
+    packed = (f"the {group} query heads of a key/value head packed as rows of one tile, so a group reads its K/V once"
+              if group > 1 else "one query head a key/value head")
+    out.append(f"  engine: split-KV mma.sync tensor cores, {dp.warps} warps ({dp.threads} threads), {dp.block_m} query rows a CTA "
+               f"({packed})")
+    out.append(f"  K/V stream through a ring of {dp.stages} chunks of {dp.chunk} keys ({dp.block_n} a warp)"
+               + (f", copied page by page through block_table ({v.page_size}-token pages)" if v.page_size is not None else ""))
+    out.append(f"  shared memory {dp.smem_bytes} bytes ({dp.smem_bytes / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB")
+    out.append(f"  at B={B}, Lq={Lq}, Lk={Lk} on {_SAMPLE_SMS} SMs: each of {dp.row_blocks(B, Lq)} row blocks split into "
+               f"{splits} key range(s), {ctas} CTAs; kernels: " + ", then ".join(f"{ln.kernel} (grid {ln.grid[0]})" for ln in launches))
+    if splits > 1 and merged:
+        out.append(f"  the last CTA of each row block merges its splits' partial O and LSE (fused=False launches "
+                   f"{dp.combine_name} for it instead)")
+    return out
+
+
+def _tile_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, tile: TileConfig, auto: bool) -> list[str]:
+    """The forward family's tile plan."""
+    out: list[str] = []
     kp = _op_plan(v, arch)
     if kp is not None:
         layout, eng, n_threads = kp.smem, kp.engine, kp.threads
@@ -536,13 +597,4 @@ def explain(
         out.append(f"  grid {g[0]} x {g[1]} x {g[2]} CTAs (query tiles x heads x batch); {key_tiles}")
 
     out += _partial_tile_lines(v, eng)
-
-    out.append("")
-    out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")
-    out += dens_lines
-
-    from attngen.plan.bwd import describe as describe_backward
-
-    out.append("")
-    out += describe_backward(v, arch)
-    return "\n".join(out)
+    return out

@@ -255,8 +255,26 @@ def test_explain_every_example(capsys, path):
         for name in ("q", "k", "v", "o"):
             assert any(ln.strip().startswith(name + " ") for ln in out.splitlines()), name
         assert ("lse " in out) == v.lse
-        assert "Tile plan" in out and "shared memory" in out
+        assert ("Decode plan" if v.page_size is not None else "Tile plan") in out and "shared memory" in out
         assert "Mask density" in out
+
+
+def test_explain_paged_decode_describes_what_runs(capsys):
+    # A paged cache runs on the decode family at every Lq: explain describes that plan, the page
+    # pool's shape and the implied block table, not a forward tile it never launches.
+    rc, out, err = run(capsys, "explain", str(ROOT / "examples/paged_decode_llama3.attn"), "--shape", "4,1,8192")
+    assert rc == 0, err
+    assert re.search(r"^\s*k\s+bf16\s+\[num_pages, 16, 8, 128\]\s+\[2048, 16, 8, 128\]", out, re.M), out
+    row = next(ln for ln in out.splitlines() if ln.strip().startswith("block_table "))
+    assert "implied by kv_cache paged(16)" in row and "unused" not in row
+    assert "Tile plan" not in out and "tiles of" not in out
+    assert "Decode plan on sm_90a" in out and "split-KV mma.sync" in out and "4 query heads of a key/value head" in out
+    from attngen.lang.frontend import load
+    from attngen.plan import decode as plan_decode
+
+    dp = plan_decode.plan(load(str(ROOT / "examples/paged_decode_llama3.attn")).variants[0])
+    splits, ctas = dp.schedule(4, 1, 8192, 132)
+    assert f"split into {splits} key range(s), {ctas} CTAs" in out and dp.kernel_name in out
 
 
 def test_explain_shapes_and_tile(capsys):
