@@ -508,7 +508,10 @@ def _decode_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int) -> list
     paged KV cache)."""
     from attngen.plan import decode as plan_decode
 
-    dp = plan_decode.plan(v, arch)
+    try:
+        dp = plan_decode.plan(v, arch)
+    except ValueError as e:  # an arch the decode family cannot target (before sm_80)
+        return [f"Decode plan on {arch.value}: none ({e})"]
     group = v.heads // v.kv_heads
     splits, ctas = dp.schedule(B, Lq, Lk, _SAMPLE_SMS)
     from attngen.runtime.decode import DecodeKernel

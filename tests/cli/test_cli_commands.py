@@ -277,6 +277,15 @@ def test_explain_paged_decode_describes_what_runs(capsys):
     assert f"split into {splits} key range(s), {ctas} CTAs" in out and dp.kernel_name in out
 
 
+def test_explain_paged_decode_on_an_arch_without_it(capsys, tmp_path):
+    # fp16 passes the spec checks on sm_75, where the decode family has no kernel: said, not a crash.
+    f = tmp_path / "p16.attn"
+    f.write_text((ROOT / "examples/paged_decode_llama3.attn").read_text().replace("bf16", "fp16"))
+    rc, out, err = run(capsys, "explain", str(f), "--arch", "sm_75")
+    assert rc == 0, err
+    assert "Decode plan on sm_75: none" in out and "sm_80 or newer" in out
+
+
 def test_explain_shapes_and_tile(capsys):
     rc, out, _ = run(capsys, "explain", str(ROOT / "examples/llama3_gqa_causal.attn"), "--shape", "2,1024,1024")
     assert rc == 0
