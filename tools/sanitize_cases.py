@@ -62,6 +62,10 @@ def main() -> int:
     bad = n = 0
     rng = np.random.default_rng(7)
     only = set(sys.argv[1:])
+    unknown = only - {loads(t).variants[0].name for t, _ in SPECS}
+    if unknown:  # a typo would otherwise run nothing and pass
+        print(f"sanitize cases: no spec named {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     for text, kind in SPECS:
         v = loads(text).variants[0]
         if only and v.name not in only:
