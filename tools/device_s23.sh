@@ -27,6 +27,13 @@
 #   bwdfuzz   attngen fuzz --pass backward over every example that trains ($BWD_N cases each, 6 at
 #             once; issue 14's "every example trains" asks for a backward fuzz pass of each)
 #   sweep     benchmarks/sweep.py --only $SWEEP_ONLY --append (peers in the same run)
+# On one H200 (the only kind lent in the twenty-fourth session), one item a call or a few in a row,
+# never side by side: sharing the GPU made every group of that session's first call reach its limit.
+#   call 1  ITEMS=gpu1                       call 2  ITEMS=gpu2
+#   call 3  ITEMS="bwdfuzz race" BWD_N=20 RACE_FWD="doc_mma_d64 doc_d128"
+#   call 4  ITEMS="mmaab campaign" MMAAB_DIMS=128 N=300 SPECS=100 CAMPAIGN_S=360
+# The D64 A/B is committed (results/h200_mma_split_ab.jsonl); MMAAB_DIMS=128 runs the D128 half
+# alone, to be appended to that file.
 # Results under $OUT, a summary last.
 source "$(dirname "$0")/_device_lib.sh"
 G=tests/gpu
@@ -35,7 +42,7 @@ for it in "$@"; do
   t0=$(date +%s)
   case $it in
     mmaab)
-      timeout ${MMAAB_S:-300} python3 benchmarks/mma_split_ab.py --out "$OUT/mma_split_ab.jsonl" > "$OUT/mma_split_ab.txt" 2>&1
+      timeout ${MMAAB_S:-300} python3 benchmarks/mma_split_ab.py --head-dims ${MMAAB_DIMS:-64,128} --out "$OUT/mma_split_ab.jsonl" > "$OUT/mma_split_ab.txt" 2>&1
       echo "mmaab rc=$?" >> "$S"; grep -E "^D" "$OUT/mma_split_ab.txt" >> "$S" ;;
     gpu1)
       pyt fwd ${GPU1_S:-520} $G/test_gpu_examples.py $G/test_gpu_constructs.py $G/test_gpu_regressions.py $G/test_gpu_kernels.py \

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ir"))
 from _irb import add, cf, ci, cmp, h, kv, load, mul, q, sub  # noqa: E402
-from test_intervals import DECLS, H_, B_, bool_expr, brute, make_data, the_variant  # noqa: E402
+from test_intervals import H_, B_, bool_expr, brute, make_data, the_variant  # noqa: E402
 
 from attngen.ir.nodes import DType, ScalarType, SizeSym  # noqa: E402
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, tensor_ctype  # noqa: E402

@@ -13,8 +13,7 @@ torch = pytest.importorskip("torch", reason="the autograd tests need torch")
 
 from gpu_helpers import variant_of  # noqa: E402
 
-from attngen.check import fuzz, fuzz_bwd, reference, reference_bwd, tolerance  # noqa: E402
-from attngen.ir import abi  # noqa: E402
+from attngen.check import fuzz, fuzz_bwd, reference_bwd, tolerance  # noqa: E402
 from attngen.ir.nodes import DType  # noqa: E402
 from attngen.plan import bwd as plan_bwd  # noqa: E402
 

@@ -98,7 +98,6 @@ def test_loads_and_stores_stay_inside_each_sequence() -> None:
     guard rows of NaN before and after k/v and of sentinel values around o stay untouched."""
     torch = pytest.importorskip("torch")
     v = _v("wgmma_cross")
-    rng = np.random.default_rng(5)
     seq_q = [37, 0, 130, 0, 1, 0, 64]
     seq_k = [50, 20, 129, 7, 1, 33, 200]
     case = fuzz.Case(B=len(seq_q), Lq=sum(seq_q), Lk=sum(seq_k), seed=3, seq_q=tuple(seq_q), seq_k=tuple(seq_k))
