@@ -6,6 +6,7 @@ without a GPU."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -49,13 +50,18 @@ def _check(text: str, data, arch: Arch, engine: BwdEngine, max_len: int, max_wor
     assert not bad, f"{text}\nat {case.describe()}:\n" + "\n".join(bad)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+# A random campaign: ATTNGEN_EMU_EXAMPLES=N HYPOTHESIS_PROFILE=dev (not derandomized, unlike CI's
+# profile) runs N generated specs through each engine instead of the few CI draws.
+_EXAMPLES = int(os.environ.get("ATTNGEN_EMU_EXAMPLES", "0"))
+
+
+@settings(max_examples=_EXAMPLES or 10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(text=fuzz.spec_strategy(), data=st.data())
 def test_generated_specs_on_the_mma_backward_match_the_reference(text, data) -> None:
     _check(text, data, Arch.SM80, BwdEngine.MMA, 160, 1 << 15)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=_EXAMPLES or 6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(text=fuzz.spec_strategy(), data=st.data())
 def test_generated_specs_on_the_wgmma_backward_match_the_reference(text, data) -> None:
     _check(text, data, Arch.SM90A, BwdEngine.WGMMA, 200, 1 << 15)

@@ -6,6 +6,7 @@ without a GPU."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -52,13 +53,18 @@ def _check(text: str, data, workdir: str, arch: Arch, engine: Engine, max_work: 
     assert not bad, f"{text}\nat {case.describe()}:\n" + "\n".join(bad)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+# A random campaign: ATTNGEN_EMU_EXAMPLES=N HYPOTHESIS_PROFILE=dev (not derandomized, unlike CI's
+# profile) runs N generated specs through each engine instead of the few CI draws.
+_EXAMPLES = int(os.environ.get("ATTNGEN_EMU_EXAMPLES", "0"))
+
+
+@settings(max_examples=_EXAMPLES or 12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(text=fuzz.spec_strategy(), data=st.data())
 def test_generated_specs_on_the_mma_engine_match_the_reference(text, data, tmp_path_factory) -> None:
     _check(text, data, str(tmp_path_factory.mktemp("emu")), Arch.SM80, Engine.MMA_SYNC, 1 << 17)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=_EXAMPLES or 6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(text=fuzz.spec_strategy(), data=st.data())
 def test_generated_specs_on_the_wgmma_engine_match_the_reference(text, data, tmp_path_factory) -> None:
     _check(text, data, str(tmp_path_factory.mktemp("emu")), Arch.SM90A, Engine.WGMMA, 1 << 16)
