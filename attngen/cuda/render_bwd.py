@@ -12,7 +12,7 @@ from __future__ import annotations
 from attngen import __version__
 from attngen.analysis import derivative
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
-from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, split_by_axis, tensor_ctype
+from attngen.cuda.emit import INT_UNKNOWN, AxisSplit, ElementEmitter, IntervalEmitter, float_literal, split_by_axis, tensor_ctype
 from attngen.plan.bwd import (PRE_THREADS, THREADS, VEC_ELEMS, WG_CONSUMER_REGS, WG_DQ_PAD, WG_DQ_REGS, WG_DQ_THREADS, WG_SUB_M, BwdEngine,
                                BwdPlan, WgDq, WgPrefetch, plan, wg_dq_cols, wg_dq_split, wg_tma_maps)
 from attngen.cuda.render import DEFAULT_PREFIX, MMA_SPLIT_MAX_HEAD_DIM, _environment, _expr_text, _spec_text, _split_ctx, _tensor_ctx, _varlen_ctx, kernel_name
@@ -250,14 +250,25 @@ def render(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False
     return render_with_plan(v, arch, deterministic=deterministic, prefix=prefix, engine=engine)[0]
 
 
-__all__ = ["render", "render_with_plan", "with_prefix"]
+__all__ = ["mask_split", "render", "render_with_plan", "with_prefix"]
 
 
-def _bwd_split_ctx(v: Variant, bp, consts: dict) -> dict | None:
+def _bwd_split(v: Variant, engine: BwdEngine, consts: dict) -> AxisSplit | None:
     """The mask split by axis for the tensor-core dK/dV step's visibility tests (the word before
     the products, or the wgmma step's tests inside them, `vis_inline`), or None (the FFMA engine,
     mma.sync above MMA_SPLIT_MAX_HEAD_DIM, masks without lookups or that do not split). Its rows
     are the accumulator's columns here: queries, shuffled in as `namek`."""
-    if bp.engine != BwdEngine.WGMMA and (bp.engine != BwdEngine.MMA or max(v.head_dim, v.value_head_dim) > MMA_SPLIT_MAX_HEAD_DIM):
+    if engine != BwdEngine.WGMMA and (engine != BwdEngine.MMA or max(v.head_dim, v.value_head_dim) > MMA_SPLIT_MAX_HEAD_DIM):
         return None
-    return _split_ctx(split_by_axis(v.mask, consts, fast_math=False, row_ref="{}k", col_ref="{}[ki]"))
+    return split_by_axis(v.mask, consts, fast_math=False, row_ref="{}k", col_ref="{}[ki]")
+
+
+def _bwd_split_ctx(v: Variant, bp, consts: dict) -> dict | None:
+    return _split_ctx(_bwd_split(v, bp.engine, consts))
+
+
+def mask_split(v: Variant, engine: BwdEngine) -> AxisSplit | None:
+    """How the dK/dV step on `engine` reads the mask's lookups in partial tiles: split by axis (each
+    query's row lookups once per query, each key's once per key) or None (per element)."""
+    consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
+    return _bwd_split(v, engine, consts)

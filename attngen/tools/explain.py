@@ -366,26 +366,45 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
 
 def _partial_tile_lines(v: Variant, eng: Engine) -> list[str]:
     """How partial tiles read a mask that reads tensors: its lookups split by axis, or per element."""
-    from attngen.cuda.render import MMA_SPLIT_MAX_HEAD_DIM, mask_split
+    from attngen.cuda.render import mask_split
 
     if not tensors_used(v.mask):
         return []
-    sp = mask_split(v, eng)
+    return [_split_line("  partial tiles", v, mask_split(v, eng), eng == Engine.FFMA, eng == Engine.MMA_SYNC, "query row")]
+
+
+def _bwd_partial_tile_lines(v: Variant, arch: Arch) -> list[str]:
+    """How the backward's dK/dV step reads a mask that reads tensors in partial tiles."""
+    from attngen.cuda import render_bwd
+    from attngen.plan import bwd as plan_bwd
+
+    if not tensors_used(v.mask) or plan_bwd.unsupported(v):
+        return []
+    eng = plan_bwd.plan(v, arch).engine
+    sp = render_bwd.mask_split(v, eng)
+    return [_split_line("  dK/dV partial tiles", v, sp, eng == plan_bwd.BwdEngine.FFMA, eng == plan_bwd.BwdEngine.MMA, "query")]
+
+
+def _split_line(head: str, v: Variant, sp, ffma: bool, mma: bool, row: str) -> str:
+    """`head`: how a kernel reads the mask's lookups, from its split by axis `sp` (None: per element,
+    and why: `ffma`, the FFMA engine; `mma`, the mma.sync engine, which splits up to a head dim)."""
+    from attngen.cuda.render import MMA_SPLIT_MAX_HEAD_DIM
+
     if sp is None:
         why = "its lookups per element"
-        if eng == Engine.FFMA:
+        if ffma:
             why += " (the FFMA engine)"
-        elif eng == Engine.MMA_SYNC and max(v.head_dim, v.value_head_dim) > MMA_SPLIT_MAX_HEAD_DIM:
+        elif mma and max(v.head_dim, v.value_head_dim) > MMA_SPLIT_MAX_HEAD_DIM:
             why += f" (the mma.sync engine reads them once per row and key up to head dim {MMA_SPLIT_MAX_HEAD_DIM})"
         else:
             why += " (a lookup reads both q and kv, or more than 4 would be held)"
-        return [f"  partial tiles: the mask with {why}"]
+        return f"{head}: the mask with {why}"
     parts = []
     if sp.rows:
-        parts.append("once per query row: " + ", ".join(print_expr(x.expr) for x in sp.rows))
+        parts.append(f"once per {row}: " + ", ".join(print_expr(x.expr) for x in sp.rows))
     if sp.cols:
         parts.append("once per key: " + ", ".join(print_expr(x.expr) for x in sp.cols))
-    return [f"  partial tiles: the mask's lookups read {'; '.join(parts)}; the rest per element, without memory reads"]
+    return f"{head}: the mask's lookups read {'; '.join(parts)}; the rest per element, without memory reads"
 
 
 def explain(
@@ -496,6 +515,7 @@ def explain(
 
     out.append("")
     out += describe_backward(v, arch)
+    out += _bwd_partial_tile_lines(v, arch)
     return "\n".join(out)
 
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +167,35 @@ def test_explain_says_how_partial_tiles_read_the_mask() -> None:
     sparse = _v("input blocks: u8[H, QB, KB]; mask block_sparse(blocks, 128, 128)")
     assert "its lookups per element (a lookup reads both q and kv" in explain(sparse)
     assert "partial tiles" not in explain(_v("mask causal"))
+
+
+def test_explain_says_how_the_backward_reads_the_mask() -> None:
+    from attngen.tools.explain import explain
+
+    doc = "input doc: i32[B, Lk] sorted; mask document(doc) && causal"
+    text = explain(_v(doc))
+    assert "dK/dV partial tiles: the mask's lookups read once per query: doc[b, q]; once per key: doc[b, kv]" in text
+    assert "dK/dV partial tiles: the mask's lookups read once per query" in explain(_v(doc, d=64), arch=Arch.SM80)
+    assert "dK/dV partial tiles: the mask with its lookups per element (the mma.sync engine" in explain(_v(doc), arch=Arch.SM80)
+    fp32 = frontend.loads(f"attention x {{ dtype fp32; head_dim 64; heads 4; {doc} }}").get()
+    assert "dK/dV partial tiles: the mask with its lookups per element (the FFMA engine)" in explain(fp32)
+    assert "dK/dV partial tiles" not in explain(_v("mask causal"))
+
+
+_EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.attn"))
+
+
+@pytest.mark.parametrize("arch", [Arch.SM80, Arch.SM90A], ids=lambda a: a.value)
+@pytest.mark.parametrize("path", _EXAMPLES, ids=lambda p: p.stem)
+def test_backward_mask_split_is_what_the_backward_renders(path: Path, arch: Arch) -> None:
+    """render_bwd.mask_split (what explain reports) holds exactly where the rendered dK/dV step
+    combines the mask without short circuits (`(cls == 2) | `, the split's form)."""
+    from attngen.cuda import render_bwd
+    from attngen.plan import bwd as plan_bwd
+
+    for v in frontend.load(path).variants:
+        if plan_bwd.unsupported(v):
+            continue
+        sp = render_bwd.mask_split(v, plan_bwd.plan(v, arch).engine)
+        src = render_bwd.render(v, arch)
+        assert (sp is not None) == ("((cls == 2) | " in src), (v.name, arch)
