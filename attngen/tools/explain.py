@@ -506,6 +506,10 @@ def explain(
         out += _decode_plan_lines(v, arch, B, Lq, Lk)
     else:
         out += _tile_plan_lines(v, arch, B, Lq, Lk, tile, auto)
+        if plan_decode.decode_unsupported(v, arch) is None:
+            # The runtime's default family ("auto") sends small-Lq calls to the decode family.
+            out.append("")
+            out += _decode_plan_lines(v, arch, B, 1, Lk, also=True)
 
     out.append("")
     out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")
@@ -523,9 +527,9 @@ def explain(
 _SAMPLE_SMS = 132
 
 
-def _decode_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int) -> list[str]:
-    """The decode family's plan, for variants only it runs (plan.decode.forward_unsupported: a
-    paged KV cache)."""
+def _decode_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, also: bool = False) -> list[str]:
+    """The decode family's plan: for variants only it runs (plan.decode.forward_unsupported: a
+    paged KV cache), or (`also`) for the small-Lq calls of a forward variant it can run too."""
     from attngen.plan import decode as plan_decode
 
     try:
@@ -538,7 +542,11 @@ def _decode_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int) -> list
 
     merged = DecodeKernel.fused_default
     launches = dp.launches(B, Lq, splits, ctas, merged=merged)
-    out = [f"Decode plan on {arch.value} (kv_cache paged: every Lq runs on the decode family; the forward family has no paged kernel):"]
+    if also:
+        out = [f"Decode plan on {arch.value} (the runtime's default family=\"auto\" runs calls with Lq <= {plan_decode.DECODE_MAX_LQ} "
+               "and no offsets on the decode family; `attngen compile --family decode` emits it):"]
+    else:
+        out = [f"Decode plan on {arch.value} (kv_cache paged: every Lq runs on the decode family; the forward family has no paged kernel):"]
     packed = (f"the {group} query heads of a key/value head packed as rows of one tile, so a group reads its K/V once"
               if group > 1 else "one query head a key/value head")
     out.append(f"  engine: split-KV mma.sync tensor cores, {dp.warps} warps ({dp.threads} threads), {dp.block_m} query rows a CTA "

@@ -254,7 +254,7 @@ def test_explain_every_example(capsys, path):
             assert d.dtype.value in row[0] and _decl_dims(v, d) in row[0], row[0]
         for name in ("q", "k", "v", "o"):
             assert any(ln.strip().startswith(name + " ") for ln in out.splitlines()), name
-        assert ("lse " in out) == v.lse
+        assert any(ln.strip().startswith("lse ") for ln in out.splitlines()) == v.lse  # the output row
         assert ("Decode plan" if v.page_size is not None else "Tile plan") in out and "shared memory" in out
         assert "Mask density" in out
 
@@ -284,6 +284,28 @@ def test_explain_paged_decode_on_an_arch_without_it(capsys, tmp_path):
     rc, out, err = run(capsys, "explain", str(f), "--arch", "sm_75")
     assert rc == 0, err
     assert "Decode plan on sm_75: none" in out and "sm_80 or newer" in out
+
+
+def test_explain_forward_variant_also_names_its_decode_plan(capsys, tmp_path):
+    # The runtime's default family sends Lq <= 16 calls of a decode-capable forward variant to the
+    # decode family: explain says so, with that plan at Lq 1; variants it cannot run, and arches
+    # without it, get no such section.
+    rc, out, err = run(capsys, "explain", str(ROOT / "examples/llama3_gqa_causal.attn"), "--shape", "2,8192")
+    assert rc == 0, err
+    assert "Tile plan on sm_90a" in out
+    assert 'Decode plan on sm_90a (the runtime\'s default family="auto" runs calls with Lq <= 16' in out
+    from attngen.lang.frontend import load
+    from attngen.plan import decode as plan_decode
+
+    dp = plan_decode.plan(load(str(ROOT / "examples/llama3_gqa_causal.attn")).variants[0])
+    splits, ctas = dp.schedule(2, 1, 8192, 132)
+    assert "at B=2, Lq=1, Lk=8192 on 132 SMs" in out and f"split into {splits} key range(s), {ctas} CTAs" in out
+    rc, out, err = run(capsys, "explain", str(ROOT / "examples/seed_padded_fp32.attn"))  # fp32: forward only
+    assert rc == 0 and "Tile plan" in out and "Decode plan" not in out, err
+    f = tmp_path / "llama_fp16.attn"
+    f.write_text((ROOT / "examples/llama3_gqa_causal.attn").read_text().replace("bf16", "fp16"))
+    rc, out, err = run(capsys, "explain", str(f), "--arch", "sm_75")  # no cp.async / m16n8k16 there
+    assert rc == 0 and "Tile plan on sm_75" in out and "Decode plan" not in out, err
 
 
 def test_explain_shapes_and_tile(capsys):
