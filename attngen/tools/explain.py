@@ -507,9 +507,15 @@ def explain(
     else:
         out += _tile_plan_lines(v, arch, B, Lq, Lk, tile, auto)
         if plan_decode.decode_unsupported(v, arch) is None:
-            # The runtime's default family ("auto") sends small-Lq calls to the decode family.
+            # The runtime's default family ("auto") sends small-Lq calls to the decode family: a
+            # real decode step (one query, a long cache) only where Lq and Lk are independent.
             out.append("")
-            out += _decode_plan_lines(v, arch, B, 1, Lk, also=True)
+            if v.kind == AttnKind.SELF:
+                out.append(f"Decode family: calls with Lq = Lk <= {plan_decode.DECODE_MAX_LQ} and no offsets run on it under the "
+                           "runtime's default family=\"auto\" (a decode step against a long cache is `kind cross`, or a "
+                           "forward call placed by q_offset / kv_offset)")
+            else:
+                out += _decode_plan_lines(v, arch, B, 1, Lk, also=True)
 
     out.append("")
     out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")

@@ -288,24 +288,28 @@ def test_explain_paged_decode_on_an_arch_without_it(capsys, tmp_path):
 
 def test_explain_forward_variant_also_names_its_decode_plan(capsys, tmp_path):
     # The runtime's default family sends Lq <= 16 calls of a decode-capable forward variant to the
-    # decode family: explain says so, with that plan at Lq 1; variants it cannot run, and arches
-    # without it, get no such section.
-    rc, out, err = run(capsys, "explain", str(ROOT / "examples/llama3_gqa_causal.attn"), "--shape", "2,8192")
+    # decode family: for cross attention explain gives that plan at Lq 1 of the sample shape; for
+    # self attention (Lq = Lk, so only tiny calls) one line; nothing where decode cannot run.
+    spec = str(ROOT / "examples/mqa_decode_cross.attn")
+    rc, out, err = run(capsys, "explain", spec, "--shape", "2,64,8192")
     assert rc == 0, err
     assert "Tile plan on sm_90a" in out
     assert 'Decode plan on sm_90a (the runtime\'s default family="auto" runs calls with Lq <= 16' in out
     from attngen.lang.frontend import load
     from attngen.plan import decode as plan_decode
 
-    dp = plan_decode.plan(load(str(ROOT / "examples/llama3_gqa_causal.attn")).variants[0])
+    dp = plan_decode.plan(load(spec).variants[0])
     splits, ctas = dp.schedule(2, 1, 8192, 132)
     assert "at B=2, Lq=1, Lk=8192 on 132 SMs" in out and f"split into {splits} key range(s), {ctas} CTAs" in out
+    assert "71 query heads of a key/value head packed" in out
+    rc, out, err = run(capsys, "explain", str(ROOT / "examples/llama3_gqa_causal.attn"))
+    assert rc == 0 and "Decode family: calls with Lq = Lk <= 16" in out and "Decode plan" not in out, err
     rc, out, err = run(capsys, "explain", str(ROOT / "examples/seed_padded_fp32.attn"))  # fp32: forward only
-    assert rc == 0 and "Tile plan" in out and "Decode plan" not in out, err
-    f = tmp_path / "llama_fp16.attn"
-    f.write_text((ROOT / "examples/llama3_gqa_causal.attn").read_text().replace("bf16", "fp16"))
+    assert rc == 0 and "Tile plan" in out and "Decode" not in out, err
+    f = tmp_path / "mqa_fp16.attn"
+    f.write_text(Path(spec).read_text().replace("bf16", "fp16"))
     rc, out, err = run(capsys, "explain", str(f), "--arch", "sm_75")  # no cp.async / m16n8k16 there
-    assert rc == 0 and "Tile plan on sm_75" in out and "Decode plan" not in out, err
+    assert rc == 0 and "Tile plan on sm_75" in out and "Decode" not in out, err
 
 
 def test_explain_shapes_and_tile(capsys):
