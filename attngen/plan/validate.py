@@ -38,7 +38,13 @@ def variant_problems(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[Diagnostic]:
         bad = validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v))
         if bad:
             return [Diagnostic(f"bad tile: {p}", v.tile.span, None) for p in bad]
-    return [Diagnostic(p.message, p.span, p.help) for p in limits.check(v, arch)]
+    from attngen.cuda.render import plan  # the forward's plan is made beside its renderer (jinja2 loads late)
+
+    try:
+        kp = plan(v, arch)
+    except ValueError:
+        kp = None  # a tile this arch cannot take: the tile check reports it (and `compile --arch`)
+    return [Diagnostic(p.message, p.span, p.help) for p in limits.check(v, arch, kp)]
 
 
 def validate(program: Program, arch: Arch = DEFAULT_ARCH, source: str | None = None) -> Program:
