@@ -18,7 +18,6 @@ from attngen.check import tolerance
 from attngen.ir.abi import Sizes
 from attngen.ir.nodes import (
     BLOCK_TABLE,
-    DType,
     Index,
     IndexVar,
     Layout,
@@ -317,7 +316,7 @@ def score_error(v: Variant, q: np.ndarray, k: np.ndarray, inputs: Mapping[str, n
             w, bias = _weights(tensors, NormTarget.K, kn.affine, kn.kind)
             kk = round_to(_normalise(kk, kn.kind, kn.eps, w, bias), v.dtype)
     err = tolerance.score_error(qq, kk, scale)
-    ulp = {DType.BF16: 2.0**-7, DType.FP16: 2.0**-10}.get(v.dtype, 0.0)
+    ulp = 2 * v.dtype.info.rounding_beyond_fp32
     if ulp and qq.size and kk.size:
         flips = (qn is not None) + (kn is not None)
         err += flips * abs(scale) * float(np.abs(qq).max()) * float(np.abs(kk).max()) * ulp

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 
 from attngen.ir import abi
 from attngen.ir.abi import Sizes
+from attngen.ir.dtypes import ml_dtype
 from attngen.ir.nodes import (
     COMPARE_OPS,
     Binary,
@@ -49,15 +49,7 @@ CHUNK_BYTES = 8 << 20
 
 def dtype_of(d: DType) -> np.dtype:
     """The numpy dtype of an IR element type (ml_dtypes.bfloat16 for bf16)."""
-    return np.dtype(
-        {
-            DType.FP32: np.float32,
-            DType.FP16: np.float16,
-            DType.BF16: ml_dtypes.bfloat16,
-            DType.I32: np.int32,
-            DType.U8: np.uint8,
-        }[d]
-    )
+    return np.dtype(ml_dtype(d))
 
 
 def round_to(x: np.ndarray, d: DType) -> np.ndarray:

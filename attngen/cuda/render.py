@@ -320,13 +320,12 @@ def grid_text(kp: OpPlan, heads: int) -> str:
 def _tensor_ctx(v: Variant) -> list[dict]:
     out = []
     for d in v.runtime_inputs():
-        is_float = d.dtype.is_float
         out.append(
             dict(
                 name=d.name,
                 dims=list(range(len(d.shape))),
-                value_ctype="float" if is_float else "int",
-                convert="ag_to_float" if is_float and d.dtype != DType.FP32 else ("" if is_float else "(int)"),
+                value_ctype="float" if d.dtype.is_float else "int",
+                convert=d.dtype.info.to_float,
             )
         )
     return out
@@ -484,7 +483,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         ns=f"{kp.kernel_name}_impl",
         kernel_name=kp.kernel_name,
         elem_ctype=tensor_ctype(v.dtype),
-        mma_type={"bf16": "bf16", "fp16": "f16"}.get(v.dtype.value, "none"),
+        mma_type=v.dtype.info.ptx or "none",
         path={Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
         cp_async=arch.cp_async,
         mma_k16=arch.mma_k16,
@@ -519,7 +518,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         # the arrivals a full barrier counts for its copies: every producer thread's cp.async, or
         # thread 0's TMA issue
         copy_arrivals="1" if kp.attention.tma else "PRODUCER_THREADS",
-        tma_dtype={"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}.get(v.dtype.value, ""),
+        tma_dtype=v.dtype.info.tma if v.dtype.info.tensor_cores else "",  # TMA copies feed tensor-core engines only
         tma_maps=[dict(name=m.name, tensor=m.tensor, rows=m.rows, cols=m.cols, heads=m.heads, length=m.length) for m in tma_maps(kp)] if kp.attention.tma else [],
         smem_bytes=kp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{kp.kernel_name}_impl::elem_t"), name=f.name) for f in kp.fields],

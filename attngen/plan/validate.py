@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 
-from attngen.ir.nodes import DType, Program, Variant
+from attngen.ir.dtypes import TENSOR_CORE_DTYPES
+from attngen.ir.nodes import Program, Variant
 from attngen.lang import frontend
 from attngen.lang.diagnostics import Diagnostic, SpecError
 from attngen.lang.lower import Target
@@ -26,8 +27,8 @@ from attngen.plan.schedule import (DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, WIDE_HEAD_
 
 def target(arch: Arch = DEFAULT_ARCH) -> Target:
     """The backend facts lowering checks in place, for `arch`."""
-    return Target(name=arch.value, head_dims=SUPPORTED_HEAD_DIMS, max_heads=limits.MAX_HEADS, bf16=arch.bf16,
-                  wide_head_dims=WIDE_HEAD_DIMS, wide_dtypes=(DType.FP16, DType.BF16), head_dims_text=describe_head_dims())
+    return Target(name=arch.value, head_dims=SUPPORTED_HEAD_DIMS, max_heads=limits.MAX_HEADS, cc=arch.cc,
+                  wide_head_dims=WIDE_HEAD_DIMS, wide_dtypes=TENSOR_CORE_DTYPES, head_dims_text=describe_head_dims())
 
 
 def variant_problems(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[Diagnostic]:

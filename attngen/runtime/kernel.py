@@ -32,11 +32,12 @@ from typing import Any, Callable
 
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
+from attngen.ir.dtypes import DTYPES
 from attngen.ir.nodes import DType, Layout, NormScope, NormTarget, Program, TileConfig, TileHint, Variant, norm_bias_name, norm_weight_name
 from attngen.runtime.binder import CALL_SCALARS, MAX_BINDINGS, ArgBuffer, Binding, Launch, TmaSlot, cu_function, driver, launch_cupy, launch_driver, slot_kind
 from attngen.runtime.checks import CHECK_THREADS, NO_ERROR, check_args, check_grid, check_kernel_name, flat_to_index, render_checks
 from attngen.cuda.render import OpPlan, TmaMap, render_with_plan, tma_maps
-from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, short_tile, uses_tensor_cores
+from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, short_tile
 
 
 class NaNCheckError(FloatingPointError):
@@ -73,8 +74,7 @@ def _sm_count(device_id: int) -> int:
 # Arrays: a uniform view of CuPy arrays and torch tensors
 
 
-_TORCH_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
-                "torch.int32": "int32", "torch.uint8": "uint8", "torch.int64": "int64", "torch.bool": "bool"}
+_TORCH_NAMES = {**{f"torch.{r.torch}": r.numpy for r in DTYPES.values()}, "torch.int64": "int64", "torch.bool": "bool"}
 
 
 @dataclass(frozen=True)
@@ -108,12 +108,12 @@ def _dtype_ok(a: _Arr, want: DType) -> bool:
     name = abi.DTYPE_NAMES[want]
     if a.dtype == name:
         return True
-    return want == DType.BF16 and not a.is_torch and a.dtype == "uint16"
+    return want.info.foreign and not a.is_torch and a.dtype == want.info.storage
 
 
 def _check_dtype(a: _Arr, want: DType, name: str) -> None:
     if not _dtype_ok(a, want):
-        extra = " (with CuPy, bf16 travels as uint16 bit patterns)" if want == DType.BF16 and not a.is_torch else ""
+        extra = f" (with CuPy, {want.value} travels as {want.info.storage} bit patterns)" if want.info.foreign and not a.is_torch else ""
         raise ValueError(f"{name}: expected dtype {abi.DTYPE_NAMES[want]}{extra}, got {a.dtype}")
 
 
@@ -466,7 +466,7 @@ class Kernel:
                 if a is not None and len(a.shape) == 1 and a.shape[0] > 1 and a.strides[0] != 1:
                     raise ValueError(f"{name}: expected a contiguous array (stride 1), got strides {a.strides}")
         B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
-        align = 8 if uses_tensor_cores(var.dtype) else 4  # elements per 16 bytes
+        align = var.dtype.info.vec_elems  # elements per 16 bytes
 
         def strides4(a: _Arr, name: str) -> tuple[int, int, int]:
             if a.strides[-1] != 1:
@@ -614,11 +614,11 @@ class Kernel:
             if xp_torch and stream_obj is None:
                 import torch
 
-                tdt = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}[dt]
+                tdt = getattr(torch, dt.info.torch)
                 tdev = like.device
                 return lambda: torch.empty(shape, dtype=tdt, device=tdev)
             if not xp_torch and stream_obj is None:
-                cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[dt]
+                cdt = getattr(cupy, dt.info.storage)
                 return lambda: cupy.empty(shape, dtype=cdt)
             # Another stream than the current one: allocate in that stream's order (both allocators
             # reuse a freed block only in its stream's order, so dropping it after the call is safe).
@@ -677,14 +677,14 @@ def _empty(shape: tuple[int, ...], d: DType, torch_like: bool, like: Any, stream
     if torch_like:
         import torch
 
-        tdt = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}[d]
+        tdt = getattr(torch, d.info.torch)
         if stream is None or stream.ptr == torch.cuda.current_stream(like.device).cuda_stream:
             return torch.empty(shape, dtype=tdt, device=like.device)
         with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=like.device)):
             return torch.empty(shape, dtype=tdt, device=like.device)
     import cupy
 
-    cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[d]
+    cdt = getattr(cupy, d.info.storage)
     if stream is None:
         return cupy.empty(shape, dtype=cdt)
     with stream:
@@ -702,7 +702,7 @@ def _check_function(arch: Arch, dtype: DType) -> Any:
     mod = _CHECK_MODULES.get((arch, dev))
     if mod is None:
         binary = compile_source(render_checks(), arch)
-        names = {check_kernel_name(d): 0 for d in (DType.I32, DType.U8, DType.FP32, DType.FP16, DType.BF16)}
+        names = {check_kernel_name(d): 0 for d in DType}
         mod = _CHECK_MODULES[(arch, dev)] = load_functions(binary.cubin, names)[0]
     return mod.get_function(check_kernel_name(dtype))
 
