@@ -17,6 +17,8 @@
 #   decodemem  compute-sanitizer memcheck of the decode family (contiguous, paged, sinks)
 #   nbarprobe  racecheck of tools/racecheck_nbar_probe.cu (what the tool reports of a correct
 #              named-barrier hand-off, a lockstep control and a real race; needs nvcc)
+#   fuzz       attngen fuzz of every example for $FUZZ_SECONDS each, then fuzz --specs; the first
+#              failures' reproducers in $OUT/fuzz_failures.txt
 #   campaign   the fuzz campaign, tools/fuzz_all.sh ($N shape cases an example, $SPECS generated specs)
 #   bwdfuzz    attngen fuzz --pass backward over every example that trains ($BWD_N cases each)
 # Benchmarks (each writes the file benchmarks/README.md cites, under $OUT):
@@ -30,6 +32,7 @@
 #   varlen     benchmarks/varlen_bench.py             -> h200_varlen.json
 #   compile    benchmarks/compile_bench.py            -> h200_compile.json
 #   mmaab      benchmarks/mma_split_ab.py ($MMAAB_DIMS, default 64) -> h200_mma_split_ab.jsonl
+#   host       tools/host_overhead.py (host time per call)  -> host_overhead.json
 # Each item has a time limit ($<ITEM>_S, e.g. GPU1_S=520); results and logs go under $OUT
 # (default /tmp/out), and a summary (GPU, clocks, one line an item) is printed last.
 set -uo pipefail
@@ -88,6 +91,16 @@ for it in "$@"; do
         timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/nbar_probe $m > "$OUT/nbarprobe_$m.txt" 2>&1
         echo "racecheck nbar probe mode $m rc=$? ($(grep -E '^mode' "$OUT/nbarprobe_$m.txt"); $(grep -E 'SUMMARY' "$OUT/nbarprobe_$m.txt"))" >> "$S"
       done ;;
+    fuzz)
+      FS=${FUZZ_SECONDS:-20}; rm -rf /tmp/fuzz
+      for f in examples/*.attn; do
+        timeout 120 python3 -m attngen fuzz "$f" --seconds "$FS" --out /tmp/fuzz > "$OUT/fuzz_run.txt" 2>&1
+        echo "fuzz $(basename "$f" .attn) rc=$? $(tr '\r' '\n' < "$OUT/fuzz_run.txt" | grep -v 'ex/s' | tail -n 1)"
+      done >> "$S"
+      timeout ${FUZZSPECS_S:-300} python3 -m attngen fuzz --specs --seconds "$((FS * 6))" --out /tmp/fuzz > "$OUT/fuzz_run.txt" 2>&1
+      echo "fuzz --specs rc=$? $(tr '\r' '\n' < "$OUT/fuzz_run.txt" | grep -v 'ex/s' | tail -n 1)" >> "$S"
+      # Reproducers sit folders deep under /tmp/fuzz: bring back the first failures' text.
+      cat /tmp/fuzz/FIRST_FAILURE.txt /tmp/fuzz/*/FAILURE.txt 2>/dev/null | head -c 200000 > "$OUT/fuzz_failures.txt" ;;
     campaign)
       N=${N:-1000} SPECS=${SPECS:-200} LIMIT=${CAMPAIGN_S:-480} bash tools/fuzz_all.sh > "$OUT/campaign.txt" 2>&1
       echo "campaign rc=$?" >> "$S"; grep -E "^rc=" "$OUT/campaign.txt" | sort | uniq -c | head -n 40 >> "$S"
@@ -106,6 +119,8 @@ for it in "$@"; do
     headdim) bench headdim ${HEADDIM_S:-200} h200_headdim.json python3 benchmarks/headdim_bench.py ;;
     varlen)  bench varlen ${VARLEN_S:-200} h200_varlen.json python3 benchmarks/varlen_bench.py ;;
     compile) bench compile ${COMPILE_S:-120} h200_compile.json python3 benchmarks/compile_bench.py ;;
+    host)    timeout ${HOST_S:-120} env OUT="$OUT" python3 tools/host_overhead.py > "$OUT/host.txt" 2>&1
+             echo "host rc=$? -> host_overhead.json" >> "$S"; tail -n 14 "$OUT/host.txt" >> "$S" ;;
     mmaab)   bench mmaab ${MMAAB_S:-300} h200_mma_split_ab.jsonl python3 benchmarks/mma_split_ab.py --head-dims ${MMAAB_DIMS:-64} ;;
     *) echo "unknown item: $it" >> "$S" ;;
   esac
