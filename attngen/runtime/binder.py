@@ -171,16 +171,21 @@ TMAP_SWIZZLE_128B = 3
 TMAP_L2_256B = 3
 
 
+FORWARD_TMA_HINT = "; compile it with softmax=WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC), whose copies take any 16-byte strides"
+
+
 class TmaSlot:
     """One TMA descriptor argument of a binding (`attngen.cuda.render.TmaMap`): everything but the
     tensor's address is fixed by the call's signature, so a call re-encodes it only when its
     pointer changed since the last one."""
 
-    __slots__ = ("args", "blob", "array", "dtype", "dims", "strides", "box", "unit", "last")
+    __slots__ = ("args", "blob", "array", "dtype", "dims", "strides", "box", "unit", "last", "hint")
 
     def __init__(self, args: ArgBuffer, blob: int, array: int, dtype: str, dims: tuple[int, ...], strides: tuple[int, ...],
-                 box: tuple[int, ...]) -> None:
-        self.args, self.blob, self.array = args, blob, array
+                 box: tuple[int, ...], hint: str = FORWARD_TMA_HINT) -> None:
+        # `array`: where the call's pointer comes from (the forward: its index among the call's
+        # arrays; the backward: the slot of the ABI field holding it)
+        self.args, self.blob, self.array, self.hint = args, blob, array, hint
         self.dtype = TMAP_DTYPES[dtype]
         self.dims = (ctypes.c_uint64 * 4)(*dims)
         self.strides = (ctypes.c_uint64 * 3)(*strides)
@@ -198,8 +203,7 @@ class TmaSlot:
         if rc:
             self.last = -1
             raise ValueError(f"{what}: the TMA descriptor of this kernel's copies cannot describe it (cuTensorMapEncodeTiled: "
-                             f"CUDA error {rc}; dims {tuple(self.dims)}, byte strides {tuple(self.strides)}); "
-                             f"compile it with softmax=WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC), whose copies take any 16-byte strides")
+                             f"CUDA error {rc}; dims {tuple(self.dims)}, byte strides {tuple(self.strides)})" + self.hint)
         self.last = ptr
 
 

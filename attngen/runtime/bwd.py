@@ -24,12 +24,17 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
-from attngen.runtime.kernel import load_functions
+from attngen.cuda.render import TmaMap
+from attngen.runtime import binder
+from attngen.runtime.binder import (MAX_BINDINGS, POOL, SIG_FNS, ArgBuffer, ArrayView, Launch, TmaSlot, allocator, bind_sizes, capturing,
+                                    check_dtype, check_lse, contiguous_view, cu_function, external_stream, input_fields, launch_stream,
+                                    load_functions, pack_fields, seq_strides, stride_fields, torch_sig, view)
 from attngen.ir.nodes import DType, Layout, NormKind, NormTarget, Variant, norm_bias_name, norm_weight_name
 from attngen.plan.bwd import BwdEngine, BwdPlan, choose_engine, learnable, norm_params, unsupported, wg_tma_maps
 from attngen.cuda.render_bwd import render_with_plan
@@ -44,6 +49,8 @@ class BackwardKernels:
     source: str
     plan: BwdPlan
     functions: dict[str, Any]  # device function name in the template -> CuPy kernel
+    bindings: OrderedDict = field(default_factory=OrderedDict)  # call signature -> BwdBinding
+    input_names: tuple[str, ...] = ()  # the runtime inputs in ABI order
 
 
 _CACHE: dict[tuple[Any, ...], BackwardKernels] = {}
@@ -72,7 +79,7 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
     binary = compile_source(src, arch)
     module, by_name = load_functions(binary.cubin, {k.name: k.smem for k in bp.kernels})
     fns = {k.func: by_name[k.name] for k in bp.kernels}
-    bk = BackwardKernels(v, src, bp, fns)
+    bk = BackwardKernels(v, src, bp, fns, input_names=tuple(d.name for d in v.runtime_inputs()))
     bk._module = module  # type: ignore[attr-defined]  # keeps the module (and its functions) alive
     with _LOCK:
         return _CACHE.setdefault(key, bk)
@@ -126,15 +133,15 @@ def apply_o_norm(v: Variant, o_pre: Any, x: Any, weight: Any = None, bias: Any =
     return y.to(o_pre.dtype) if is_torch else y.astype(o_pre.dtype)
 
 
-def _forward_with_lse(kernel: Any):
-    """The forward kernel of `training_variant` (the kernel itself when it is that variant)."""
-    from attngen.runtime import kernel as runtime
-
-    v = kernel.variant
-    tv = training_variant(v)
-    if tv == v:
-        return kernel
-    return runtime.compile(tv, arch=kernel.plan.arch)
+def _forward_with_lse(kernel: Any) -> Any:
+    """The forward kernel of `training_variant` (the kernel itself when it is that variant),
+    compiled through the kernel (`Kernel.for_variant`) and remembered on it."""
+    fwd = kernel.__dict__.get("_training_forward")
+    if fwd is None:
+        tv = training_variant(kernel.variant)
+        fwd = kernel if tv == kernel.variant else kernel.for_variant(tv)
+        kernel.__dict__["_training_forward"] = fwd
+    return fwd
 
 
 def _torch_stream(ptr: int, device: Any) -> Any:
@@ -149,7 +156,7 @@ def _torch_stream(ptr: int, device: Any) -> Any:
     return torch.cuda.stream(torch.cuda.ExternalStream(ptr, device=device))
 
 
-def backward(
+def _legacy_backward(
     kernel: Any,
     q: Any,
     k: Any,
@@ -195,14 +202,14 @@ def backward(
     for name in wrt:
         if name not in allowed:
             raise ValueError(f"wrt: expected names of score inputs with a gradient ({', '.join(allowed) or 'none in this variant'}), got {name!r}")
-    aq, ak, av, ado = (runtime._view(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dO, "dO")))
+    aq, ak, av, ado = (binder.view(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dO, "dO")))
     for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ado, "dO")):
-        runtime._check_dtype(a, var.dtype, n)
-    given = {name: runtime._view(x, name) for name, x in inputs.items()}
+        binder.check_dtype(a, var.dtype, n)
+    given = {name: binder.view(x, name) for name, x in inputs.items()}
     placed = abi.Positions(q_offset, kv_offset, Lq_total, Lk_total)
     sizes = abi.bind_sizes(
         var, aq.shape, ak.shape, av.shape,
-        {n: (a.shape, runtime._dtype_name_for_abi(a, next((d.dtype for d in var.runtime_inputs() if d.name == n), DType.I32)))
+        {n: (a.shape, binder.dtype_name_for_abi(a, next((d.dtype for d in var.runtime_inputs() if d.name == n), DType.I32)))
          for n, a in given.items()},
         positions=placed,
     )
@@ -221,8 +228,8 @@ def backward(
         where = {} if placed.is_plain else dict(q_offset=q_offset, kv_offset=kv_offset, Lq_total=Lq_total, Lk_total=Lk_total)
         fwd_inputs = {n: a for n, a in inputs.items() if n not in o_norm_inputs(var)}
         o, lse = _forward_with_lse(kernel)(q, k, v, stream=stream, **where, **fwd_inputs)
-    ao, al = runtime._view(o, "o"), runtime._view(lse, "lse")
-    runtime._check_dtype(ao, var.dtype, "o")
+    ao, al = binder.view(o, "o"), binder.view(lse, "lse")
+    binder.check_dtype(ao, var.dtype, "o")
     if ao.shape != o_shape:
         raise ValueError(f"o: expected shape {o_shape}, got {ao.shape}")
     lse_shape = tuple(abi.lse_shape(var, B, Lq))  # [B, H, Lq]; varlen [H, total_q]
@@ -231,7 +238,7 @@ def backward(
         raise ValueError(f"lse: expected a contiguous float32 array of shape {lse_shape}, got {al.dtype} {al.shape} strides {al.strides}")
     adl = None
     if dlse is not None:
-        adl = runtime._view(dlse, "dlse")
+        adl = binder.view(dlse, "dlse")
         if adl.dtype != "float32" or adl.shape != lse_shape or adl.strides != lse_strides:
             raise ValueError(f"dlse: expected a contiguous float32 array of shape {lse_shape}, got {adl.dtype} {adl.shape} strides {adl.strides}")
         if adl.is_torch != aq.is_torch or adl.device != dev:
@@ -265,13 +272,13 @@ def backward(
         if aq.is_torch:
             import torch
 
-            stream = runtime._external_stream(torch.cuda.current_stream().cuda_stream)
+            stream = binder.external_stream(torch.cuda.current_stream().cuda_stream)
         else:
             stream = cupy.cuda.get_current_stream()
     elif not isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
-        stream = runtime._external_stream(int(getattr(stream, "cuda_stream", stream)))
-    grads = [runtime._empty(a.shape, var.dtype, aq.is_torch, aq.obj, stream) for a in (aq, ak, av)]
-    agq, agk, agv = (runtime._view(g, n) for g, n in zip(grads, ("dq", "dk", "dv")))
+        stream = binder.external_stream(int(getattr(stream, "cuda_stream", stream)))
+    grads = [binder.empty(a.shape, var.dtype, aq.is_torch, aq.obj, stream) for a in (aq, ak, av)]
+    agq, agk, agv = (binder.view(g, n) for g, n in zip(grads, ("dq", "dk", "dv")))
     bp = bk.plan
     elem = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[var.dtype]
     # Rows of the per-row workspaces: B * H * Lq; varlen H * total_q (the packed rows, [H, total_q] like the LSE).
@@ -317,7 +324,7 @@ def backward(
         args += [np.int64(s) for s in strides3(a, n)]
     for d in var.runtime_inputs():
         a = given[d.name]
-        runtime._check_dtype(a, d.dtype, d.name)
+        binder.check_dtype(a, d.dtype, d.name)
         args.append(np.uint64(a.ptr))
         args.extend(np.int32(n) for n in a.shape)
         args.extend(np.int64(s) for s in a.strides)
@@ -335,7 +342,7 @@ def backward(
             else:
                 with stream:
                     param_grads[name] = cupy.zeros(shape, dtype=cupy.float32)
-            args.append(np.uint64(runtime._view(param_grads[name], name).ptr))
+            args.append(np.uint64(binder.view(param_grads[name], name).ptr))
         else:
             args.append(np.uint64(0))
     # The wgmma dK/dV kernel's TMA descriptors (plan_bwd.wg_tma_maps), after the ABI fields: the
@@ -376,6 +383,271 @@ def backward(
     if wrt:
         return grads[0], grads[1], grads[2], {n: param_grads[n] for n in wrt}
     return grads[0], grads[1], grads[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# The call: validated and packed once a signature (`attngen.runtime.binder`)
+
+
+@dataclass
+class BwdBinding:
+    """What one backward call signature needs, built once: the launches over one argument buffer
+    (every backward kernel takes the same ABI fields; the wgmma dK/dV kernel its TMA descriptors
+    after them), where each call's pointers go, and what a call allocates."""
+
+    args: ArgBuffer
+    launches: list[Launch]
+    pre: int  # the index of ag_bwd_pre among the launches (a `dlse` is subtracted after it)
+    array_slots: list[int]  # per call array (q, k, v, o, dO, lse, runtime inputs): its pointer's slot
+    grad_slots: list[int]  # dq, dk, dv
+    grad_shapes: list[tuple[int, ...]]
+    ws_slots: list[int]
+    ws_specs: list[tuple[int, DType]]  # (elements, dtype) a workspace, from the pool
+    param_slots: list[tuple[int, str, tuple[int, ...]]]  # (slot, input, shape) of each gradient in `wrt`
+    tmaps: list[tuple[TmaSlot, str]]
+    aligned: tuple[int, ...]  # call arrays whose pointers the tensor-core kernels copy with 16-byte cp.async
+    dtype: DType
+    is_torch: bool
+    alloc: Any
+    pool_key: tuple[Any, ...]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _strides(var: Variant, a: ArrayView, name: str) -> tuple[int, int, int]:
+    return seq_strides(var, a, name)
+
+
+def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], inputs: dict[str, Any], dlse: Any, sp: int,
+                  wrt: tuple[str, ...], positions: tuple | None) -> BwdBinding:
+    """The full validation of one backward signature and its argument buffer by field name."""
+    bp = bk.plan
+    allowed = learnable(var) + norm_params(var)
+    for name in wrt:
+        if name not in allowed:
+            raise ValueError(f"wrt: expected names of score inputs with a gradient ({', '.join(allowed) or 'none in this variant'}), got {name!r}")
+    aq, ak, av, ao, ado, al = (view(x, n) for x, n in zip(arrays[:6], ("q", "k", "v", "o", "dO", "lse")))
+    for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ado, "dO")):
+        check_dtype(a, var.dtype, n)
+    given = {name: view(x, name) for name, x in inputs.items()}
+    placed = abi.Positions(*positions) if positions is not None else abi.Positions()
+    sizes = bind_sizes(var, aq, ak, av, given, placed)
+    B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
+    pos = placed.resolve(Lq, Lk)
+    o_shape = tuple(abi.o_shape(var, B, Lq))
+    if ado.shape != o_shape:
+        raise ValueError(f"dO: expected the output's shape {o_shape}, got {ado.shape}")
+    dev = aq.device
+    for name, a in (("q", aq), ("k", ak), ("v", av), ("dO", ado), *given.items()):
+        if a.device != dev:
+            raise ValueError(f"{name}: expected an array on the current device cuda:{dev}, got cuda:{a.device}")
+    check_dtype(ao, var.dtype, "o")
+    if ao.shape != o_shape:
+        raise ValueError(f"o: expected shape {o_shape}, got {ao.shape}")
+    lse_shape = tuple(abi.lse_shape(var, B, Lq))  # [B, H, Lq]; varlen [H, total_q]
+    check_lse(al, aq, lse_shape)
+    if dlse is not None:
+        check_lse(view(dlse, "dlse"), aq, lse_shape, "dlse")
+    grads = [contiguous_view(a.shape, var.dtype, dev, aq.is_torch) for a in (aq, ak, av)]
+    strides = {n: _strides(var, a, n) for a, n in zip((aq, ak, av, ao, ado, *grads), ("q", "k", "v", "o", "dO", "dq", "dk", "dv"))}
+    aligned: tuple[int, ...] = ()
+    if bp.engine != BwdEngine.FFMA:
+        # The tensor-core kernels copy rows of these with 16-byte cp.async.
+        read = ((0, aq, "q", not bp.q_norm), (1, ak, "k", not bp.k_norm), (2, av, "v", True), (4, ado, "dO", not bp.o_norm))
+        for i, a, n, r in read:
+            if r and any(s % 8 for s in strides[n]):
+                raise ValueError(f"{n}: expected every stride to be a multiple of 8 elements (16 bytes) for the tensor-core backward, got strides {a.strides}")
+        aligned = tuple(i for i, _, _, r in read if r)
+    fixed, in_ptrs = input_fields(var, given)
+    fixed.update({"B": B, "Lq": Lq, "Lk": Lk, "q_offset": pos.q_offset, "kv_offset": pos.kv_offset,
+                  "Lq_total": pos.Lq_total, "Lk_total": pos.Lk_total, "total_q": Lq, "total_k": Lk})
+    for t, st in strides.items():
+        fixed.update(stride_fields(t, st))
+    params: list[tuple[str, tuple[int, ...]]] = []
+    for name in allowed:
+        if name in wrt:
+            if name not in given:
+                raise ValueError(f"wrt: {name!r} is not an input of this call (affine-free norms have no weights)")
+            params.append((name, given[name].shape))
+        else:
+            fixed[f"grad_{name}"] = 0
+    ws = _workspaces(var, bp, B, Lq, Lk)
+    specs = wg_tma_maps(bp, var) if bp.wg_loads is not None else ()
+    call = ("q", "k", "v", "o", "dO", "lse", *in_ptrs)
+    args, kinds, slots = pack_fields(bp.fields, fixed, (*call, "dq", "dk", "dv", *ws, *(f"grad_{n}" for n, _ in params)),
+                                     bp.base_name, blobs=len(specs))
+    tmaps = []
+    for j, m in enumerate(specs):
+        L = Lq if m.length == "Lq" else Lk
+        dims = m.dims(B, L)
+        ss, sh, sb = m.dense_strides(L) if m.tensor in ws else tuple(reversed(strides[m.tensor]))
+        dt, size = ("fp32", 4) if m.fp32 else (var.dtype.value, var.dtype.itemsize)
+        tmaps.append((TmaSlot(args, j, slots[m.tensor], dt, dims, TmaMap.byte_strides(dims, (ss, sh, sb), size),
+                              (m.box_cols, m.rows, 1, 1), hint=""), m.tensor))
+    launches = []
+    for kern in bp.kernels:
+        fn = bk.functions[kern.func]
+        launches.append(Launch(cu_function(fn), bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim),
+                               kern.threads, kern.smem, args, fn, kinds))
+        launches[-1].bind_stream(sp)
+    return BwdBinding(
+        args=args, launches=launches, pre=next(i for i, kern in enumerate(bp.kernels) if kern.func == "ag_bwd_pre"),
+        array_slots=[slots[n] for n in call], grad_slots=[slots[n] for n in ("dq", "dk", "dv")],
+        grad_shapes=[a.shape for a in (aq, ak, av)], ws_slots=[slots[n] for n in ws], ws_specs=list(ws.values()),
+        param_slots=[(slots[f"grad_{n}"], n, shape) for n, shape in params], tmaps=tmaps, aligned=aligned,
+        dtype=var.dtype, is_torch=aq.is_torch, alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp),
+        pool_key=(aq.is_torch, dev, sp))
+
+
+def _workspaces(var: Variant, bp: BwdPlan, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, DType]]:
+    """The backward's workspaces by ABI field: (elements, dtype). Rows of the per-row ones: B * H *
+    Lq; varlen H * total_q (the packed rows, [H, total_q] like the LSE). They grow with B*L, never
+    Lq*Lk."""
+    nb = 1 if bp.varlen else B
+    rows_q, rows_k = nb * var.heads * Lq, nb * var.kv_heads * Lk
+    ws = {"ws_delta": (rows_q, DType.FP32), "ws_dq": (rows_q * var.head_dim, DType.FP32)}
+    if bp.q_norm:
+        ws["ws_q"] = (rows_q * var.head_dim, var.dtype)
+    if bp.k_norm:
+        ws["ws_k"] = (rows_k * var.head_dim, var.dtype)
+        ws["ws_dk"] = (rows_k * var.head_dim, DType.FP32)
+    if bp.o_norm:
+        ws["ws_do"] = (rows_q * var.value_head_dim, var.dtype)
+    return {f.name: ws[f.name] for f in bp.fields if f.name in ws}
+
+
+def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:
+    """One call on its binding: allocate the gradients, take the workspaces, patch the pointers
+    (re-encoding a TMA descriptor only when its pointer changed), launch through the driver."""
+    for i in b.aligned:
+        if ptrs[i] & 15:
+            raise ValueError(f"{('q', 'k', 'v', 'o', 'dO')[i]}: expected a 16-byte aligned data pointer for the tensor-core backward")
+    alloc, is_torch = b.alloc, b.is_torch
+    fresh = capturing(sp)  # under graph capture: the graph's own buffers, not the pool's
+    with POOL.stream_lock(sp):
+        grads = [alloc(shape, b.dtype) for shape in b.grad_shapes]
+        ws = [alloc((n,), dt) for n, dt in b.ws_specs] if fresh else POOL.take(b.pool_key, b.ws_specs, alloc)
+        params = {name: alloc(shape, DType.FP32, True) for _, name, shape in b.param_slots}
+        with b.lock:
+            vals = b.args.vals
+            for slot, p in zip(b.array_slots, ptrs):
+                vals[slot] = p
+            for slot, x in zip(b.grad_slots, grads):
+                vals[slot] = x.data_ptr() if is_torch else x.data.ptr
+            for slot, x in zip(b.ws_slots, ws):
+                vals[slot] = x.data_ptr() if is_torch else x.data.ptr
+            for slot, name, _ in b.param_slots:
+                vals[slot] = params[name].data_ptr() if is_torch else params[name].data.ptr
+            for tm, name in b.tmaps:
+                tm.update(vals[tm.array], name)
+            for i, ln in enumerate(b.launches):
+                binder.launch_driver(ln, sp)
+                if i == b.pre and dlse is not None:
+                    _subtract(ws[0], dlse, sp, is_torch)
+    return (*grads, params)
+
+
+def _subtract(delta: Any, dlse: Any, sp: int, is_torch: bool) -> None:
+    """delta -= dlse on the launch stream: a loss that reads the LSE, dS = P * (dP - (delta - dlse))."""
+    if is_torch:
+        with _torch_stream(sp, delta.device):
+            delta.sub_(dlse.reshape(-1))
+        return
+    import cupy
+
+    with external_stream(sp):
+        cupy.subtract(delta, dlse.reshape(-1), out=delta)
+
+
+def backward(
+    kernel: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    dO: Any,
+    *,
+    o: Any = None,
+    lse: Any = None,
+    deterministic: bool = False,
+    wrt: tuple[str, ...] = (),
+    stream: Any = None,
+    dlse: Any = None,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    Lq_total: int | None = None,
+    Lk_total: int | None = None,
+    engine: BwdEngine | None = None,
+    variant: Variant | None = None,
+    **inputs: Any,
+) -> tuple[Any, ...]:
+    """(dq, dk, dv) for a compiled forward `kernel` (attngen.compile); see the module doc. With
+    `wrt` naming score inputs (`plan_bwd.learnable`: bias, alibi slopes, rel_bias tables, float
+    lookups), (dq, dk, dv, {name: gradient}) with each gradient fp32 in its input's shape.
+
+    `dlse` (fp32 [B, H, Lq], varlen [H, total_q], contiguous): a gradient at the LSE output as well, for a loss that
+    reads the LSE (d LSE/d s = P, so it enters as delta - dlse). `q_offset`, `kv_offset`,
+    `Lq_total`, `Lk_total` place the call in a longer sequence exactly as in the forward call
+    (`abi.Positions`); pass the same values the forward got. `engine` asks for a dK/dV engine
+    (`plan_bwd.BwdEngine`; None: the plan's default for the arch). `variant`: the variant to
+    differentiate when `kernel` is its `training_variant`'s forward (default: kernel.variant).
+
+    Each call signature (shapes, strides, dtypes, devices, stream, `wrt`, placement, whether
+    `dlse` is given) is validated and packed once; later calls patch pointers and launch."""
+    var = kernel.variant if variant is None else variant
+    if variant is not None and variant is not kernel.variant and not _same_training(kernel.variant, variant):
+        raise ValueError(f"variant: expected {variant.name}'s own forward or its training forward, got a kernel of {kernel.variant.name}")
+    bk = _backward_kernels(kernel, var, deterministic, engine)  # refuses unsupported constructs first
+    wrt = tuple(wrt)
+    if (o is None) != (lse is None):
+        raise ValueError("o, lse: expected both (the forward's saved output and LSE) or neither, got one")
+    placed = (q_offset, kv_offset, Lq_total, Lk_total)
+    positions = None if placed == (0, 0, None, None) else placed
+    if o is None:
+        where = {} if positions is None else dict(q_offset=q_offset, kv_offset=kv_offset, Lq_total=Lq_total, Lk_total=Lk_total)
+        fwd_inputs = {n: a for n, a in inputs.items() if n not in o_norm_inputs(var)}
+        o, lse = _forward_with_lse(kernel)(q, k, v, stream=stream, **where, **fwd_inputs)
+    order = bk.input_names
+    arrays = (q, k, v, o, dO, lse, *(inputs[n] for n in order if n in inputs))
+    sig = binder.call_signature(arrays if dlse is None else (*arrays, dlse))
+    if sig is None or len(arrays) != 6 + len(order) or len(inputs) != len(order):
+        bind_backward(bk, var, arrays, inputs, dlse, 0, wrt, positions)  # raises the precise error
+        raise ValueError("backward: expected CuPy arrays or torch CUDA tensors")
+    sigs, ptrs = sig
+    is_torch = SIG_FNS.get(type(q)) is torch_sig
+    sp = launch_stream(stream, is_torch, sigs[0][3])
+    key = (sigs, sp, wrt, positions)
+    b = bk.bindings.get(key)
+    if b is None:
+        b = bk.bindings[key] = bind_backward(bk, var, arrays, inputs, dlse, sp, wrt, positions)
+        while len(bk.bindings) > MAX_BINDINGS:
+            bk.bindings.popitem(last=False)
+    dq, dk, dv, params = _run(b, ptrs, dlse, sp)
+    if wrt:
+        return dq, dk, dv, {n: params[n] for n in wrt}
+    return dq, dk, dv
+
+
+_PAIRS: dict[tuple[int, int], tuple[Variant, Variant, bool]] = {}
+
+
+def _same_training(a: Variant, b: Variant) -> bool:
+    """Whether two variants share a training forward (remembered per pair of objects)."""
+    got = _PAIRS.get((id(a), id(b)))
+    if got is None or got[0] is not a or got[1] is not b:
+        got = _PAIRS[(id(a), id(b))] = (a, b, training_variant(a) == training_variant(b))
+    return got[2]
+
+
+def _backward_kernels(kernel: Any, var: Variant, deterministic: bool, engine: BwdEngine | None) -> BackwardKernels:
+    """`compile_backward` for this kernel's arch, remembered on the kernel per (variant,
+    deterministic, engine and the A/B switches) so that a call does not re-plan."""
+    from attngen.plan import bwd as plan_bwd
+
+    memo = kernel.__dict__.setdefault("_bwd_kernels", {}) if hasattr(kernel, "__dict__") else {}
+    key = (id(var), deterministic, engine, plan_bwd.WG_LOADS, tuple(plan_bwd.WG_DQ.items()))
+    got = memo.get(key)
+    if got is None or got[0] is not var:
+        got = memo[key] = (var, compile_backward(var, kernel.plan.arch, deterministic=deterministic, engine=engine))
+    return got[1]
 
 
 __all__ = ["BackwardKernels", "apply_o_norm", "backward", "compile_backward", "o_norm_inputs", "training_variant"]

@@ -229,6 +229,10 @@ class Kernel:
                 self._read_status(sp)
         return (out, lse) if b.lse_shape is not None else out
 
+    def for_variant(self, v: Variant) -> Any:
+        """`compile(v)` for this kernel's arch (the backward's training forward compiles through it)."""
+        return compile(v, arch=self.plan.arch)
+
     def backward(self, q: Any, k: Any, v: Any, dO: Any, **kwargs: Any) -> Any:
         """Gradients of sum(dO * O) (dq, dk, dv, and the inputs named in `wrt=`), with the same
         argument checks as a call; see `attngen.runtime_bwd.backward`."""
