@@ -30,7 +30,6 @@ from attngen.ir.nodes import DType, Layout, Program, TileConfig, TileHint, Varia
 from attngen.runtime.binder import (CALL_SCALARS, MAX_BINDINGS, POOL, SIG_FNS, Binding, InputCheckError, NaNCheckError, bind_forward,
                                     capturing, driver, external_stream, launch_cupy, launch_driver, load_functions, sig_fn,
                                     stream_ptr, torch_current_stream, torch_sig)
-from attngen.runtime.binder import ArrayView as _Arr, byte_range as _byte_range, overlaps as _overlaps  # noqa: F401  (former homes)
 from attngen.runtime.checks import NO_ERROR, check_kernel_name, flat_to_index, render_checks
 from attngen.cuda.render import OpPlan, render_with_plan
 from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, short_tile

@@ -120,36 +120,6 @@ def test_backward_buffer_matches_the_plan_fields(name, fake, monkeypatch):
     assert [ln[2] for ln in fake.launches] == [kern.threads for kern in bp.kernels]
 
 
-@pytest.mark.parametrize("name", sorted(BWD_SPECS))
-def test_backward_buffer_matches_the_positional_packer(name, fake, monkeypatch):
-    """The binder's argument buffer equals, field by field, what the positional packer gave the
-    same call (pointers the call allocates: both non-null and distinct), with the same kinds."""
-    v, tv, bp, bk, kernel, a, inputs, calls, _, det = _bwd_setup(name, monkeypatch)
-    wrt = _wrt(v)
-    bwd._legacy_backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], lse=a["lse"], deterministic=det, wrt=wrt,
-                         variant=v, **inputs)
-    legacy_encodes = list(fake.encodes)
-    fake.encodes.clear()
-    bwd.backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], lse=a["lse"], deterministic=det, wrt=wrt, variant=v, **inputs)
-    assert len(calls) == len(fake.launches) == len(bp.kernels)
-    per_call = {*PER_CALL_BWD, *(f.name for f in bp.fields if f.name.startswith("ws_")), *(f"grad_{n}" for n in wrt)}
-    kinds = {np.uint64: "p", np.int32: "i", np.int64: "q"}
-    for (fn, grid, block, smem, old), (fn2, grid2, block2, smem2, _, new) in zip(calls, fake.launches):
-        assert (fn, grid, block, smem) == (fn2, grid2, block2, smem2)
-        assert len(old) >= len(bp.fields) == len(new)
-        for f, o, n in zip(bp.fields, old, new):
-            assert kinds[type(o)] == binder.slot_kind(f.ctype), f.name
-            if f.name in per_call:
-                assert (int(o) != 0) == (n != 0), f.name
-            else:
-                assert int(o) == n, f.name
-    if bp.wg_loads is not None and plan_bwd.wg_tma_maps(bp, v):
-        # descriptors: same tensors of the call (q, dO, k, v), dims, strides and boxes
-        ours = [e for e in fake.encodes if e[1] in {a[n].data.ptr for n in ("q", "k", "v", "dO")}]
-        theirs = [e for e in legacy_encodes if e[1] in {a[n].data.ptr for n in ("q", "k", "v", "dO")}]
-        assert ours and sorted(ours) == sorted(theirs)
-
-
 # ---------------------------------------------------------------------------------------------
 # The decode family
 
@@ -183,23 +153,273 @@ def _decode_arrays(v, B, Lk):
 
 @pytest.mark.parametrize("name", sorted(DEC_SPECS))
 @pytest.mark.parametrize("B, Lk, splits", [(1, 8192, None), (8, 4000, 3), (64, 512, None)])
-def test_decode_buffer_matches_the_positional_packer(name, B, Lk, splits, fake, monkeypatch):
+def test_decode_buffer_matches_the_plan_fields(name, B, Lk, splits, fake):
+    """Every ABI field of the decode kernels, by name, holds what the call's arrays and the
+    schedule say (the field-by-field match with the former positional packer was checked on
+    these cases before it was deleted)."""
     v, k, calls = _decode_kernel(DEC_SPECS[name])
     a, inputs = _decode_arrays(v, B, Lk)
-    monkeypatch.setattr(decode, "_check_pages", lambda t, n: None)
-    monkeypatch.setattr(decode, "check_page_ids", lambda *args: None)
     lse = a["lse"] if v.lse else None
-    k._legacy_call(a["q"], a["k"], a["v"], out=a["o"], lse=lse, splits=splits, **inputs)
-    k(a["q"], a["k"], a["v"], out=a["o"], lse=lse, splits=splits, **inputs)
-    assert len(calls) == len(fake.launches) >= 1
-    per_call = {"ws_o", "ws_lse", "ws_count"}
-    kinds = {np.uint64: "p", np.int32: "i", np.int64: "q"}
-    for (fn, grid, block, smem, old), (fn2, grid2, block2, smem2, _, new) in zip(calls, fake.launches):
-        assert (fn, grid, block, smem) == (fn2, grid2, block2, smem2)
-        assert len(old) == len(k.fields) == len(new)
-        for f, o, n in zip(k.fields, old, new):
-            assert kinds[type(o)] == binder.slot_kind(f.ctype), f.name
-            if f.name in per_call:
-                assert (int(o) != 0) == (n != 0), f.name
-            else:
-                assert int(o) == n, f.name
+    k(a["q"], a["k"], a["v"], out=a["o"], lse=lse, splits=splits, check_pages=False, **inputs)
+    dp = k.plan
+    paged = v.page_size is not None
+    if paged:  # a paged call's Lk is the block table's width in keys
+        Lk = inputs["block_table"].shape[1] * v.page_size
+    n_split, n_ctas = (dp.slots(B, 1, dp.split_ctas(B, 1, Lk, splits)), dp.split_ctas(B, 1, Lk, splits)) if splits else dp.schedule(B, 1, Lk, 132)
+    merged = n_split > 1  # fused_default: the split kernel merges with row-block counters
+    want = dp.launches(B, 1, n_split, n_ctas, merged=merged)
+    assert [(ln[1], ln[2], ln[3]) for ln in fake.launches] == [(w.grid, w.threads, w.smem_bytes) for w in want]
+    got = dict(zip((f.name for f in k.fields), fake.launches[0][5]))
+    assert len(fake.launches[0][5]) == len(k.fields)
+    for n in ("q", "k", "v", "o"):
+        assert got[n] == a[n].data.ptr, n
+    assert got["lse"] == (a["lse"].data.ptr if v.lse else 0) and got["nan_flag"] == 0
+    assert (got["B"], got["Lq"], got["Lk"], got["q_offset"], got["kv_offset"], got["Lq_total"], got["Lk_total"]) == (B, 1, Lk, 0, 0, 1, Lk)
+    assert (got["splits"], got["ctas"]) == (n_split, n_ctas)
+    assert (got["ws_o"] != 0) == (got["ws_lse"] != 0) == (n_split > 1)
+    assert (got["ws_count"] != 0) == merged
+    for t in ("q", "k", "v", "o"):
+        x = a[t]
+        el = [s // x.dtype.itemsize for s in x.strides]
+        bhsd = v.layout.value == "bhsd" and not (paged and t in "kv")
+        assert (got[f"{t}_sb"], got[f"{t}_sh"], got[f"{t}_ss"]) == ((el[0], el[1], el[2]) if bhsd else (el[0], el[2], el[1])), t
+    if paged:
+        assert got["num_pages"] == a["k"].shape[0]
+    for d in v.runtime_inputs():
+        x = inputs[d.name]
+        assert got[f"in_{d.name}"] == x.data.ptr
+        assert [got[f"in_{d.name}_n{j}"] for j in range(len(x.shape))] == list(x.shape)
+        assert [got[f"in_{d.name}_s{j}"] for j in range(len(x.shape))] == [s // x.dtype.itemsize for s in x.strides]
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation, caching, workspaces, counters, the page check
+
+
+def _counting(monkeypatch, module, name):
+    """Wraps module.name, counting its calls."""
+    count = [0]
+    real = getattr(module, name)
+
+    def wrapped(*args, **kw):
+        count[0] += 1
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, name, wrapped)
+    return count
+
+
+def test_backward_validates_once_a_signature_and_reuses_workspaces(fake, monkeypatch):
+    v, tv, bp, bk, kernel, a, inputs, calls, compiled, det = _bwd_setup("qk_norm", monkeypatch)
+    binds = _counting(monkeypatch, bwd, "bind_backward")
+    views = _counting(monkeypatch, bwd, "view")
+    run = lambda arrs, **kw: bwd.backward(kernel, arrs["q"], arrs["k"], arrs["v"], arrs["dO"], o=arrs["o"], lse=arrs["lse"],  # noqa: E731
+                                          variant=v, **inputs, **kw)
+    run(a)
+    assert binds[0] == 1 and views[0] > 0 and compiled == [1]
+    seen = views[0]
+    first = dict(zip((f.name for f in bp.fields), fake.launches[-1][5]))
+    allocs = binder.POOL.allocations
+    b2 = arrays_for(tv, 2, 200, 200)
+    fake.launches.clear()
+    dq, dk, dv = run(b2)
+    assert binds[0] == 1 and views[0] == seen and compiled == [1]  # no re-validation, no re-plan
+    second = dict(zip((f.name for f in bp.fields), fake.launches[-1][5]))
+    assert second["q"] == b2["q"].data.ptr != first["q"] and second["dq"] == dq.data.ptr and dq.shape == b2["q"].shape
+    ws = [f.name for f in bp.fields if f.name.startswith("ws_")]
+    assert set(ws) == {"ws_delta", "ws_dq", "ws_q", "ws_k", "ws_dk"}
+    assert [second[n] for n in ws] == [first[n] for n in ws] and binder.POOL.allocations == allocs  # the pool's buffers again
+    run(b2, stream=0x5EC)  # another stream: its own binding and its own workspaces
+    third = dict(zip((f.name for f in bp.fields), fake.launches[-1][5]))
+    assert binds[0] == 2 and all(third[n] != first[n] for n in ws) and binder.POOL.allocations == allocs + len(ws)
+    fake.capturing.add(0xCA97)
+    run(b2, stream=0xCA97)  # under graph capture: fresh buffers, the pool untouched
+    assert binder.POOL.allocations == allocs + len(ws)
+    run(a, stream=0xCA97)
+    assert binds[0] == 3
+
+
+def test_backward_refusals_say_what_was_expected(fake, monkeypatch):
+    v, tv, bp, bk, kernel, a, inputs, *_ = _bwd_setup("gqa_bf16_mma", monkeypatch)
+
+    def call(**over):
+        arrs = {**a, **over}
+        kw = {n: arrs[n] for n in ("o", "lse")}
+        return bwd.backward(kernel, arrs["q"], arrs["k"], arrs["v"], arrs["dO"], variant=v, **kw, **inputs)
+
+    with pytest.raises(ValueError, match="dO: expected dtype bfloat16"):
+        call(dO=FakeArray(a["dO"].shape, np.float32))
+    with pytest.raises(ValueError, match=r"dO: expected the output's shape \(2, 8, 200, 128\), got \(2, 8, 100, 128\)"):
+        call(dO=FakeArray((2, 8, 100, 128), np.uint16))
+    with pytest.raises(ValueError, match="lse: expected a contiguous float32 array of shape"):
+        call(lse=FakeArray((2, 8, 100), np.float32))
+    with pytest.raises(ValueError, match="o, lse: expected both"):
+        bwd.backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], variant=v)
+    with pytest.raises(ValueError, match="wrt: expected names of score inputs"):
+        bwd.backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], lse=a["lse"], wrt=("bias",), variant=v)
+    with pytest.raises(ValueError, match="k: expected every stride to be a multiple of 8 elements"):
+        call(k=FakeArray((2, 2, 200, 128), np.uint16, strides=(2 * 2 * 200 * 132 * 2, 200 * 132 * 2, 132 * 2, 2)))
+    with pytest.raises(ValueError, match="NumPy"):
+        call(q=np.zeros((2, 8, 200, 128), np.uint16))
+    assert not fake.launches
+    bwd.backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], lse=a["lse"], variant=v)  # cached now
+    with pytest.raises(ValueError, match="q: expected a 16-byte aligned data pointer for the tensor-core backward"):
+        call(q=FakeArray(a["q"].shape, np.uint16, ptr=a["q"].data.ptr + 2))
+
+
+def test_backward_dlse_is_subtracted_after_the_pre_kernel(fake, monkeypatch):
+    v, tv, bp, bk, kernel, a, inputs, *_ = _bwd_setup("gqa_bf16_mma", monkeypatch)
+    order = []
+    monkeypatch.setattr(bwd, "_subtract", lambda delta, dlse, sp, is_torch: order.append(("sub", delta.data.ptr, dlse.data.ptr)))
+    real = binder.launch_driver
+    monkeypatch.setattr(binder, "launch_driver", lambda ln, s: order.append(("launch", ln.function)) or real(ln, s))
+    dlse = FakeArray(a["lse"].shape, np.float32)
+    bwd.backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], lse=a["lse"], dlse=dlse, variant=v)
+    pre = next(i for i, kern in enumerate(bp.kernels) if kern.func == "ag_bwd_pre")
+    got = dict(zip((f.name for f in bp.fields), fake.launches[0][5]))
+    assert order[pre + 1] == ("sub", got["ws_delta"], dlse.data.ptr)
+    with pytest.raises(ValueError, match="dlse: expected a contiguous float32 array"):
+        bwd.backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], lse=a["lse"], dlse=FakeArray((2, 8, 3), np.float32), variant=v)
+
+
+def test_decode_validates_once_and_zeroes_counters_without_a_sync(fake, monkeypatch):
+    v, k, calls = _decode_kernel(DEC_SPECS["gqa_bf16"])
+    binds = _counting(monkeypatch, decode, "bind_decode")
+    a, inputs = _decode_arrays(v, 8, 4000)
+    k(a["q"], a["k"], a["v"], **inputs)
+    assert binds[0] == 1 and len(fake.launches) == 1  # merged in the split kernel: no combine
+    got = dict(zip((f.name for f in k.fields), fake.launches[0][5]))
+    assert fake.memsets == [(got["ws_count"], 0, k._counters[(0, 0)].size, 0)]  # zeroed on the launch stream
+    b, _ = _decode_arrays(v, 8, 4000)
+    o, lse = k(b["q"], b["k"], b["v"], **inputs)
+    again = dict(zip((f.name for f in k.fields), fake.launches[1][5]))
+    assert binds[0] == 1 and len(fake.memsets) == 1  # no re-validation, counters already zero
+    assert again["q"] == b["q"].data.ptr and again["o"] == o.data.ptr and again["lse"] == lse.data.ptr
+    assert (again["ws_o"], again["ws_lse"], again["ws_count"]) == (got["ws_o"], got["ws_lse"], got["ws_count"])
+    fake.capturing.add(0xCA97)  # a first call under capture allocates no counters: the combine merges
+    fake.launches.clear()
+    k(a["q"], a["k"], a["v"], stream=0xCA97, **inputs)
+    assert [ln[0] for ln in fake.launches] == [0xD00, 0xD01] and len(fake.memsets) == 1
+    assert binds[0] == 2 and not fake.reads
+    k(a["q"], a["k"], a["v"], stream=0xCA97, **inputs)
+    assert binds[0] == 3  # not kept: a call after the capture gets its counters
+
+
+def test_decode_refusals(fake):
+    v, k, _ = _decode_kernel(DEC_SPECS["gqa_bf16"])
+    a, inputs = _decode_arrays(v, 1, 100)
+    with pytest.raises(ValueError, match="splits: expected 1 to"):
+        k(a["q"], a["k"], a["v"], splits=1000, **inputs)
+    with pytest.raises(ValueError, match="ctas: expected 1 to"):
+        k(a["q"], a["k"], a["v"], ctas=10**6, **inputs)
+    with pytest.raises(ValueError, match="at most one"):
+        k(a["q"], a["k"], a["v"], splits=1, ctas=1, **inputs)
+    with pytest.raises(ValueError, match="k:"):
+        k(a["q"], FakeArray((1, 8, 100, 64), np.uint16), a["v"], **inputs)
+    with pytest.raises(ValueError, match="q: expected dtype bfloat16"):
+        k(FakeArray(a["q"].shape, np.float32), a["k"], a["v"], **inputs)
+    with pytest.raises(ValueError, match="out: expected memory separate from the inputs, but it overlaps q"):
+        k(a["q"], a["k"], a["v"], out=FakeArray(a["o"].shape, np.uint16, ptr=a["q"].data.ptr), **inputs)
+    with pytest.raises(ValueError, match="runtime inputs|cache_lens"):
+        k(a["q"], a["k"], a["v"])
+    assert not fake.launches
+    k(a["q"], a["k"], a["v"], **inputs)
+    with pytest.raises(ValueError, match="v: expected a 16-byte aligned data pointer"):
+        k(a["q"], a["k"], FakeArray(a["v"].shape, np.uint16, ptr=a["v"].data.ptr + 8), **inputs)
+    with pytest.raises(ValueError, match="out: expected memory separate from the inputs, but it overlaps k"):
+        k(a["q"], a["k"], a["v"], out=FakeArray(a["o"].shape, np.uint16, ptr=a["k"].data.ptr), **inputs)
+
+
+def test_paged_check_reports_through_the_status_words(fake, monkeypatch):
+    v, k, _ = _decode_kernel(DEC_SPECS["paged"])
+    a, inputs = _decode_arrays(v, 2, 300)
+    checked = []
+    monkeypatch.setattr(decode, "check_page_ids", lambda t, n, kern, sp: checked.append((t.data.ptr, n, sp)))
+    pages = a["k"].shape[0]
+    k(a["q"], a["k"], a["v"], **inputs)
+    assert checked == [(inputs["block_table"].data.ptr, pages, 0)]
+    assert fake.reads == [(k._status.data.ptr, 3, 0)]  # read back at the end of the call (the check mode)
+    fake.words = [0, 0, -2]  # the device saw page id pages + 1
+    with pytest.raises(ValueError, match=rf"block_table: expected page ids in \[0, {pages}\), got values from 0 to {pages + 1}"):
+        k(a["q"], a["k"], a["v"], **inputs)
+    assert fake.writes == [(k._status.data.ptr, decode.STATUS_INIT, 0)]  # reset for the next call
+    fake.reads.clear()
+    checked.clear()
+    k(a["q"], a["k"], a["v"], check_pages=False, **inputs)
+    assert not checked and not fake.reads  # no check, no sync
+    fake.capturing.add(0xCA97)
+    k(a["q"], a["k"], a["v"], stream=0xCA97, **inputs)
+    assert checked and not fake.reads  # checked on the device, read later (raise_pending)
+    with pytest.raises(ValueError, match="block_table: expected page ids"):
+        k.raise_pending(0xCA97)
+
+
+def test_page_check_folds_ids_into_the_words_with_torch():
+    torch = pytest.importorskip("torch")
+    v, k, _ = _decode_kernel(DEC_SPECS["paged"])
+    words = torch.tensor(decode.STATUS_INIT, dtype=torch.int64)
+    k._status_views["torch"] = words[1:3]
+    table = torch.tensor([[0, 5, 2], [3, 1, 4]], dtype=torch.int32)
+    monkey = decode.torch_current_stream
+    decode.torch_current_stream = lambda dev: 0
+    try:
+        table.device.index  # noqa: B018  (CPU tensors: index None)
+        decode.check_page_ids(table, 6, k, 0)
+        assert words.tolist() == [0, 0, 0]
+        decode.check_page_ids(torch.tensor([[7, 1]], dtype=torch.int32), 6, k, 0)
+        assert words.tolist() == [0, 0, -2]
+        decode.check_page_ids(torch.tensor([[-1, 1]], dtype=torch.int32), 6, k, 0)
+        assert words.tolist() == [0, -1, -2]
+    finally:
+        decode.torch_current_stream = monkey
+
+
+def test_workspace_pool_keys_by_size_stream_and_order():
+    made = []
+    pool = binder.WorkspacePool()
+    alloc = lambda shape, dt, zero=False: made.append((shape, dt)) or object()  # noqa: E731
+    from attngen.ir.nodes import DType
+
+    a = pool.take(("t", 0, 1), [(100, DType.FP32), (100, DType.FP32), (50, DType.BF16)], alloc)
+    assert len(set(map(id, a))) == 3 and pool.allocations == 3  # two of one size in a call: two buffers
+    b = pool.take(("t", 0, 1), [(100, DType.FP32), (100, DType.FP32), (50, DType.BF16)], alloc)
+    assert [id(x) for x in a] == [id(x) for x in b] and pool.allocations == 3
+    c = pool.take(("t", 0, 2), [(100, DType.FP32)], alloc)
+    assert id(c[0]) not in map(id, a) and pool.allocations == 4
+    assert pool.stream_lock(1) is pool.stream_lock(1) is not pool.stream_lock(2)
+
+
+def test_runtime_modules_import_without_cycles():
+    """Every runtime module imports its shared pieces from binder.py: the import graph among
+    attngen.runtime's modules (imports inside functions too) has no cycle."""
+    import ast
+    from pathlib import Path
+
+    root = Path(binder.__file__).parent
+    mods = {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    graph = {}
+    for m in mods:
+        deps = set()
+        for node in ast.walk(ast.parse((root / f"{m}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.startswith("attngen.runtime."):
+                    deps.add(node.module.rsplit(".", 1)[1])
+                elif node.module == "attngen.runtime":
+                    deps.update(a.name for a in node.names if a.name in mods)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name.rsplit(".", 1)[1] for a in node.names if a.name.startswith("attngen.runtime."))
+        graph[m] = deps & mods - {m}
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for d in graph[m]:
+            assert state.get(d) != 1, f"import cycle: {' -> '.join(path + [m, d])}"
+            if d not in state:
+                visit(d, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert graph["bwd"] <= {"binder", "arrays"} and graph["decode"] <= {"binder", "arrays"}
