@@ -266,7 +266,7 @@ class Binding:
     tmaps: list[TmaSlot]  # the attention kernel's TMA descriptors (WgmmaLoads.TMA), else empty
     alloc: Callable[..., Any]  # alloc(shape, dtype, zero=False) in the caller's library, in the launch stream's order
     ws_specs: list[tuple[int, DType]]  # the preps' workspaces: (elements, dtype), from the pool
-    pool_key: tuple[Any, ...]  # (library, device, stream) of the workspace pool
+    pool_keys: tuple[tuple[Any, ...], ...]  # the workspaces' keys in the pool (`WorkspacePool.keys`)
     out_shape: tuple[int, ...]
     lse_shape: tuple[int, ...] | None
     extents: list[tuple[int, int]]  # per q, k, v: [lo, hi) byte offsets around its pointer
@@ -481,22 +481,31 @@ class WorkspacePool:
         self._stream_locks: dict[int, threading.Lock] = {}
         self.allocations = 0  # buffers allocated (tests read it)
 
-    def take(self, key: tuple[Any, ...], specs: Sequence[tuple[int, DType]], alloc: Callable[..., Any]) -> list[Any]:
-        """One buffer per (elements, dtype) of `specs`, for a call keyed by `key` (library, device, stream)."""
+    @staticmethod
+    def keys(call: tuple[Any, ...], specs: Sequence[tuple[int, DType]]) -> tuple[tuple[Any, ...], ...]:
+        """The pool keys of a call's workspaces (built once a binding): `call` is (library,
+        device, stream); two workspaces of one size and dtype in a call get two buffers."""
+        seen: dict[tuple[int, str], int] = {}
         out = []
-        seen: dict[tuple[int, DType], int] = {}
+        for n, dt in specs:
+            j = seen[(n, dt.value)] = seen.get((n, dt.value), -1) + 1
+            out.append((*call, dt.value, n, j))
+        return tuple(out)
+
+    def take(self, keys: Sequence[tuple[Any, ...]], specs: Sequence[tuple[int, DType]], alloc: Callable[..., Any]) -> list[Any]:
+        """One buffer per key (`keys`), allocated as (elements, dtype) of `specs` when new."""
+        out = []
+        bufs = self._bufs
         with self._lock:
-            for n, dt in specs:
-                j = seen[(n, dt)] = seen.get((n, dt), -1) + 1
-                k = (*key, dt, n, j)
-                buf = self._bufs.get(k)
+            for k, (n, dt) in zip(keys, specs):
+                buf = bufs.get(k)
                 if buf is None:
-                    buf = self._bufs[k] = alloc((max(n, 1),), dt)
+                    buf = bufs[k] = alloc((max(n, 1),), dt)
                     self.allocations += 1
-                    while len(self._bufs) > MAX_WORKSPACES:
-                        self._bufs.popitem(last=False)
+                    while len(bufs) > MAX_WORKSPACES:
+                        bufs.popitem(last=False)
                 else:
-                    self._bufs.move_to_end(k)
+                    bufs.move_to_end(k)
                 out.append(buf)
         return out
 
@@ -667,6 +676,7 @@ def bind_forward(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], out: A
     main = [Launch(cu_function(fns[ok.name]), ok.launch_grid(var.heads, B, Lq, Lk, sm), ok.threads, ok.smem.bytes, args,
                    fns[ok.name], kinds) for ok in kp.kernels]
     checks, check_slots, check_shapes = _sorted_checks(k, given, check_inputs)
+    ws_specs = [(math.prod(pr.workspace_shape(B, Lq, Lk)), pr.dtype) for pr in kp.workspaces]
     for ln in (*main, *checks):
         ln.bind_stream(sp)
     return Binding(
@@ -675,8 +685,7 @@ def bind_forward(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], out: A
         out_slot=slots.get("o", -1), lse_slot=slots.get("lse", -1), ws_slots=[slots[n] for n in ws_names],
         scalar_slots=[(slots[n], n) for n in scalars], tmaps=tmaps,
         alloc=allocator(xp_torch, aq.obj.device if xp_torch else None, sp),
-        ws_specs=[(math.prod(pr.workspace_shape(B, Lq, Lk)), pr.dtype) for pr in kp.workspaces],
-        pool_key=(xp_torch, dev, sp), out_shape=o_shape, lse_shape=lse_shape,
+        ws_specs=ws_specs, pool_keys=POOL.keys((xp_torch, dev, sp), ws_specs), out_shape=o_shape, lse_shape=lse_shape,
         extents=[(byte_range(a)[0] - a.ptr, byte_range(a)[1] - a.ptr) for a in (aq, ak, av)],
         out_extent=(byte_range(ao)[0] - ao.ptr, byte_range(ao)[1] - ao.ptr),
         readback=var.nan_check or bool(checks), check_shapes=tuple(check_shapes))

@@ -192,7 +192,7 @@ class BwdBinding:
     dtype: DType
     is_torch: bool
     alloc: Any
-    pool_key: tuple[Any, ...]
+    pool_keys: tuple[tuple[Any, ...], ...]
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -276,9 +276,9 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
         args=args, launches=launches, pre=next(i for i, kern in enumerate(bp.kernels) if kern.func == "ag_bwd_pre"),
         array_slots=[slots[n] for n in call], grad_slots=[slots[n] for n in ("dq", "dk", "dv")],
         grad_shapes=[a.shape for a in (aq, ak, av)], ws_slots=[slots[n] for n in ws], ws_specs=list(ws.values()),
+        pool_keys=POOL.keys((aq.is_torch, dev, sp), list(ws.values())),
         param_slots=[(slots[f"grad_{n}"], n, shape) for n, shape in params], tmaps=tmaps, aligned=aligned,
-        dtype=var.dtype, is_torch=aq.is_torch, alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp),
-        pool_key=(aq.is_torch, dev, sp))
+        dtype=var.dtype, is_torch=aq.is_torch, alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp))
 
 
 def _workspaces(var: Variant, bp: BwdPlan, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, DType]]:
@@ -308,7 +308,7 @@ def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:
     fresh = capturing(sp)  # under graph capture: the graph's own buffers, not the pool's
     with POOL.stream_lock(sp):
         grads = [alloc(shape, b.dtype) for shape in b.grad_shapes]
-        ws = [alloc((n,), dt) for n, dt in b.ws_specs] if fresh else POOL.take(b.pool_key, b.ws_specs, alloc)
+        ws = [alloc((n,), dt) for n, dt in b.ws_specs] if fresh else POOL.take(b.pool_keys, b.ws_specs, alloc)
         params = {name: alloc(shape, DType.FP32, True) for _, name, shape in b.param_slots}
         with b.lock:
             vals = b.args.vals

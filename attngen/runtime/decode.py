@@ -167,7 +167,7 @@ class DecodeKernel:
             lp = sig_fn(lse)(lse)[1]
         ws: Any = ()
         if b.ws_specs:
-            ws = [b.alloc((n,), dt) for n, dt in b.ws_specs] if capturing(sp) else POOL.take(b.pool_key, b.ws_specs, b.alloc)
+            ws = [b.alloc((n,), dt) for n, dt in b.ws_specs] if capturing(sp) else POOL.take(b.pool_keys, b.ws_specs, b.alloc)
         with POOL.stream_lock(sp) if ws else b.lock:
             vals = b.args.vals
             for slot, p in zip(b.array_slots, ptrs):
@@ -269,7 +269,7 @@ class DecodeBinding:
     readback: bool
     cacheable: bool  # False when built under capture without counters (a later call may have them)
     alloc: Any
-    pool_key: tuple[Any, ...]
+    pool_keys: tuple[tuple[Any, ...], ...]
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -340,16 +340,17 @@ def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, A
         launches.append(Launch(cu_function(fn), ln.grid, ln.threads, ln.smem_bytes, args, fn, kinds))
         launches[-1].bind_stream(sp)
     ws_o_shape, ws_lse_shape = dp.workspace_shapes(B, Lq, n_split)
+    ws_specs = [(math.prod(ws_o_shape), DType.FP32), (math.prod(ws_lse_shape), DType.FP32)][:len(ws)]
     table = 3 + kern._input_names.index(BLOCK_TABLE) if paged else -1
     page_check = (table, ak.shape[0]) if paged and check_pages and all(given[BLOCK_TABLE].shape) else None
     return DecodeBinding(
         args=args, launches=launches, array_slots=[slots[n] for n in call], out_slot=slots["o"], lse_slot=slots.get("lse", -1),
-        ws_slots=[slots[n] for n in ws], ws_specs=[(math.prod(ws_o_shape), DType.FP32), (math.prod(ws_lse_shape), DType.FP32)][:len(ws)],
+        ws_slots=[slots[n] for n in ws], ws_specs=ws_specs,
         out_shape=o_shape, lse_shape=tuple(abi.lse_shape(var, B, Lq)) if var.lse else None,
         extents=[(byte_range(a)[0] - a.ptr, byte_range(a)[1] - a.ptr) for a in (aq, ak, av)],
         out_extent=(byte_range(ao)[0] - ao.ptr, byte_range(ao)[1] - ao.ptr), page_check=page_check,
         readback=var.nan_check or page_check is not None, cacheable=bool(count_ptr) or not (merge and n_split > 1),
-        alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp), pool_key=(aq.is_torch, dev, sp))
+        alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp), pool_keys=POOL.keys((aq.is_torch, dev, sp), ws_specs))
 
 
 def check_page_ids(table: Any, num_pages: int, kern: DecodeKernel, sp: int) -> None:

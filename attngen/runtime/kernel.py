@@ -188,7 +188,7 @@ class Kernel:
         ws: Any = ()
         if b.ws_specs:
             # Workspaces from the pool, shared by this stream's calls (fresh under graph capture)
-            ws = ([b.alloc((n,), dt) for n, dt in b.ws_specs] if capturing(sp) else POOL.take(b.pool_key, b.ws_specs, b.alloc))
+            ws = ([b.alloc((n,), dt) for n, dt in b.ws_specs] if capturing(sp) else POOL.take(b.pool_keys, b.ws_specs, b.alloc))
         cupy_stream = None
         if self.launcher != "driver":
             cupy_stream = external_stream(sp)

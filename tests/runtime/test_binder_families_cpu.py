@@ -380,11 +380,12 @@ def test_workspace_pool_keys_by_size_stream_and_order():
     alloc = lambda shape, dt, zero=False: made.append((shape, dt)) or object()  # noqa: E731
     from attngen.ir.nodes import DType
 
-    a = pool.take(("t", 0, 1), [(100, DType.FP32), (100, DType.FP32), (50, DType.BF16)], alloc)
+    specs = [(100, DType.FP32), (100, DType.FP32), (50, DType.BF16)]
+    a = pool.take(pool.keys(("t", 0, 1), specs), specs, alloc)
     assert len(set(map(id, a))) == 3 and pool.allocations == 3  # two of one size in a call: two buffers
-    b = pool.take(("t", 0, 1), [(100, DType.FP32), (100, DType.FP32), (50, DType.BF16)], alloc)
+    b = pool.take(pool.keys(("t", 0, 1), specs), specs, alloc)
     assert [id(x) for x in a] == [id(x) for x in b] and pool.allocations == 3
-    c = pool.take(("t", 0, 2), [(100, DType.FP32)], alloc)
+    c = pool.take(pool.keys(("t", 0, 2), specs[:1]), specs[:1], alloc)
     assert id(c[0]) not in map(id, a) and pool.allocations == 4
     assert pool.stream_lock(1) is pool.stream_lock(1) is not pool.stream_lock(2)
 
