@@ -7,15 +7,22 @@ a `Binding`: every kernel argument sits in a prebuilt 8-byte slot, the `void**` 
 signature only reads its arrays' data pointers, patches the pointer slots and launches through the
 CUDA driver with ctypes (no per-argument Python objects, no CuPy argument conversion).
 
-The argument list comes from the plan's ABI fields (`OpPlan.fields`), by name: each field is either
-a pointer patched per call, a value fixed by the signature, or a per-call scalar in
-`CALL_SCALARS`. A field this module has no rule for is an error when the binding is built, so a new
-ABI field cannot be silently passed as garbage.
+This is the one binder of every family: the forward (`bind_forward`, here), the backward
+(`runtime.bwd.bind_backward`: every engine and the deterministic mode) and the decode family
+(`runtime.decode.bind_decode`: split-KV and combine, paged and varlen) build their bindings from
+the pieces below, and the ring's per-step calls are forward calls. The argument list comes from
+the plan's ABI fields, by name (`pack_fields`): each field is either a pointer patched per call, a
+value fixed by the signature, or a per-call scalar in `CALL_SCALARS`. A field with no rule is an
+error when the binding is built, so a new ABI field cannot be silently passed as garbage. Strides
+follow one rule (`seq_strides`), runtime inputs' fields their names in `attngen.ir.names`.
 
-The output, LSE and prep-kernel workspaces are allocated each call (their shapes, dtypes and
-allocators are part of the binding) through the caller's allocator in the launch stream's order:
-a buffer cached in the binding would be shared by concurrent callers and could be freed under a
-CUDA graph that captured it.
+Outputs (O, LSE, gradients) are allocated each call through the caller's allocator in the launch
+stream's order: they are the caller's. Workspaces come from `POOL`, kept per (library, device,
+stream, dtype, size): a stream runs its calls in order, so they may share them, and a per-stream
+lock keeps one call's launches together. A call under CUDA-graph capture takes fresh workspaces
+from the caller's allocator instead (a graph must own what it captured). Counters a kernel leaves
+zero are zeroed once by an async memset on their stream (`zero_async`); errors found on the device
+(input checks, page ids, nan_check) sit in status words read back only where a call asks for it.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ backward's pre kernel maps it through the norm. `layout varlen`: q, k, v, dO pac
 with the cu_seqlens inputs, the LSE [H, total_q]. Arrays are checked before any launch, as
 the forward checks them: wrong shapes, dtypes, devices or layouts are a ValueError saying what was
 expected. Arrays are CuPy arrays (bf16 as uint16 bit patterns) or torch CUDA tensors; the
-gradients come back in the library of q, contiguous, in the shapes of q, k, v. With torch tensors
-the workspaces come from torch's allocator on the launch stream (so a CUDA graph can capture the
-backward). `q_offset`, `kv_offset`, `Lq_total`, `Lk_total` place the call in a longer sequence as in
+gradients come back in the library of q, contiguous, in the shapes of q, k, v, allocated on the
+launch stream. A call signature is validated and packed once (`bind_backward`, on the binder's
+pieces); the workspaces come from the binder's pool, or under CUDA-graph capture from the caller's
+allocator (so a CUDA graph can capture the backward). `q_offset`, `kv_offset`, `Lq_total`, `Lk_total` place the call in a longer sequence as in
 the forward call; `dlse` adds a gradient at the LSE output. `attngen.torch` builds its autograd on
 this function (attngen/runtime/torch_op.py).
 """

@@ -1,10 +1,11 @@
 """The decode family called from Python (stage: load + launch).
 
 `compile_decode(v)` renders, compiles (cached) and loads a variant's split-KV and combine kernels;
-the returned `DecodeKernel` checks its arrays like the forward `Kernel` (same helpers, same words),
-picks the split kernel's CTAs and the partial slots for the call (`DecodePlan.schedule`), allocates
-the fp32 workspace on the launch stream (none when one slot a row) and launches the plan's kernels
-in order. `Dispatch` is what
+the returned `DecodeKernel` binds each call signature once (`bind_decode`, on the binder's pieces):
+it checks the arrays like the forward `Kernel`, picks the split kernel's CTAs and the partial slots
+(`DecodePlan.schedule`), packs the kernels' ABI fields by name; a later call patches pointers,
+takes the fp32 workspace from the binder's pool (none when one slot a row) and launches the plan's
+kernels through the driver. `Dispatch` is what
 `attngen.compile` returns for variants both families can run: each call goes to the family
 `plan_decode.choose_family` picks for its Lq (decode for small Lq), compiling each family on
 first use.
@@ -421,6 +422,7 @@ class Dispatch:
         self._arch = arch
         self._verbose = verbose
         self._decode: DecodeKernel | None = None
+        self._families: dict[int, Family] = {}
 
     @property
     def decode(self) -> DecodeKernel:
@@ -430,7 +432,11 @@ class Dispatch:
         return self._decode
 
     def family_for(self, Lq: int) -> Family:
-        return choose_family(self.forward.variant, Lq)
+        """The family of a call with Lq query rows (`choose_family`, remembered per Lq: a call does not re-plan)."""
+        fam = self._families.get(Lq)
+        if fam is None:
+            fam = self._families[Lq] = choose_family(self.forward.variant, Lq)
+        return fam
 
     def __call__(self, q: Any, k: Any, v: Any, **kw: Any) -> Any:
         lq = _lq_of(self.forward.variant, q)
