@@ -475,15 +475,17 @@ def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, 
 
 
 class WorkspacePool:
-    """Workspaces kept between calls, keyed by (library, device, stream, dtype, elements, n-th of
-    its size in one call). A stream runs its calls in order, so calls on one stream may share a
-    workspace; `stream_lock` keeps one call's launches together when threads share a stream. A
-    call under CUDA-graph capture takes fresh buffers from the caller's allocator instead (a
-    graph must own what it captured). Beyond MAX_WORKSPACES buffers the oldest are dropped (the
-    allocators free in stream order, so a running kernel keeps its memory)."""
+    """Workspaces kept between calls per (library, device, stream, dtype, n-th workspace of that
+    dtype in a call), each as large as the largest request it met: a call whose workspace fits
+    reuses the buffer, a larger one replaces it, so a stream holds a few buffers however many
+    shapes it sees (sequence lengths of a varlen training run). A stream runs its calls in order,
+    so calls on one stream may share a workspace; `stream_lock` keeps one call's launches together
+    when threads share a stream. A call under CUDA-graph capture takes fresh buffers from the
+    caller's allocator instead (a graph must own what it captured). A replaced or dropped buffer
+    is freed in its stream's order by the allocators, so a running kernel keeps its memory."""
 
     def __init__(self) -> None:
-        self._bufs: OrderedDict = OrderedDict()
+        self._bufs: OrderedDict = OrderedDict()  # key -> (buffer, elements)
         self._lock = threading.Lock()
         self._stream_locks: dict[int, threading.Lock] = {}
         self.allocations = 0  # buffers allocated (tests read it)
@@ -491,29 +493,29 @@ class WorkspacePool:
     @staticmethod
     def keys(call: tuple[Any, ...], specs: Sequence[tuple[int, DType]]) -> tuple[tuple[Any, ...], ...]:
         """The pool keys of a call's workspaces (built once a binding): `call` is (library,
-        device, stream); two workspaces of one size and dtype in a call get two buffers."""
-        seen: dict[tuple[int, str], int] = {}
+        device, stream); two workspaces of one dtype in a call get two buffers."""
+        seen: dict[str, int] = {}
         out = []
-        for n, dt in specs:
-            j = seen[(n, dt.value)] = seen.get((n, dt.value), -1) + 1
-            out.append((*call, dt.value, n, j))
+        for _, dt in specs:
+            j = seen[dt.value] = seen.get(dt.value, -1) + 1
+            out.append((*call, dt.value, j))
         return tuple(out)
 
     def take(self, keys: Sequence[tuple[Any, ...]], specs: Sequence[tuple[int, DType]], alloc: Callable[..., Any]) -> list[Any]:
-        """One buffer per key (`keys`), allocated as (elements, dtype) of `specs` when new."""
+        """One buffer per key (`keys`) of at least the elements of `specs`, allocated when none fits."""
         out = []
         bufs = self._bufs
         with self._lock:
             for k, (n, dt) in zip(keys, specs):
-                buf = bufs.get(k)
-                if buf is None:
-                    buf = bufs[k] = alloc((max(n, 1),), dt)
+                got = bufs.get(k)
+                if got is None or got[1] < n:
+                    got = bufs[k] = (alloc((max(n, 1),), dt), n)
                     self.allocations += 1
                     while len(bufs) > MAX_WORKSPACES:
                         bufs.popitem(last=False)
                 else:
                     bufs.move_to_end(k)
-                out.append(buf)
+                out.append(got[0])
         return out
 
     def stream_lock(self, stream: int) -> threading.Lock:

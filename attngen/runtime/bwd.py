@@ -52,6 +52,7 @@ class BackwardKernels:
     functions: dict[str, Any]  # device function name in the template -> CuPy kernel
     bindings: OrderedDict = field(default_factory=OrderedDict)  # call signature -> BwdBinding
     input_names: tuple[str, ...] = ()  # the runtime inputs in ABI order
+    device: int = 0  # where the kernels were loaded
 
 
 class _Cache(dict):
@@ -91,7 +92,7 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
     binary = compile_source(src, arch)
     module, by_name = load_functions(binary.cubin, {k.name: k.smem for k in bp.kernels})
     fns = {k.func: by_name[k.name] for k in bp.kernels}
-    bk = BackwardKernels(v, src, bp, fns, input_names=tuple(d.name for d in v.runtime_inputs()))
+    bk = BackwardKernels(v, src, bp, fns, input_names=tuple(d.name for d in v.runtime_inputs()), device=dev)
     bk._module = module  # type: ignore[attr-defined]  # keeps the module (and its functions) alive
     with _LOCK:
         return _CACHE.setdefault(key, bk)
@@ -220,10 +221,10 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
     o_shape = tuple(abi.o_shape(var, B, Lq))
     if ado.shape != o_shape:
         raise ValueError(f"dO: expected the output's shape {o_shape}, got {ado.shape}")
-    dev = aq.device
+    dev = bk.device
     for name, a in (("q", aq), ("k", ak), ("v", av), ("dO", ado), *given.items()):
         if a.device != dev:
-            raise ValueError(f"{name}: expected an array on the current device cuda:{dev}, got cuda:{a.device}")
+            raise ValueError(f"{name}: expected an array on cuda:{dev}, where the backward kernels were loaded, got cuda:{a.device}")
     check_dtype(ao, var.dtype, "o")
     if ao.shape != o_shape:
         raise ValueError(f"o: expected shape {o_shape}, got {ao.shape}")

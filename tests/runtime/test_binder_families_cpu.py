@@ -382,11 +382,17 @@ def test_workspace_pool_keys_by_size_stream_and_order():
 
     specs = [(100, DType.FP32), (100, DType.FP32), (50, DType.BF16)]
     a = pool.take(pool.keys(("t", 0, 1), specs), specs, alloc)
-    assert len(set(map(id, a))) == 3 and pool.allocations == 3  # two of one size in a call: two buffers
+    assert len(set(map(id, a))) == 3 and pool.allocations == 3  # two of one dtype in a call: two buffers
     b = pool.take(pool.keys(("t", 0, 1), specs), specs, alloc)
     assert [id(x) for x in a] == [id(x) for x in b] and pool.allocations == 3
-    c = pool.take(pool.keys(("t", 0, 2), specs[:1]), specs[:1], alloc)
-    assert id(c[0]) not in map(id, a) and pool.allocations == 4
+    smaller = [(60, DType.FP32), (100, DType.FP32), (10, DType.BF16)]
+    c = pool.take(pool.keys(("t", 0, 1), smaller), smaller, alloc)
+    assert [id(x) for x in a] == [id(x) for x in c] and pool.allocations == 3  # what fits is reused
+    larger = [(400, DType.FP32)]
+    d = pool.take(pool.keys(("t", 0, 1), larger), larger, alloc)
+    assert id(d[0]) != id(a[0]) and pool.allocations == 4 and made[-1] == ((400,), DType.FP32)  # replaced
+    e = pool.take(pool.keys(("t", 0, 2), specs[:1]), specs[:1], alloc)
+    assert id(e[0]) not in map(id, a) and pool.allocations == 5  # another stream: its own
     assert pool.stream_lock(1) is pool.stream_lock(1) is not pool.stream_lock(2)
 
 
