@@ -387,6 +387,8 @@ def backward(
     placed = (q_offset, kv_offset, Lq_total, Lk_total)
     positions = None if placed == (0, 0, None, None) else placed
     if o is None:
+        # q, k, v and dO refused before the forward launches (a call with o and lse is checked once a signature)
+        _check_before_forward(var, q, k, v, dO, inputs, positions)
         where = {} if positions is None else dict(q_offset=q_offset, kv_offset=kv_offset, Lq_total=Lq_total, Lk_total=Lk_total)
         fwd_inputs = {n: a for n, a in inputs.items() if n not in o_norm_inputs(var)}
         o, lse = _forward_with_lse(kernel)(q, k, v, stream=stream, **where, **fwd_inputs)
@@ -409,6 +411,18 @@ def backward(
     if wrt:
         return dq, dk, dv, {n: params[n] for n in wrt}
     return dq, dk, dv
+
+
+def _check_before_forward(var: Variant, q: Any, k: Any, v: Any, dO: Any, inputs: dict[str, Any], positions: tuple | None) -> None:
+    """The checks of q, k, v and dO a call without the forward's o and LSE makes before running that forward."""
+    aq, ak, av, ado = (view(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dO, "dO")))
+    for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ado, "dO")):
+        check_dtype(a, var.dtype, n)
+    given = {name: view(x, name) for name, x in inputs.items()}
+    sizes = bind_sizes(var, aq, ak, av, given, abi.Positions(*positions) if positions is not None else abi.Positions())
+    o_shape = tuple(abi.o_shape(var, sizes.B, sizes.Lq))
+    if ado.shape != o_shape:
+        raise ValueError(f"dO: expected the output's shape {o_shape}, got {ado.shape}")
 
 
 _PAIRS: dict[tuple[int, int], tuple[Variant, Variant, bool]] = {}

@@ -253,6 +253,13 @@ def test_backward_refusals_say_what_was_expected(fake, monkeypatch):
         call(dO=FakeArray((2, 8, 100, 128), np.uint16))
     with pytest.raises(ValueError, match="lse: expected a contiguous float32 array of shape"):
         call(lse=FakeArray((2, 8, 100), np.float32))
+    ran = []
+    kernel._training_forward = lambda *args, **kw: ran.append(1)  # the forward a call without o, lse runs: never reached
+    with pytest.raises(ValueError, match=r"dO: expected the output's shape \(2, 8, 200, 128\), got \(2, 8, 100, 128\)"):
+        bwd.backward(kernel, a["q"], a["k"], a["v"], FakeArray((2, 8, 100, 128), np.uint16), variant=v)
+    with pytest.raises(ValueError, match="dO: expected dtype bfloat16"):
+        bwd.backward(kernel, a["q"], a["k"], a["v"], FakeArray(a["dO"].shape, np.float16), variant=v)
+    assert not ran
     with pytest.raises(ValueError, match="o, lse: expected both"):
         bwd.backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], variant=v)
     with pytest.raises(ValueError, match="wrt: expected names of score inputs"):
