@@ -113,7 +113,8 @@ class DecodeKernel:
 
         A paged cache's block table is checked on the device (page ids in [0, num_pages)) into a
         status word; `check_pages=True` (default) reads it back at the end of the call (a sync,
-        none under CUDA-graph capture, where `raise_pending()` reads it) and raises ValueError.
+        none under CUDA-graph capture, where `raise_pending()` reads it) and raises ValueError
+        after this call's kernels were queued (`out` then holds no valid result).
         `check_pages=False` skips the check and the sync (the kernel still reads an out-of-range
         page as zeros, never outside the cache). Each call signature (shapes, strides, dtypes,
         devices, stream and these options) is validated and packed once; later calls patch

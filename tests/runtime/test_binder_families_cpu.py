@@ -437,3 +437,22 @@ def test_runtime_modules_import_without_cycles():
         if m not in state:
             visit(m, [])
     assert graph["bwd"] <= {"binder", "arrays"} and graph["decode"] <= {"binder", "arrays"}
+
+
+def test_dispatch_and_backward_remember_their_plans(fake, monkeypatch):
+    """A call does not re-plan: Dispatch keeps its family per Lq, backward its kernels per variant
+    (until the kernel cache is cleared, as the template A/B benchmarks do)."""
+    v = _variant(DEC_SPECS["gqa_bf16"])
+    chosen = _counting(monkeypatch, decode, "choose_family")
+    d = decode.Dispatch(types.SimpleNamespace(variant=v), Arch.SM80)
+    assert d.family_for(1) == d.family_for(1) == plan_decode.Family.DECODE and chosen[0] == 1
+    d.family_for(64)
+    assert chosen[0] == 2
+    v2, tv, bp, bk, kernel, a, inputs, calls, compiled, det = _bwd_setup("gqa_bf16_mma", monkeypatch)
+    run = lambda: bwd.backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], lse=a["lse"], variant=v2)  # noqa: E731
+    run()
+    run()
+    assert compiled == [1]
+    bwd._CACHE.clear()
+    run()
+    assert compiled == [1, 1]
