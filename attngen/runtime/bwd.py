@@ -183,6 +183,7 @@ class BwdBinding:
     args: ArgBuffer
     launches: list[Launch]
     pre: int  # the index of ag_bwd_pre among the launches (a `dlse` is subtracted after it)
+    delta: int  # the index of ws_delta among the workspaces
     array_slots: list[int]  # per call array (q, k, v, o, dO, lse, runtime inputs): its pointer's slot
     grad_slots: list[int]  # dq, dk, dv
     grad_shapes: list[tuple[int, ...]]
@@ -276,7 +277,7 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
         launches[-1].bind_stream(sp)
     return BwdBinding(
         args=args, launches=launches, pre=next(i for i, kern in enumerate(bp.kernels) if kern.func == "ag_bwd_pre"),
-        array_slots=[slots[n] for n in call], grad_slots=[slots[n] for n in ("dq", "dk", "dv")],
+        delta=list(ws).index("ws_delta"), array_slots=[slots[n] for n in call], grad_slots=[slots[n] for n in ("dq", "dk", "dv")],
         grad_shapes=[a.shape for a in (aq, ak, av)], ws_slots=[slots[n] for n in ws], ws_specs=list(ws.values()),
         pool_keys=POOL.keys((aq.is_torch, dev, sp), list(ws.values())),
         param_slots=[(slots[f"grad_{n}"], n, shape) for n, shape in params], tmaps=tmaps, aligned=aligned,
@@ -327,20 +328,21 @@ def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:
             for i, ln in enumerate(b.launches):
                 binder.launch_driver(ln, sp)
                 if i == b.pre and dlse is not None:
-                    _subtract(ws[0], dlse, sp, is_torch)
+                    _subtract(ws[b.delta], b.ws_specs[b.delta][0], dlse, sp, is_torch)
     return (*grads, params)
 
 
-def _subtract(delta: Any, dlse: Any, sp: int, is_torch: bool) -> None:
-    """delta -= dlse on the launch stream: a loss that reads the LSE, dS = P * (dP - (delta - dlse))."""
+def _subtract(delta: Any, n: int, dlse: Any, sp: int, is_torch: bool) -> None:
+    """delta[:n] -= dlse on the launch stream (a pool buffer may be longer than this call's rows): a
+    loss that reads the LSE, dS = P * (dP - (delta - dlse))."""
     if is_torch:
         with _torch_stream(sp, delta.device):
-            delta.sub_(dlse.reshape(-1))
+            delta[:n].sub_(dlse.reshape(-1))
         return
     import cupy
 
     with external_stream(sp):
-        cupy.subtract(delta, dlse.reshape(-1), out=delta)
+        cupy.subtract(delta[:n], dlse.reshape(-1), out=delta[:n])
 
 
 def backward(

@@ -277,14 +277,14 @@ def test_backward_refusals_say_what_was_expected(fake, monkeypatch):
 def test_backward_dlse_is_subtracted_after_the_pre_kernel(fake, monkeypatch):
     v, tv, bp, bk, kernel, a, inputs, *_ = _bwd_setup("gqa_bf16_mma", monkeypatch)
     order = []
-    monkeypatch.setattr(bwd, "_subtract", lambda delta, dlse, sp, is_torch: order.append(("sub", delta.data.ptr, dlse.data.ptr)))
+    monkeypatch.setattr(bwd, "_subtract", lambda delta, n, dlse, sp, is_torch: order.append(("sub", delta.data.ptr, n, dlse.data.ptr)))
     real = binder.launch_driver
     monkeypatch.setattr(binder, "launch_driver", lambda ln, s: order.append(("launch", ln.function)) or real(ln, s))
     dlse = FakeArray(a["lse"].shape, np.float32)
     bwd.backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], lse=a["lse"], dlse=dlse, variant=v)
     pre = next(i for i, kern in enumerate(bp.kernels) if kern.func == "ag_bwd_pre")
     got = dict(zip((f.name for f in bp.fields), fake.launches[0][5]))
-    assert order[pre + 1] == ("sub", got["ws_delta"], dlse.data.ptr)
+    assert order[pre + 1] == ("sub", got["ws_delta"], dlse.size, dlse.data.ptr)
     with pytest.raises(ValueError, match="dlse: expected a contiguous float32 array"):
         bwd.backward(kernel, a["q"], a["k"], a["v"], a["dO"], o=a["o"], lse=a["lse"], dlse=FakeArray((2, 8, 3), np.float32), variant=v)
 
@@ -456,3 +456,14 @@ def test_dispatch_and_backward_remember_their_plans(fake, monkeypatch):
     bwd._CACHE.clear()
     run()
     assert compiled == [1, 1]
+
+
+def test_dlse_subtraction_touches_only_the_calls_rows(monkeypatch):
+    """A pool buffer may be longer than a call's rows: delta - dlse touches the first n only."""
+    import contextlib
+
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(bwd, "_torch_stream", lambda sp, dev: contextlib.nullcontext())
+    delta = torch.zeros(10)
+    bwd._subtract(delta, 6, torch.ones(2, 3), 0, True)
+    assert delta.tolist() == [-1.0] * 6 + [0.0] * 4
