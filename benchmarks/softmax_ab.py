@@ -6,7 +6,7 @@
 The sweep's cells (bf16, H16, B*L = 32768 tokens, dense and causal) with one kernel for each
 schedule. At D64: the plan's default (plain), turns only, the FMA polynomial for 2 or 4 of a
 thread's 16 column groups, with and without turns; dense also at 128 x 128 with two consumer
-warpgroups (the auto tile before issue 16; now 192 x 128 with three, like causal). At D128
+warpgroups (the auto tile is 192 x 128 with three, like causal). At D128
 (FlashAttention-3's ping-pong case, two consumer warpgroups): plain and turns, on the main and the
 short-loop kernel alike; `kslot` / `vslot` (the K or the V ring a slot deeper, where shared
 memory allows: the short-loop kernel, L <= 2k), alone and chained. `chain` (work tiles chained: a tile's first S and softmax under the last
@@ -74,10 +74,9 @@ SCHEDULES = (
     ("vslot", WgmmaSoftmax(v_slot=True)),
     ("kslot+chain", WgmmaSoftmax(chain=True, k_slot=True, loads=WgmmaLoads.CP_ASYNC)),
     ("vslot+chain", WgmmaSoftmax(chain=True, v_slot=True, loads=WgmmaLoads.CP_ASYNC)),
-    # the tiles copied with cp.async by all 128 producer threads (the default before the nineteenth
-    # session) instead of TMA from one (where the plan allows TMA, `schedule.wgmma_tma_ok`; elsewhere
-    # both are the default); results/h200_tma_ab.jsonl has the run that made TMA the default, where
-    # `default` was this cp.async producer and `tma` the TMA one
+    # the tiles copied with cp.async by all 128 producer threads instead of TMA from one (where the plan allows TMA, `schedule.wgmma_tma_ok`; elsewhere
+    # both are the default); in results/h200_tma_ab.jsonl, `default` labels this cp.async
+    # producer and `tma` the TMA one (now the default)
     ("cp.async", WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC)),
 )
 # The ring schedules apply to the short-loop D128 kernel (schedule.short_tile) only.
