@@ -9,7 +9,6 @@ located error and `tile auto` can pick a good one.
 from __future__ import annotations
 
 import enum
-import dataclasses
 from dataclasses import dataclass
 
 from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, Layout, NormScope, NormTarget, TileConfig, Variant, walk
@@ -227,123 +226,29 @@ class WgmmaLoads(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class WgmmaSoftmax:
-    """How the wgmma consumers schedule their softmax; never what it computes beyond rounding.
+    """How the wgmma producer copies the tiles: TMA where the plan allows it (`wgmma_tma_ok`), which
+    turns this to CP_ASYNC elsewhere; CP_ASYNC asks for the copies of every producer thread (a
+    caller's override for strides TMA cannot take). The consumers' softmax is the plain one: the
+    schedules measured against it are in docs/DECISIONS.md#wgmma-softmax-schedules."""
 
-    `poly_groups`: of the block_n / 8 column groups of S a consumer thread holds, how many take
-    exp2 from a polynomial on the FMA pipe instead of the MUFU unit (spread evenly over the tile;
-    0: none). `turns`: the consumer warpgroups issue their S and P.V products in turn, each
-    passing the turn on through a named barrier once its products are issued (FlashAttention-3's
-    warp-scheduler barriers), so that one warpgroup's softmax runs under the others' products.
-    `chain`: a consumer issues the next work tile's first S before the last P.V of the tile it
-    ends, so that S and that tile's first softmax run under the P.V rather than after the
-    epilogue; where the next tile is not in yet, it issues the P.V, waits for the tile under it,
-    and runs the old tile's epilogue under the new first S (`wgmma_chain_ok` says where it
-    applies; elsewhere the plan turns it off)."""
-
-    poly_groups: int = 0
-    turns: bool = False
-    chain: bool = False
-    # The split K (or V) ring (`wgmma_kv_split`) one slot deeper than the tile's stages, where
-    # shared memory allows (`wgmma_ring_smem`; elsewhere the plan turns it off): the producer copies
-    # each K (V) one product earlier. A/B overrides (issue 16), off by default; not both at once.
-    k_slot: bool = False
-    v_slot: bool = False
-    # How the producer copies the tiles: TMA where the plan allows it (`wgmma_tma_ok`), which
-    # turns this to CP_ASYNC elsewhere; CP_ASYNC asks for the copies of every producer thread.
     loads: WgmmaLoads = WgmmaLoads.TMA
-
-    def describe(self, block_n: int) -> str:
-        """One phrase for headers and `explain` ('' when none is on; the loads are the engine's
-        phrase, `Engine.describe`)."""
-        parts = []
-        if self.poly_groups:
-            parts.append(f"exp2 of {self.poly_groups} of every {block_n // 8} column groups of S from an FMA polynomial")
-        if self.turns:
-            parts.append("consumer warpgroups issue their products in turn")
-        if self.chain:
-            parts.append("a work tile's first S and softmax run under the last P.V of the tile before, or its first S under that tile's epilogue")
-        if self.k_slot:
-            parts.append("the K ring a slot deeper than the V ring")
-        if self.v_slot:
-            parts.append("the V ring a slot deeper than the K ring")
-        return "; ".join(parts)
 
 
 def wgmma_softmax(head_dim: int, value_head_dim: int, tile: TileConfig) -> WgmmaSoftmax:
-    """The softmax schedule of a wgmma kernel: the plain one, for every head dim and tile.
-
-    At head dim 64 a consumer row's exp2 of a key tile on the MUFU unit (16 a clock an SM) take
-    about as long as its two products on the tensor cores, which is what the polynomial and the
-    turns address; but neither sped anything up on the H200 (bf16 H16, B*L = 32768, TFLOP/s at L
-    1k / 4k / 16k, benchmarks/softmax_ab.py, one run): causal 192 x 128, plain 245 / 383 / 473,
-    turns 247 / 381 / 463, polynomial for 2 of 16 column groups 242 / 370 / 450, both 240-242 /
-    365-366 / 440-441, 4 of 16 with turns 232 / 349 / 418; dense 128 x 128 within 3% of one
-    another (399-414 at 16k). The kernel is not bound by MUFU throughput there, so the FMA work
-    only adds issue slots. At D128 (two consumer warpgroups, FlashAttention-3's ping-pong case)
-    the turns measured within 1-2% of plain from L512 to L4k and slower at L16k (dense 572 against
-    584, causal 543 against 592; plain 279 / 368 / 440 causal at L512 / 1k / 2k, turns 285 / 370 /
-    441), with bit-identical outputs. Both stay available as `plan(..., softmax=...)` overrides
-    for A/B runs (tested against the reference on the GPU with both on). So does `chain`
-    (tests/gpu/test_gpu_chain.py): TFLOP/s plain against chained at L1k / L16k, D64 dense 368 / 528
-    against 370 / 510, D128 dense 493 / 603 against 487 / 574, D128 causal 384 / 558 against
-    379 / 600 (results/h200_chain_ab.jsonl): no gain at short lengths, where it was aimed. That
-    run had no late step (the fallback was the plain end of tile); the late step is checked on the
-    CPU (tests/codegen/test_fwd_wgmma_emu.py) and not yet timed. `k_slot` / `v_slot` (a third K or
-    V slot in the short-loop D128 kernel, whose consumers poll their full barriers; the eighteenth
-    session, results/h200_ring_ab.jsonl, TFLOP/s at L512 / 1k / 2k): dense plain 407 / 481 / 520,
-    v_slot 420 / 483 / 521, k_slot 403 / 474 / 515; causal plain 280 / 369 / 441, v_slot 282 / 364
-    / 430, v_slot with chain 284 / 373 / 442: within noise from L1k, so the default keeps two."""
+    """The softmax schedule of a wgmma kernel: the plain one, for every head dim and tile
+    (docs/DECISIONS.md#wgmma-softmax-schedules)."""
     return WgmmaSoftmax()
 
 
-def wgmma_chain_ok(*, varlen: bool, wide_rows: bool, turns: bool) -> bool:
-    """Whether the consumers can chain work tiles (`WgmmaSoftmax.chain`): the next tile's work
-    index must not change the Params (varlen), and the turns and the wide rows' scan keep the
-    plain loop. A token-scope q norm normalises the next Q in place under the last P.V (the late
-    step only), and its residual copy needs one buffer a Q buffer (`wgmma_chain_smem`). (With one
-    Q buffer the next Q loads only once the last S of a tile has read the old one, so the step
-    waits for that copy.)"""
-    return not (varlen or wide_rows or turns)
-
-
-def wgmma_tma_ok(*, varlen: bool, wide_rows: bool, chain: bool, q_norm: bool, k_norm: bool, residual_copy: bool,
+def wgmma_tma_ok(*, varlen: bool, wide_rows: bool, q_norm: bool, k_norm: bool, residual_copy: bool,
                  score_lookups: bool = False) -> bool:
     """Whether the producer can copy by TMA (`WgmmaLoads.TMA`): its descriptors view q, k and v
     as [B, heads, L, D] tensors, so the packed sequences of varlen, the prep kernels' normalised
-    copies (q or k norms) and the residual copy keep cp.async; so do the chained consumers and
-    the wide rows' producer (their own copy loops). Score expressions that read tensors (bias,
-    rel_bias lookups) keep cp.async too: ptxas spills their TMA kernels at every register split
-    the budget allows (sm_90a, nvcc 13.0: T5's relative bias 8 bytes at 56 / 224, none only at
-    40 / 232; a bias over [H, Lq, Lk] 20 bytes at 48 / 224 and 8 at 40 / 232), where the cp.async
-    kernels spill nothing."""
-    return not (varlen or wide_rows or chain or q_norm or k_norm or residual_copy or score_lookups)
-
-
-def wgmma_chain_smem(smem: "SmemLayout", dtype: DType, head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> "SmemLayout | None":
-    """The shared memory of a chained kernel: with a residual copy, one copy a Q buffer (the old
-    tile's epilogue reads its rows while the next tile's norm writes its own); None where that
-    does not fit the budget."""
-    if not smem.residual_copy or smem.q_buffers == smem.residual_bufs:
-        return smem
-    extra = (smem.q_buffers - smem.residual_bufs) * tile.block_m * (head_dim * dtype.itemsize + 16)
-    if smem.bytes + extra > arch.smem_budget:
-        return None
-    return dataclasses.replace(smem, bytes=smem.bytes + extra, residual_bufs=smem.q_buffers)
-
-
-def wgmma_ring_smem(smem: "SmemLayout", dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig,
-                    arch: Arch = DEFAULT_ARCH, *, k_slot: bool = False, v_slot: bool = False) -> "SmemLayout | None":
-    """The shared memory of a kernel whose split K ring (`k_slot`) or V ring (`v_slot`) has one slot
-    more than the tile's stages (`WgmmaSoftmax.k_slot` / `v_slot`): the tile, its full and empty
-    barriers (and a K slot's header); None where the rings are not split, both or neither are
-    asked for, or the slot does not fit the budget."""
-    if not smem.kv_split or smem.k_stages or k_slot == v_slot:
-        return None
-    # K and V tiles are multiples of 1024 bytes: the 8-byte rounding before the barriers stays
-    extra = tile.block_n * (head_dim if k_slot else value_head_dim) * dtype.itemsize + 2 * 8 + (4 if k_slot else 0)
-    if smem.bytes + extra > arch.smem_budget:
-        return None
-    return dataclasses.replace(smem, bytes=smem.bytes + extra, k_stages=tile.stages + k_slot, v_stages=tile.stages + v_slot)
+    copies (q or k norms) and the residual copy keep cp.async; so does the wide rows' producer
+    (its own copy loop). Score expressions that read tensors (bias, rel_bias lookups) keep
+    cp.async too: ptxas spills their TMA kernels at every register split the budget allows
+    (docs/DECISIONS.md#tma-score-lookups)."""
+    return not (varlen or wide_rows or q_norm or k_norm or residual_copy or score_lookups)
 
 
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
@@ -390,10 +295,6 @@ class SmemLayout:
     q_buffers: int = 1
     residual_copy: bool = False
     kv_split: bool = False
-    residual_bufs: int = 1  # residual copies: one a Q buffer for chained consumers (`wgmma_chain_smem`)
-    # Slots of split K and V rings of their own depths (`wgmma_ring_smem`), else 0 (the tile's stages)
-    k_stages: int = 0
-    v_stages: int = 0
 
 
 def smem_layout(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
