@@ -208,8 +208,6 @@ class Launch:
     block: int
     smem: int
     args: ArgBuffer
-    cupy_fn: Any = None  # the CuPy kernel object, for the CuPy launch path
-    ctypes_list: tuple[str, ...] = ()  # per slot: "p" pointer, "i" int, "q" long long (CuPy path)
     call_args: tuple[Any, ...] = ()  # cuLaunchKernel's arguments as ctypes objects, for `stream`
     stream: int = -1
 
@@ -259,20 +257,6 @@ def launch_driver(ln: Launch, stream: int) -> None:
         rc = d.launch(ln.function, g[0], g[1], g[2], ln.block, 1, 1, ln.smem, stream, ln.args.ptrs, None)
     if rc:
         raise d.error(rc, "cuLaunchKernel")
-
-
-def launch_cupy(ln: Launch, stream_obj: Any) -> None:
-    """The same launch through CuPy's RawKernel (numpy scalars rebuilt per call): the path the
-    runtime used before the binder, kept for comparison (`tools/host_overhead.py`)."""
-    import numpy as np
-
-    conv = {"p": np.uint64, "i": np.int32, "q": np.int64}
-    vals = ln.args.vals
-    args = tuple(conv[c](vals[i] & 0xFFFFFFFFFFFFFFFF if c == "p" else vals[i]) for i, c in enumerate(ln.ctypes_list))
-    # TMA descriptors: 128-byte structured scalars (CuPy passes a NumPy structured scalar's bytes)
-    desc = np.dtype([("words", np.uint64, (TMAP_BYTES // 8,))])
-    args += tuple(np.frombuffer(ctypes.string_at(ln.args.blob(j), TMAP_BYTES), dtype=desc)[0] for j in range(ln.args.blobs))
-    ln.cupy_fn(ln.grid, (ln.block,), args, shared_mem=ln.smem, stream=stream_obj)
 
 
 def slot_kind(ctype: str) -> str:

@@ -8,8 +8,7 @@ CuPy has no bfloat16 dtype: with CuPy, pass bf16 data as a uint16 array holding 
 (`x.view(cupy.uint16)`); outputs come back the same way. torch tensors keep their own dtypes.
 
 A call validates and packs its arguments once per signature (`attngen.runtime.binder`), then launches
-through the CUDA driver (ctypes `cuLaunchKernel`; `ATTNGEN_LAUNCHER=cupy` selects CuPy's launch,
-kept for comparison). Variants with `sorted` inputs run a device check first (`attngen.runtime.checks`);
+through the CUDA driver (ctypes `cuLaunchKernel`). Variants with `sorted` inputs run a device check first (`attngen.runtime.checks`);
 its result and a `nan_check` flag live in device status words that the call reads back (a sync),
 except under CUDA-graph capture, where `raise_pending()` reports them later.
 """
@@ -33,7 +32,7 @@ from typing import Any, Callable
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.ir.nodes import DType, Layout, NormScope, NormTarget, Program, TileConfig, TileHint, Variant, norm_bias_name, norm_weight_name
-from attngen.runtime.binder import CALL_SCALARS, MAX_BINDINGS, ArgBuffer, Binding, Launch, TmaSlot, cu_function, driver, launch_cupy, launch_driver, slot_kind
+from attngen.runtime.binder import CALL_SCALARS, MAX_BINDINGS, ArgBuffer, Binding, Launch, TmaSlot, cu_function, driver, launch_driver, slot_kind
 from attngen.runtime.checks import CHECK_THREADS, NO_ERROR, check_args, check_grid, check_kernel_name, flat_to_index, render_checks
 from attngen.cuda.render import OpPlan, TmaMap, render_with_plan, tma_maps
 from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, short_tile, uses_tensor_cores
@@ -218,7 +217,6 @@ class Kernel:
     _check_fns: tuple[Any, ...] = ()  # per sorted input: its check kernel
     _bindings: OrderedDict = field(default_factory=OrderedDict)
     _check_shapes: tuple[tuple[int, ...], ...] = ()  # the sorted inputs' shapes in the latest launch
-    launcher: str = "driver"  # "driver" (ctypes cuLaunchKernel) or "cupy" (RawKernel, for comparison)
     # The same variant at schedule.short_tile's tile, for calls whose key loop is short (Lk <= short_max_lk).
     short: "Kernel | None" = None
     short_max_lk: int = 0
@@ -330,9 +328,6 @@ class Kernel:
                 lse = b.alloc_lse()  # type: ignore[misc]
             lp = _sig_fn(lse)(lse)[1]
         ws = [alloc() for alloc in b.alloc_ws]
-        cupy_stream = None
-        if self.launcher != "driver":
-            cupy_stream = _external_stream(sp)
         with b.lock:
             main_vals = b.main[-1].args.vals
             for slot, p in zip(b.array_slots, ptrs):
@@ -349,16 +344,10 @@ class Kernel:
                 tm.update(ptrs[tm.array], "qkv"[tm.array])
             for ci, ai in b.check_slots:
                 b.checks[ci].args.vals[0] = ptrs[ai]
-            if cupy_stream is None:
-                for ln in b.checks:
-                    launch_driver(ln, sp)
-                for ln in b.main:
-                    launch_driver(ln, sp)
-            else:
-                for ln in b.checks:
-                    launch_cupy(ln, cupy_stream)
-                for ln in b.main:
-                    launch_cupy(ln, cupy_stream)
+            for ln in b.checks:
+                launch_driver(ln, sp)
+            for ln in b.main:
+                launch_driver(ln, sp)
         if b.readback:
             if b.checks:
                 self._check_shapes = b.check_shapes
@@ -592,7 +581,7 @@ class Kernel:
         for ok in kp.kernels:
             fn = fns[ok.name]
             main.append(Launch(cu_function(fn), ok.launch_grid(var.heads, B, Lq, Lk, sm), ok.threads,
-                               ok.smem.bytes, args, fn, tuple(kinds)))
+                               ok.smem.bytes, args))
 
         checks: list[Launch] = []
         check_slots: list[tuple[int, int]] = []
@@ -606,8 +595,7 @@ class Kernel:
             sc = check_args(a.shape, a.strides)
             pairs = sc[0] * sc[1] * sc[2] * (sc[3] - 1)
             vals = [0, *sc, self._status.data.ptr + 8 * (1 + i)]
-            checks.append(Launch(cu_function(fn), (check_grid(pairs), 1, 1), CHECK_THREADS, 0, ArgBuffer(vals), fn,
-                                 ("p", "i", "i", "i", "i", "q", "q", "q", "q", "p")))
+            checks.append(Launch(cu_function(fn), (check_grid(pairs), 1, 1), CHECK_THREADS, 0, ArgBuffer(vals)))
             check_slots.append((len(checks) - 1, 3 + names.index(d.name)))
 
         def alloc(shape: tuple[int, ...], dt: DType) -> Callable[[], Any]:
@@ -801,13 +789,7 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
     module, fns = load_functions(binary.cubin, {kp.kernel_name: kp.smem_bytes, **{pr.kernel: 0 for pr in kp.preps}})
     fn = fns[kp.kernel_name]
     preps = tuple(fns[pr.kernel] for pr in kp.preps)
-    launcher = os.environ.get("ATTNGEN_LAUNCHER", "driver")
-    if launcher == "driver":
-        try:
-            driver()
-        except OSError:  # no libcuda to load by name: CuPy's launch path still works
-            launcher = "cupy"
-    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn, preps, device=dev, launcher=launcher)
+    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn, preps, device=dev)
     if persistent(kp.engine):
         k._counter_blocks.append(cupy.zeros(COUNTER_BLOCK, dtype=cupy.int32))
     sorted_inputs = kp.problem.sorted_inputs
