@@ -63,8 +63,7 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
     engine = choose_engine(v, arch, engine)[0]  # the resolved engine keys the cache (the default may change)
     from attngen.plan import bwd as plan_bwd
 
-    # (WG_LOADS, WG_DQ: the A/B switches force_wg_loads, force_wg_dq)
-    key = (v, arch, deterministic, dev, engine, plan_bwd.WG_LOADS, tuple(sorted((bm, m.value) for bm, m in plan_bwd.WG_DQ.items())))
+    key = (v, arch, deterministic, dev, engine, plan_bwd.WG_LOADS)
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]

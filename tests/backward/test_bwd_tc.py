@@ -32,7 +32,7 @@ TOL = {DType.FP16: 1e-2, DType.BF16: 4e-2, DType.FP32: 2e-4}
 def test_engine_choice_and_explain(monkeypatch):
     # sm_90a's default at head dims 64 / 128 is the wgmma engine (tests/backward/test_bwd_wgmma_emu.py);
     # this is the mma.sync engine's choice wherever wgmma is not the default.
-    monkeypatch.setattr(plan_bwd, "WGMMA_DEFAULT", False)
+    monkeypatch.setattr(plan_bwd, "wgmma_fits", lambda v, arch: "kept on mma.sync by the test")
     bf = T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16)
     assert plan_bwd.choose_engine(bf, Arch.SM90A)[0] == BwdEngine.MMA
     assert plan_bwd.choose_engine(bf, Arch.SM80)[0] == BwdEngine.MMA
