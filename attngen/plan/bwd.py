@@ -57,6 +57,9 @@ TC_BLOCK_M = 64  # tensor-core dK/dV kernel: query rows a step
 # per key of 64 (FlashAttention-2's choice); it needs head dims that are multiples of 32 (each warp
 # then takes whole 16-column blocks of dQ).
 TC_BLOCK_N_CHOICES = (128, 64)
+# The tensor-core kernels start each CTA's walk over the query tiles at its own key tile's index,
+# so the CTAs of a head do not all add dQ into the same rows at once (docs/DECISIONS.md#the-rotated-walks-switch).
+
 TC_MAX_DIM = 128  # head dims (multiples of 16) the tensor-core engine serves
 
 
@@ -99,7 +102,8 @@ def wg_prefetch(v: Variant) -> WgPrefetch:
 # delta rows stay 4-byte cp.async: a descriptor needs 16-byte row strides, which Lq * 4 bytes
 # need not be): TMA (cp.async.bulk.tensor from one consumer thread, completing on a stage's
 # mbarrier, so that the other 255 threads issue no copies and compute no addresses), or cp.async
-# from all 256 consumer threads where the descriptors do not fit the parameter space (`wg_tma_room`).
+# from all 256 consumer threads where the descriptors do not fit the parameter space (`wg_tma_room`;
+# docs/DECISIONS.md#the-backwards-copy-switches).
 WG_LOADS = WgmmaLoads.TMA
 
 
@@ -344,7 +348,8 @@ def wgmma_fits(v: Variant, arch: Arch) -> str | None:
 
 def choose_engine(v: Variant, arch: Arch, prefer: BwdEngine | None = None) -> tuple[BwdEngine, str]:
     """The dK/dV engine of a variant on an arch, and why (explain's wording). `prefer` asks for an
-    engine (ValueError when it cannot run the variant); None: the default (wgmma where it fits)."""
+    engine (ValueError when it cannot run the variant); None: the default, wgmma where it fits
+    (docs/DECISIONS.md#the-backwards-engine-switch)."""
     if prefer == BwdEngine.WGMMA:
         why = wgmma_fits(v, arch)
         if why is not None:

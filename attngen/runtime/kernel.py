@@ -8,7 +8,7 @@ CuPy has no bfloat16 dtype: with CuPy, pass bf16 data as a uint16 array holding 
 (`x.view(cupy.uint16)`); outputs come back the same way. torch tensors keep their own dtypes.
 
 A call validates and packs its arguments once per signature (`attngen.runtime.binder`), then launches
-through the CUDA driver (ctypes `cuLaunchKernel`). Variants with `sorted` inputs run a device check first (`attngen.runtime.checks`);
+through the CUDA driver (ctypes `cuLaunchKernel`; docs/DECISIONS.md#cupys-launch-path). Variants with `sorted` inputs run a device check first (`attngen.runtime.checks`);
 its result and a `nan_check` flag live in device status words that the call reads back (a sync),
 except under CUDA-graph capture, where `raise_pending()` reports them later.
 """
