@@ -115,7 +115,7 @@ def ablate(src: str, what: str) -> str:
         start, _ = barrier_form(_DQ_START)
         a = src.index(start)
         e = src.index(_DQ_END, a)
-        # the next step's loads, issued under the dQ product since the seventeenth session, stay
+        # the next step's loads, issued under the dQ product (WgPrefetch.UNDER_DQ), stay
         keep = "  prefetch();\n" if "    prefetch();\n" in src[a:e] else ""
         return src[:a] + keep + "  ag_wgmma_wait<0>();" + src[e + len("\n  }"):].replace(_WG_TURN, "")
     if what == "no_dq_bar":

@@ -4,9 +4,8 @@
 
 bf16 D128 H16 B2 L16384: `document(doc) && causal` over the suite's 16 random documents a row, 16
 documents of 1024 tokens, 64 of 256 and one of 16k, and `causal && window(1023, 0)`; each at 128 x
-128 x 3 stages (`auto` in the rows: the tile `tile auto` gave these masks before the twenty-second
-session) and at 128 x 128 x 2 (`x2`: two Q buffers on split K/V rings, the tile it gives now,
-`schedule._short_runs`). Outputs of the two tiles are compared on the same inputs
+128 x 3 stages (`auto` in the rows: the main tile of these masks) and at 128 x 128 x 2 (`x2`: two Q buffers on
+split K/V rings, the tile `tile auto` gives them, `schedule._short_runs`). Outputs of the two tiles are compared on the same inputs
 (`maxdiff_vs_auto`); the first tile of a case is timed beside FlexAttention where the suite has it.
 Results: JSON lines (`results/h200_doc_mask.jsonl` holds the committed runs)."""
 

@@ -1,6 +1,6 @@
 """The mma.sync engines' mask split by axis (`emit.split_by_axis`) against the per-element form, on
 the GPU: forward and backward, same process, outputs compared; and the wgmma backward's (the same
-split, at head dim 64 inside the products since the twenty-third session).
+split, at head dim 64 inside the products).
 
     python benchmarks/mma_split_ab.py [--out PATH] [--iters N] [--head-dims 64,128]
 

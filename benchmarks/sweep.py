@@ -10,7 +10,7 @@ the same inputs (rotating sets larger than L2), after its output is checked agai
 counts half the work (the visible fraction is computed from the mask). Results are JSON lines
 (`env`, `gemm`, one `row` per implementation and cell); the plot has one panel per (D, mask) and
 one line per implementation. With cuDNN and FA2 it needs about six minutes on one H200 (33 of the
-36 cells fit in 320 s in the eleventh session), more with FlexAttention (a torch.compile a shape):
+36 cells fit in 320 s), more with FlexAttention (a torch.compile a shape):
 to stay within a device call, split the grid with --only / --lengths and --append each part to
 one results file.
 """

@@ -1,8 +1,8 @@
 """ptxas's report on every example's backward dK/dV kernel at sm_90a (issue 14): registers, stack,
 spills, and whether ptxas serialised or fenced the asynchronous products (C7507 setmaxnreg ignored,
-C7512 serialised wgmma, C7517 / C7519 injected waits / arrives), as benchmarks/results/bwd_wgmma_ptxas.txt.
+C7512 serialised wgmma, C7517 / C7519 injected waits / arrives).
 
-    python tools/bwd_ptxas.py [EXAMPLE.attn ...] > benchmarks/results/bwd_wgmma_ptxas.txt
+    python tools/bwd_ptxas.py [EXAMPLE.attn ...] > bwd_wgmma_ptxas.txt
 
 Each spec (default: examples/*.attn) is rendered as `attngen compile --pass backward --arch sm_90a`
 does (every variant of a spec with variants) and compiled with nvcc -cubin -Xptxas -v (no GPU)."""

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The decode family's device check in one call (device tool, with .whl carried):
-#   source .whl/env.sh && bash tools/decode_gpu_check.sh
+# The decode family's GPU check, on a GPU machine with the cuda extra and torch:
+#   bash tools/decode_gpu_check.sh
 # Fixed-shape smoke over every decode spec (never stops early), compute-sanitizer memcheck on three
-# of them (contiguous, paged, sinks), the decode GPU tests, the examples that use the new
+# of them (contiguous, paged, sinks), the decode GPU tests, the examples that use the decode
 # constructs, the GPU tests whose small-Lq cases the auto family now routes to decode, and the
 # decode benchmark (table, schedule and tile sweeps, the split kernel's own merge against the
 # combine kernel, paged vs contiguous), and the C++ paged example (bound schedule, three splits

@@ -4,7 +4,7 @@
 #   bash tools/device_install_check.sh          (from the repository root; logs under $OUT or ./device-check)
 #
 # Carry: .whl (lark) and .whl-cuda (NVIDIA's nvidia-cuda-nvrtc and nvidia-cuda-runtime wheels,
-# cuda-pathfinder, setuptools; see README "The cuda extra"). Steps, each logged to $OUT/NAME.log:
+# cuda-pathfinder, setuptools; see the README's install section). Steps, each logged to $OUT/NAME.log:
 #
 #   wheel     builds attngen's wheel offline (setuptools from .whl-cuda, build isolation)
 #   repack    packs the machine's installed CuPy and the base dependencies into wheels

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The issue-5 fuzz campaign in one device call: every example with N shape cases, plus generated specs.
-#   source .whl/env.sh && N=1000 SPECS=200 bash tools/fuzz_all.sh   (EXAMPLES="a.attn b.attn" narrows it)
+# The fuzz campaign on a GPU machine: every example with N shape cases, plus generated specs.
+#   N=1000 SPECS=200 bash tools/fuzz_all.sh   (EXAMPLES="a.attn b.attn" narrows it)
 # Examples run in parallel (one process each; the GPU is shared); BLAS is pinned to one thread so
 # the NumPy references do not fight over the cores. Writes $OUT/fuzz_*.txt and prints one line per run.
 set -uo pipefail

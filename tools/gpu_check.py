@@ -1,6 +1,6 @@
 """Device harness: correctness spot checks and timings of generated kernels in one process.
 
-Run on the GPU machine (see tools/device_run.sh): prints one line per case and a short table last.
+Run on a GPU machine: prints one line per case and a short table last.
 Writes JSON lines to $OUT/gpu_check.jsonl when OUT is set.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Head dims 256 and 192/128 (issue 15) on the device in one call (device tool, with .whl carried):
+# Head dims 256 and 192/128 on a GPU machine with the cuda extra and torch:
 #   bash tools/headdim_gpu_check.sh [--sweep]
 # Builds every kernel of tests/gpu/headdim_specs.py and the two gallery examples in parallel into
 # the disk cache first (NVRTC is single-threaded; each wgmma build takes a while), then runs

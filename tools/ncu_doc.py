@@ -1,6 +1,11 @@
 """One profiled launch each of the wgmma forward with a document mask (tile 128 x 128 x 2, bf16 D128
-H16 B2 L16k): the suite's 16 random documents, then 16 documents of 1024 tokens; for ncu, see
-benchmarks/results/h200_doc_ncu.txt for the command. Warm-up launches run outside the profiled range."""
+H16 B2 L16k): the suite's 16 random documents, then 16 documents of 1024 tokens, for ncu:
+
+    ncu --clock-control none --profile-from-start off --kernel-name regex:attngen --launch-count 2 \
+        --section SourceCounters --section WarpStateStats --section SpeedOfLight --section SchedulerStats \
+        python3 tools/ncu_doc.py
+
+Warm-up launches run outside the profiled range."""
 import os, sys
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))
 import numpy as np, torch

@@ -2,8 +2,8 @@
 # Instruction-level ncu profiles (issues 14 and 16): one backward of our wgmma dK/dV kernel and of
 # cuDNN's (tools/ncu_bwd.py, D128 B2 H16 L16k dense, and D64 B8 H16 L4k dense), and the first two forward cells of
 # tools/ncu_fwd.py (ours and cuDNN's each), with the SourceCounters section (warp-stall samples per
-# SASS instruction) and the pipe and shared-memory counters. On the device, from the tree root:
-#   source .whl/env.sh && bash tools/ncu_source.sh
+# SASS instruction) and the pipe and shared-memory counters. On a GPU machine with ncu, from the tree root:
+#   bash tools/ncu_source.sh
 # Returns under $OUT: the details pages (text), the per-instruction source pages (CSV, gzipped; read
 # them with tools/ncu_sass_top.py), and the logs.
 set -uo pipefail

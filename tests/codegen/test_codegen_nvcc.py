@@ -46,7 +46,7 @@ def _submit(path, name, arch) -> Future:
 
 @pytest.fixture(scope="module", autouse=True)
 def _prefetch(request):
-    """Queue every pair this session will ask for, in collection order, so nvcc runs ahead."""
+    """Queue every pair this test run will ask for, in collection order, so nvcc runs ahead."""
     for item in request.session.items:
         cs = getattr(item, "callspec", None)
         if item.module is not request.module or cs is None:

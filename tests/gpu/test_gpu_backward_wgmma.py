@@ -22,7 +22,7 @@ SPECS = {
     "wg_bf16_d64_window_softcap": "dtype bf16; head_dim 64; heads 4 kv 2; layout bshd; mask window(100, 7); score softcap(30.0)",
     "wg_fp16_d128_padding_causal": "dtype fp16; head_dim 128; heads 2; mask padding && causal",
     # D64 steps (128 queries) test visibility inside the products, with the lookups read per query
-    # and per key once the products land (since the twenty-third session)
+    # and per key once the products land
     "wg_bf16_d64_document": ("dtype bf16; head_dim 64; heads 2; kind cross; input qd: i32[B, Lq] sorted; input kd: i32[B, Lk] sorted; "
                              "mask document(qd, kd)"),
     "wg_fp16_d64_padding_causal": "dtype fp16; head_dim 64; heads 2; mask padding && causal",
