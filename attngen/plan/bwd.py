@@ -206,6 +206,12 @@ class BwdPlan:
     def launcher(self) -> str:
         return f"{self.base_name}_launch"
 
+    @property
+    def tc_rotate(self) -> bool:
+        """Whether the dK/dV kernel walks its query tiles from a rotated start: always on the
+        tensor-core engines (docs/DECISIONS.md#the-rotated-walks-switch)."""
+        return self.engine != BwdEngine.FFMA
+
     def kernel(self, func: str) -> BwdKernel:
         return next(k for k in self.kernels if k.func == func)
 

@@ -48,6 +48,7 @@ def test_engine_choice_and_explain(monkeypatch):
     bp = plan_bwd.plan(bf, Arch.SM90A)
     k = bp.kernel("ag_bwd_dkdv")
     assert bp.engine == BwdEngine.MMA and bp.tc_block_n == 128 and k.threads == 256 and k.smem == plan_bwd.tc_smem_bytes(128, 128, 128)
+    assert bp.tc_rotate and not plan_bwd.plan(fp32, Arch.SM90A).tc_rotate  # the rotated walk: tensor-core engines only
     assert k.smem <= Arch.SM90A.smem_budget
     assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
     # 16-wide heads would give each of 8 warps half a 16-column dQ block: 64-key tiles (4 warps).
