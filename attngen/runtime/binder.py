@@ -7,23 +7,60 @@ a `Binding`: every kernel argument sits in a prebuilt 8-byte slot, the `void**` 
 signature only reads its arrays' data pointers, patches the pointer slots and launches through the
 CUDA driver with ctypes (no per-argument Python objects, no CuPy argument conversion).
 
-The argument list comes from the plan's ABI fields (`OpPlan.fields`), by name: each field is either
-a pointer patched per call, a value fixed by the signature, or a per-call scalar in
-`CALL_SCALARS`. A field this module has no rule for is an error when the binding is built, so a new
-ABI field cannot be silently passed as garbage.
+This is the one binder of every family: the forward (`bind_forward`, here), the backward
+(`runtime.bwd.bind_backward`: every engine and the deterministic mode) and the decode family
+(`runtime.decode.bind_decode`: split-KV and combine, paged and varlen) build their bindings from
+the pieces below, and the ring's per-step calls are forward calls. The argument list comes from
+the plan's ABI fields, by name (`pack_fields`): each field is either a pointer patched per call, a
+value fixed by the signature, or a per-call scalar in `CALL_SCALARS`. A field with no rule is an
+error when the binding is built, so a new ABI field cannot be silently passed as garbage. Strides
+follow one rule (`seq_strides`), runtime inputs' fields their names in `attngen.ir.names`.
 
-The output, LSE and prep-kernel workspaces are allocated each call (their shapes, dtypes and
-allocators are part of the binding) through the caller's allocator in the launch stream's order:
-a buffer cached in the binding would be shared by concurrent callers and could be freed under a
-CUDA graph that captured it.
+Outputs (O, LSE, gradients) are allocated each call through the caller's allocator in the launch
+stream's order: they are the caller's. Workspaces come from `POOL`, kept per (library, device,
+stream, dtype, size): a stream runs its calls in order, so they may share them, and a per-stream
+lock keeps one call's launches together. A call under CUDA-graph capture takes fresh workspaces
+from the caller's allocator instead (a graph must own what it captured). Counters a kernel leaves
+zero are zeroed once by an async memset on their stream (`zero_async`); errors found on the device
+(input checks, page ids, nan_check) sit in status words read back only where a call asks for it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from attngen.cuda.render import TmaMap, tma_maps
+from attngen.ir import abi, names
+from attngen.ir.nodes import DType, Layout, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name
+from attngen.plan.schedule import persistent
+from attngen.runtime.arrays import (  # noqa: F401  (re-exported)
+    NaNCheckError,
+    InputCheckError,
+    ArrayView,
+    view,
+    dtype_ok,
+    check_dtype,
+    byte_range,
+    overlaps,
+    dtype_name_for_abi,
+    sm_count,
+    torch_sig,
+    cupy_sig,
+    sig_fn,
+    SIG_FNS,
+    torch_current_stream,
+    stream_ptr,
+    StreamHandle,
+    external_stream,
+    load_functions,
+)
+from attngen.runtime.checks import CHECK_THREADS, check_args, check_grid
 
 # Per-call integer arguments a caller may pass by keyword (name → default); an ABI field with one of
 # these names is filled from the call. Add a runtime scalar of the kernel ABI here.
@@ -66,6 +103,7 @@ class _Driver:
         # the entry point still launches every other kernel
         self._lib = lib
         self._encode: Any = None
+        self._memset: Any = None
         self._err = lib.cuGetErrorString
         self._err.restype = ctypes.c_int
         self._err.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
@@ -80,6 +118,15 @@ class _Driver:
                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
             self._encode = fn
         return self._encode
+
+    def memset32(self, ptr: int, value: int, words: int, stream: int) -> int:
+        """cuMemsetD32Async (resolved on first use)."""
+        fn = self._memset
+        if fn is None:
+            fn = self._memset = self._lib.cuMemsetD32Async
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+        return fn(ptr, value, words, stream)
 
     def capturing(self, stream: int) -> bool:
         """Whether `stream` is being captured into a CUDA graph (a sync there would break it)."""
@@ -150,16 +197,21 @@ TMAP_SWIZZLE_128B = 3
 TMAP_L2_256B = 3
 
 
+FORWARD_TMA_HINT = "; compile it with softmax=WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC), whose copies take any 16-byte strides"
+
+
 class TmaSlot:
     """One TMA descriptor argument of a binding (`attngen.cuda.render.TmaMap`): everything but the
     tensor's address is fixed by the call's signature, so a call re-encodes it only when its
     pointer changed since the last one."""
 
-    __slots__ = ("args", "blob", "array", "dtype", "dims", "strides", "box", "unit", "last")
+    __slots__ = ("args", "blob", "array", "dtype", "dims", "strides", "box", "unit", "last", "hint")
 
     def __init__(self, args: ArgBuffer, blob: int, array: int, dtype: str, dims: tuple[int, ...], strides: tuple[int, ...],
-                 box: tuple[int, ...]) -> None:
-        self.args, self.blob, self.array = args, blob, array
+                 box: tuple[int, ...], hint: str = FORWARD_TMA_HINT) -> None:
+        # `array`: where the call's pointer comes from (the forward: its index among the call's
+        # arrays; the backward: the slot of the ABI field holding it)
+        self.args, self.blob, self.array, self.hint = args, blob, array, hint
         self.dtype = TMAP_DTYPES[dtype]
         self.dims = (ctypes.c_uint64 * 4)(*dims)
         self.strides = (ctypes.c_uint64 * 3)(*strides)
@@ -177,26 +229,8 @@ class TmaSlot:
         if rc:
             self.last = -1
             raise ValueError(f"{what}: the TMA descriptor of this kernel's copies cannot describe it (cuTensorMapEncodeTiled: "
-                             f"CUDA error {rc}; dims {tuple(self.dims)}, byte strides {tuple(self.strides)}); "
-                             f"compile it with softmax=WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC), whose copies take any 16-byte strides")
+                             f"CUDA error {rc}; dims {tuple(self.dims)}, byte strides {tuple(self.strides)})" + self.hint)
         self.last = ptr
-
-
-def tmap_scalar(dtype: str, ptr: int, dims: tuple[int, ...], byte_strides: tuple[int, ...], box: tuple[int, ...], what: str) -> Any:
-    """One TMA descriptor (cuTensorMapEncodeTiled: 4-d, 128-byte swizzle, L2 256B, zero fill) as
-    the 128-byte NumPy structured scalar a CuPy launch passes by value; ValueError naming `what`
-    when the driver refuses the view."""
-    import numpy as np
-
-    buf = (ctypes.c_uint8 * (TMAP_BYTES + 64))()
-    addr = (ctypes.addressof(buf) + 63) // 64 * 64
-    rc = driver().encode_tmap()(addr, TMAP_DTYPES[dtype], 4, ptr, (ctypes.c_uint64 * 4)(*dims), (ctypes.c_uint64 * 3)(*byte_strides),
-                                (ctypes.c_uint32 * 4)(*box), (ctypes.c_uint32 * 4)(1, 1, 1, 1), 0, TMAP_SWIZZLE_128B, TMAP_L2_256B, 0)
-    if rc:
-        raise ValueError(f"{what}: the TMA descriptor of the backward's copies cannot describe it (cuTensorMapEncodeTiled: CUDA error {rc}; "
-                         f"dims {tuple(dims)}, byte strides {tuple(byte_strides)})")
-    desc = np.dtype([("words", np.uint64, (TMAP_BYTES // 8,))])
-    return np.frombuffer(ctypes.string_at(addr, TMAP_BYTES), dtype=desc)[0]
 
 
 @dataclass
@@ -235,9 +269,9 @@ class Binding:
     ws_slots: list[int]
     scalar_slots: list[tuple[int, str]]  # (slot, CALL_SCALARS name)
     tmaps: list[TmaSlot]  # the attention kernel's TMA descriptors (WgmmaLoads.TMA), else empty
-    alloc_out: Callable[[], Any]
-    alloc_lse: Callable[[], Any] | None
-    alloc_ws: list[Callable[[], Any]]
+    alloc: Callable[..., Any]  # alloc(shape, dtype, zero=False) in the caller's library, in the launch stream's order
+    ws_specs: list[tuple[int, DType]]  # the preps' workspaces: (elements, dtype), from the pool
+    pool_keys: tuple[tuple[Any, ...], ...]  # the workspaces' keys in the pool (`WorkspacePool.keys`)
     out_shape: tuple[int, ...]
     lse_shape: tuple[int, ...] | None
     extents: list[tuple[int, int]]  # per q, k, v: [lo, hi) byte offsets around its pointer
@@ -269,3 +303,403 @@ def slot_kind(ctype: str) -> str:
     if t == "int":
         return "i"
     raise ValueError(f"binder: no slot kind for ABI field type {ctype!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Binding by field name: every family's argument buffer
+
+
+def seq_strides(var: Variant, a: ArrayView, name: str, *, paged: bool = False, align: int = 0) -> tuple[int, int, int]:
+    """(batch, head, sequence) strides of a q/k/v/o-like view in elements, the one rule of every
+    family: packed [total, H, D] under `layout varlen` (no batch stride), a flat [B, L, H*D]
+    hidden state, [B, H, L, D] (bhsd), [B, L, H, D] (bshd), or a paged K/V cache
+    [num_pages, page_size, Hkv, D] as (page, head, slot). With `align`, every stride must be a
+    multiple of `align` elements and the pointer 16-byte aligned (the kernels' 16-byte copies)."""
+    if a.strides[-1] != 1:
+        raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got strides {a.strides}")
+    st = a.strides
+    if var.layout == Layout.VARLEN and not paged:
+        sb, sh, ss = 0, st[1], st[0]
+    elif len(a.shape) == 3 and not paged:
+        sb, sh, ss = st[0], var.head_dim, st[1]
+    elif len(a.shape) != 4:
+        raise ValueError(f"{name}: expected a 4-dimensional array, got shape {a.shape}")
+    elif paged or var.layout != Layout.BHSD:
+        sb, sh, ss = st[0], st[2], st[1]
+    else:
+        sb, sh, ss = st[0], st[1], st[2]
+    if align:
+        for s, what in ((sb, "batch"), (sh, "head"), (ss, "sequence")):
+            if s % align:
+                raise ValueError(f"{name}: expected every stride to be a multiple of {align} elements (16 bytes); the {what} stride is {s}")
+        if a.ptr % 16:
+            raise ValueError(f"{name}: expected a 16-byte aligned data pointer")
+    return sb, sh, ss
+
+
+def stride_fields(tensor: str, strides: tuple[int, int, int]) -> dict[str, int]:
+    """The `<t>_sb`, `<t>_sh`, `<t>_ss` ABI fields of one tensor."""
+    return {f"{tensor}_sb": strides[0], f"{tensor}_sh": strides[1], f"{tensor}_ss": strides[2]}
+
+
+def input_fields(var: Variant, given: Mapping[str, ArrayView]) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The runtime inputs' sizes and strides by ABI field name (fixed by a signature) and their
+    pointer fields in ABI order (patched per call); names from `attngen.ir.names`."""
+    fixed: dict[str, int] = {}
+    ptrs: list[str] = []
+    for d in var.runtime_inputs():
+        a = given[d.name]
+        check_dtype(a, d.dtype, d.name)
+        ptrs.append(names.input_field(d.name))
+        fixed.update({names.input_size_field(d.name, j): n for j, n in enumerate(a.shape)})
+        fixed.update({names.input_stride_field(d.name, j): s for j, s in enumerate(a.strides)})
+    return fixed, tuple(ptrs)
+
+
+def pack_fields(fields: Sequence[Any], fixed: Mapping[str, int], patched: Sequence[str], what: str,
+                blobs: int = 0) -> tuple[ArgBuffer, tuple[str, ...], dict[str, int]]:
+    """Every ABI field in order as a slot of one ArgBuffer: a pointer patched per call (its slot
+    comes back by name) or a value fixed by the signature. A field with neither rule is an error
+    when the binding is built, so a new ABI field is never passed as garbage."""
+    want = set(patched)
+    slots: dict[str, int] = {}
+    values: list[int] = []
+    kinds: list[str] = []
+    for i, f in enumerate(fields):
+        kinds.append(slot_kind(f.ctype))
+        if f.name in want:
+            slots[f.name] = i
+            values.append(0)
+        elif f.name in fixed:
+            values.append(int(fixed[f.name]))
+        else:
+            raise NotImplementedError(f"attngen.runtime.binder: no rule binds ABI field {f.name!r} ({f.ctype}) of {what}")
+    return ArgBuffer(values, blobs), tuple(kinds), slots
+
+
+def contiguous_view(shape: tuple[int, ...], dtype: DType, device: int, is_torch: bool) -> ArrayView:
+    """The view of an array a call will allocate (contiguous; pointer unknown until then)."""
+    cs = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        cs[i] = cs[i + 1] * shape[i + 1]
+    return ArrayView(None, 0, tuple(shape), tuple(cs), abi.DTYPE_NAMES[dtype], dtype.itemsize, device, is_torch)
+
+
+def call_signature(arrays: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]] | None:
+    """(signatures, data pointers) of a call's arrays; None when one is not a CuPy array or torch
+    tensor (the full validation then says what is wrong)."""
+    sigs, ptrs = [], []
+    fns = SIG_FNS
+    for x in arrays:
+        f = fns.get(type(x)) or sig_fn(x)
+        if f is None:
+            return None
+        sg, p = f(x)
+        sigs.append(sg)
+        ptrs.append(p)
+    return tuple(sigs), ptrs
+
+
+def launch_stream(stream: Any, is_torch: bool, device: int) -> int:
+    """The raw stream a call launches on: `stream`, else the caller library's current stream."""
+    if stream is not None:
+        return stream_ptr(stream)
+    if is_torch:
+        return torch_current_stream(device)
+    import cupy
+
+    return int(cupy.cuda.get_current_stream().ptr)
+
+
+def data_ptr(x: Any) -> int:
+    """The device address of a torch tensor or CuPy array."""
+    d = getattr(x, "data", None)
+    return int(d.ptr) if d is not None and hasattr(d, "ptr") else int(x.data_ptr())
+
+
+_TORCH_DTYPES: dict[DType, Any] = {}
+
+
+def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, ...], DType, bool], Any]:
+    """alloc(shape, dtype, zero) in the caller's library, in `stream`'s order (both libraries'
+    allocators reuse a freed block only in its stream's order, so dropping it after the call is
+    safe while the kernels run; torch's is also CUDA-graph aware)."""
+    if is_torch:
+        import torch
+
+        if not _TORCH_DTYPES:
+            _TORCH_DTYPES.update({DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16,
+                                  DType.I32: torch.int32})
+        if torch_current_stream(device.index) == stream:
+            def alloc(shape: tuple[int, ...], dt: DType, zero: bool = False) -> Any:
+                return (torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[dt], device=device)
+            return alloc
+
+        def alloc_on(shape: tuple[int, ...], dt: DType, zero: bool = False) -> Any:
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+                return (torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[dt], device=device)
+        return alloc_on
+    import cupy
+
+    cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16, DType.I32: cupy.int32}
+    current = int(cupy.cuda.get_current_stream().ptr) == stream
+    ext = None if current else external_stream(stream)
+
+    def alloc_cupy(shape: tuple[int, ...], dt: DType, zero: bool = False) -> Any:
+        make = cupy.zeros if zero else cupy.empty
+        if ext is None:
+            return make(shape, dtype=cdt[dt])
+        with ext:
+            return make(shape, dtype=cdt[dt])
+    return alloc_cupy
+
+
+# ---------------------------------------------------------------------------------------------
+# Workspaces, counters and status words
+
+
+class WorkspacePool:
+    """Workspaces kept between calls per (library, device, stream, dtype, n-th workspace of that
+    dtype in a call), each as large as the largest request it met: a call whose workspace fits
+    reuses the buffer, a larger one replaces it, so a stream holds a few buffers however many
+    shapes it sees (sequence lengths of a varlen training run). A stream runs its calls in order,
+    so calls on one stream may share a workspace; `stream_lock` keeps one call's launches together
+    when threads share a stream. A call under CUDA-graph capture takes fresh buffers from the
+    caller's allocator instead (a graph must own what it captured). A replaced or dropped buffer
+    is freed in its stream's order by the allocators, so a running kernel keeps its memory."""
+
+    def __init__(self) -> None:
+        self._bufs: OrderedDict = OrderedDict()  # key -> (buffer, elements)
+        self._lock = threading.Lock()
+        self._stream_locks: dict[int, threading.Lock] = {}
+        self.allocations = 0  # buffers allocated (tests read it)
+
+    @staticmethod
+    def keys(call: tuple[Any, ...], specs: Sequence[tuple[int, DType]]) -> tuple[tuple[Any, ...], ...]:
+        """The pool keys of a call's workspaces (built once a binding): `call` is (library,
+        device, stream); two workspaces of one dtype in a call get two buffers."""
+        seen: dict[str, int] = {}
+        out = []
+        for _, dt in specs:
+            j = seen[dt.value] = seen.get(dt.value, -1) + 1
+            out.append((*call, dt.value, j))
+        return tuple(out)
+
+    def take(self, keys: Sequence[tuple[Any, ...]], specs: Sequence[tuple[int, DType]], alloc: Callable[..., Any]) -> list[Any]:
+        """One buffer per key (`keys`) of at least the elements of `specs`, allocated when none fits."""
+        out = []
+        bufs = self._bufs
+        with self._lock:
+            for k, (n, dt) in zip(keys, specs):
+                got = bufs.get(k)
+                if got is None or got[1] < n:
+                    got = bufs[k] = (alloc((max(n, 1),), dt), n)
+                    self.allocations += 1
+                    while len(bufs) > MAX_WORKSPACES:
+                        bufs.popitem(last=False)
+                else:
+                    bufs.move_to_end(k)
+                out.append(got[0])
+        return out
+
+    def stream_lock(self, stream: int) -> threading.Lock:
+        lk = self._stream_locks.get(stream)
+        if lk is None:
+            with self._lock:
+                lk = self._stream_locks.setdefault(stream, threading.Lock())
+        return lk
+
+    def clear(self) -> None:
+        with self._lock:
+            self._bufs.clear()
+
+
+MAX_WORKSPACES = 64
+POOL = WorkspacePool()
+
+
+def zero_async(ptr: int, words: int, stream: int) -> None:
+    """Zeroes `words` 32-bit words at `ptr` in `stream`'s order (cuMemsetD32Async: no host sync;
+    launches queued after it on that stream see zeros)."""
+    d = _DRIVER or driver()
+    rc = d.memset32(ptr, 0, words, stream)
+    if rc:
+        raise d.error(rc, "cuMemsetD32Async")
+
+
+def capturing(stream: int) -> bool:
+    """Whether `stream` is being captured into a CUDA graph."""
+    return (_DRIVER or driver()).capturing(stream)
+
+
+def read_words(ptr: int, n: int, stream: int) -> list[int]:
+    """`n` int64 device words at `ptr`, read after `stream`'s queued work (a sync)."""
+    d = _DRIVER or driver()
+    host = (ctypes.c_int64 * n)()
+    rc = d.dtoh(ctypes.addressof(host), ptr, 8 * n, stream) or d.sync(stream)
+    if rc:
+        raise d.error(rc, "reading the status words")
+    return list(host)
+
+
+def write_words(ptr: int, values: Sequence[int], stream: int) -> None:
+    """Writes int64 `values` to the device words at `ptr` in `stream`'s order, and waits."""
+    d = _DRIVER or driver()
+    host = (ctypes.c_int64 * len(values))(*values)
+    rc = d.htod(ptr, ctypes.addressof(host), 8 * len(values), stream) or d.sync(stream)
+    if rc:
+        raise d.error(rc, "resetting the status words")
+
+
+# ---------------------------------------------------------------------------------------------
+# The forward family
+
+
+def _forward_views(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], positions: tuple | None) -> tuple[Any, ...]:
+    """Views and sizes of a forward call, every array checked against the variant."""
+    var = k.variant
+    q, kk, v = arrays[:3]
+    aq, ak, av = view(q, "q"), view(kk, "k"), view(v, "v")
+    for a, n in ((aq, "q"), (ak, "k"), (av, "v")):
+        check_dtype(a, var.dtype, n)
+    given = {name: view(x, name) for name, x in inputs.items()}
+    pos_given = abi.Positions(*positions) if positions is not None else abi.Positions()
+    sizes = bind_sizes(var, aq, ak, av, given, pos_given)
+    dev = k.device
+    for name, a in (("q", aq), ("k", ak), ("v", av), *given.items()):
+        if a.device != dev:
+            raise ValueError(f"{name}: expected an array on cuda:{dev}, where this kernel was loaded, got cuda:{a.device}")
+        if a.is_torch != aq.is_torch:
+            raise ValueError(f"{name}: expected a {'torch tensor' if aq.is_torch else 'CuPy array'} like q, got a "
+                             f"{'torch tensor' if a.is_torch else 'CuPy array'}")
+    # The norms read their weights and biases as one flat row (no strides in the kernels).
+    for n in var.norms:
+        for name in (norm_weight_name(n.target), norm_bias_name(n.target)):
+            a = given.get(name)
+            if a is not None and len(a.shape) == 1 and a.shape[0] > 1 and a.strides[0] != 1:
+                raise ValueError(f"{name}: expected a contiguous array (stride 1), got strides {a.strides}")
+    return aq, ak, av, given, sizes, pos_given.resolve(sizes.Lq, sizes.Lk)
+
+
+def bind_sizes(var: Variant, aq: ArrayView, ak: ArrayView, av: ArrayView, given: Mapping[str, ArrayView],
+               positions: abi.Positions | None = None) -> abi.Sizes:
+    """B, Lq, Lk of a call from its views (`abi.bind_sizes`: every shape checked), for every family."""
+    dtypes = {d.name: d.dtype for d in var.runtime_inputs()}
+    return abi.bind_sizes(var, aq.shape, ak.shape, av.shape,
+                          {n: (a.shape, dtype_name_for_abi(a, dtypes.get(n, DType.I32))) for n, a in given.items()},
+                          **({"positions": positions} if positions is not None else {}))
+
+
+def check_out(ao: ArrayView, aq: ArrayView, ak: ArrayView, av: ArrayView, dtype: DType, o_shape: tuple[int, ...]) -> None:
+    """A caller's `out`: the output's dtype, shape, library and device, sharing no memory with q, k, v."""
+    check_dtype(ao, dtype, "out")
+    if ao.shape != o_shape:
+        raise ValueError(f"out: expected shape {o_shape}, got {ao.shape}")
+    if ao.is_torch != aq.is_torch or ao.device != aq.device:
+        raise ValueError(f"out: expected a {'torch tensor' if aq.is_torch else 'CuPy array'} on cuda:{aq.device} like q")
+    # Other CTAs read q (whole hidden rows under a token-scope norm), k and v while this one
+    # writes: an output that shares memory with an input would be silently wrong.
+    for name, a in (("q", aq), ("k", ak), ("v", av)):
+        if overlaps(ao, a):
+            raise ValueError(f"out: expected memory separate from the inputs, but it overlaps {name}")
+
+
+def check_lse(al: ArrayView, aq: ArrayView, want: tuple[int, ...], name: str = "lse") -> None:
+    """A caller's LSE-shaped fp32 array: contiguous, in want's shape, like q."""
+    contiguous = tuple(int(math.prod(want[i + 1:])) for i in range(len(want)))
+    if al.dtype != "float32" or al.shape != want or al.strides != contiguous:
+        raise ValueError(f"{name}: expected a contiguous float32 array of shape {want}, got {al.dtype} {al.shape} strides {al.strides}")
+    if al.is_torch != aq.is_torch or al.device != aq.device:
+        raise ValueError(f"{name}: expected a {'torch tensor' if aq.is_torch else 'CuPy array'} on cuda:{aq.device} like q")
+
+
+def bind_forward(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], out: Any, lse: Any, stream: Any,
+                 check_inputs: bool, sp: int | None = None, positions: tuple | None = None) -> Binding:
+    """The binding of one forward call signature for `k` (a `runtime.kernel.Kernel`): the full
+    validation, the argument buffer by field name, grids, the check launches."""
+    var, kp = k.variant, k.plan
+    aq, ak, av, given, sizes, pos = _forward_views(k, arrays, inputs, positions)
+    B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
+    align = 16 // var.dtype.itemsize  # elements per 16-byte copy
+    qs, ks, vs = (seq_strides(var, a, n, align=align) for a, n in ((aq, "q"), (ak, "k"), (av, "v")))
+    qn = var.norm(NormTarget.Q)
+    if qn is not None and qn.scope == NormScope.TOKEN and qs[1] != var.head_dim:
+        raise ValueError(f"q: a token-scope norm reads whole hidden rows, so heads must be contiguous (head stride {var.head_dim}), got {qs[1]}")
+    dev, xp_torch = k.device, aq.is_torch
+    if sp is None:
+        sp = launch_stream(stream, xp_torch, dev)
+    o_shape = tuple(abi.o_shape(var, B, Lq))
+    if out is None:  # the output this call allocates: contiguous, aligned by the allocator
+        ao = contiguous_view(o_shape, var.dtype, dev, xp_torch)
+    else:
+        ao = view(out, "out")
+        check_out(ao, aq, ak, av, var.dtype, o_shape)
+    os_ = seq_strides(var, ao, "out", align=align)
+    lse_shape = tuple(abi.lse_shape(var, B, Lq)) if var.lse else None
+    if lse is not None:
+        if not var.lse:
+            raise ValueError("lse: this variant does not compute the LSE (add `output lse` to the spec)")
+        check_lse(view(lse, "lse"), aq, tuple(abi.lse_shape(var, B, Lq)))
+    fixed, in_ptrs = input_fields(var, given)
+    fixed.update({"B": B, "Lq": Lq, "Lk": Lk, "q_offset": pos.q_offset, "kv_offset": pos.kv_offset,
+                  "Lq_total": pos.Lq_total, "Lk_total": pos.Lk_total,
+                  "nan_flag": k._status.data.ptr if (var.nan_check and k._status is not None) else 0})
+    for t, st in (("q", qs), ("k", ks), ("v", vs), ("o", os_)):
+        fixed.update(stride_fields(t, st))
+    if var.layout == Layout.VARLEN:
+        fixed["lse_sh"] = Lq  # the LSE is [H, total_q]
+    if persistent(kp.engine):
+        fixed["work_counter"] = k._work_counter(sp)
+    ws_names = [pr.field.name for pr in kp.workspaces]
+    scalars = [f.name for f in kp.fields if f.name in CALL_SCALARS]
+    maps = tma_maps(kp)
+    args, _, slots = pack_fields(kp.fields, fixed, ("q", "k", "v", "o", "lse", *in_ptrs, *ws_names, *scalars),
+                                     kp.kernel_name, blobs=len(maps))
+    arr_names = ("q", "k", "v", *in_ptrs)
+    tmaps: list[TmaSlot] = []
+    lengths, strides = {"Lq": Lq, "Lk": Lk}, {"q": qs, "k": ks, "v": vs}
+    for j, m in enumerate(maps):
+        dims = m.dims(B, lengths[m.length])
+        sb, sh, ss = strides[m.tensor]
+        tmaps.append(TmaSlot(args, j, arr_names.index(m.tensor), var.dtype.value, dims,
+                             TmaMap.byte_strides(dims, (ss, sh, sb), var.dtype.itemsize), (64, m.rows, 1, 1)))
+    sm = sm_count(dev)
+    fns = {ok.name: fn for ok, fn in zip(kp.prep_kernels, k._preps)}
+    fns[kp.kernel_name] = k._function
+    main = [Launch(cu_function(fns[ok.name]), ok.launch_grid(var.heads, B, Lq, Lk, sm), ok.threads, ok.smem.bytes, args)
+            for ok in kp.kernels]
+    checks, check_slots, check_shapes = _sorted_checks(k, given, check_inputs)
+    ws_specs = [(math.prod(pr.workspace_shape(B, Lq, Lk)), pr.dtype) for pr in kp.workspaces]
+    for ln in (*main, *checks):
+        ln.bind_stream(sp)
+    return Binding(
+        key=None, checks=checks, check_slots=check_slots, main=main,
+        array_slots=[slots.get(n, -1) for n in arr_names],
+        out_slot=slots.get("o", -1), lse_slot=slots.get("lse", -1), ws_slots=[slots[n] for n in ws_names],
+        scalar_slots=[(slots[n], n) for n in scalars], tmaps=tmaps,
+        alloc=allocator(xp_torch, aq.obj.device if xp_torch else None, sp),
+        ws_specs=ws_specs, pool_keys=POOL.keys((xp_torch, dev, sp), ws_specs), out_shape=o_shape, lse_shape=lse_shape,
+        extents=[(byte_range(a)[0] - a.ptr, byte_range(a)[1] - a.ptr) for a in (aq, ak, av)],
+        out_extent=(byte_range(ao)[0] - ao.ptr, byte_range(ao)[1] - ao.ptr),
+        readback=var.nan_check or bool(checks), check_shapes=tuple(check_shapes))
+
+
+def _sorted_checks(k: Any, given: Mapping[str, ArrayView], check_inputs: bool) -> tuple[list[Launch], list[tuple[int, int]], list[tuple[int, ...]]]:
+    """The device checks of the `sorted` inputs (`attngen.runtime.checks`): launches, where each
+    reads its input among the call's arrays, and the inputs' shapes (for the error message)."""
+    var, kp = k.variant, k.plan
+    checks: list[Launch] = []
+    check_slots: list[tuple[int, int]] = []
+    check_shapes: list[tuple[int, ...]] = []
+    order = [d.name for d in var.runtime_inputs()]
+    for i, (d, fn) in enumerate(zip(kp.problem.sorted_inputs, k._check_fns)):
+        a = given[d.name]
+        check_shapes.append(a.shape)
+        if not check_inputs or a.shape[-1] < 2 or any(n == 0 for n in a.shape):
+            continue
+        sc = check_args(a.shape, a.strides)
+        pairs = sc[0] * sc[1] * sc[2] * (sc[3] - 1)
+        vals = [0, *sc, k._status.data.ptr + 8 * (1 + i)]
+        checks.append(Launch(cu_function(fn), (check_grid(pairs), 1, 1), CHECK_THREADS, 0, ArgBuffer(vals)))
+        check_slots.append((len(checks) - 1, 3 + order.index(d.name)))
+    return checks, check_slots, check_shapes

@@ -13,9 +13,10 @@ backward's pre kernel maps it through the norm. `layout varlen`: q, k, v, dO pac
 with the cu_seqlens inputs, the LSE [H, total_q]. Arrays are checked before any launch, as
 the forward checks them: wrong shapes, dtypes, devices or layouts are a ValueError saying what was
 expected. Arrays are CuPy arrays (bf16 as uint16 bit patterns) or torch CUDA tensors; the
-gradients come back in the library of q, contiguous, in the shapes of q, k, v. With torch tensors
-the workspaces come from torch's allocator on the launch stream (so a CUDA graph can capture the
-backward). `q_offset`, `kv_offset`, `Lq_total`, `Lk_total` place the call in a longer sequence as in
+gradients come back in the library of q, contiguous, in the shapes of q, k, v, allocated on the
+launch stream. A call signature is validated and packed once (`bind_backward`, on the binder's
+pieces); the workspaces come from the binder's pool, or under CUDA-graph capture from the caller's
+allocator (so a CUDA graph can capture the backward). `q_offset`, `kv_offset`, `Lq_total`, `Lk_total` place the call in a longer sequence as in
 the forward call; `dlse` adds a gradient at the LSE output. `attngen.torch` builds its autograd on
 this function (attngen/runtime/torch_op.py).
 """
@@ -24,13 +25,18 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
-from attngen.runtime.kernel import load_functions
-from attngen.ir.nodes import DType, Layout, NormKind, NormTarget, Variant, norm_bias_name, norm_weight_name
+from attngen.cuda.render import TmaMap
+from attngen.runtime import binder
+from attngen.runtime.binder import (MAX_BINDINGS, POOL, SIG_FNS, ArgBuffer, ArrayView, Launch, TmaSlot, allocator, bind_sizes, capturing,
+                                    check_dtype, check_lse, contiguous_view, cu_function, external_stream, input_fields, launch_stream,
+                                    load_functions, pack_fields, seq_strides, stride_fields, torch_sig, view)
+from attngen.ir.nodes import DType, NormKind, NormTarget, Variant, norm_bias_name, norm_weight_name
 from attngen.plan.bwd import BwdEngine, BwdPlan, choose_engine, learnable, norm_params, unsupported, wg_tma_maps
 from attngen.cuda.render_bwd import render_with_plan
 from attngen.plan.schedule import Arch
@@ -44,9 +50,23 @@ class BackwardKernels:
     source: str
     plan: BwdPlan
     functions: dict[str, Any]  # device function name in the template -> CuPy kernel
+    bindings: OrderedDict = field(default_factory=OrderedDict)  # call signature -> BwdBinding
+    input_names: tuple[str, ...] = ()  # the runtime inputs in ABI order
+    device: int = 0  # where the kernels were loaded
 
 
-_CACHE: dict[tuple[Any, ...], BackwardKernels] = {}
+class _Cache(dict):
+    """The compiled backward kernels; `clear()` (benchmarks swap templates with it) also retires
+    what kernels remembered of it (`generation`)."""
+
+    generation = 0
+
+    def clear(self) -> None:
+        self.generation += 1
+        super().clear()
+
+
+_CACHE: _Cache = _Cache()
 _LOCK = threading.Lock()
 
 
@@ -71,7 +91,7 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
     binary = compile_source(src, arch)
     module, by_name = load_functions(binary.cubin, {k.name: k.smem for k in bp.kernels})
     fns = {k.func: by_name[k.name] for k in bp.kernels}
-    bk = BackwardKernels(v, src, bp, fns)
+    bk = BackwardKernels(v, src, bp, fns, input_names=tuple(d.name for d in v.runtime_inputs()), device=dev)
     bk._module = module  # type: ignore[attr-defined]  # keeps the module (and its functions) alive
     with _LOCK:
         return _CACHE.setdefault(key, bk)
@@ -125,15 +145,15 @@ def apply_o_norm(v: Variant, o_pre: Any, x: Any, weight: Any = None, bias: Any =
     return y.to(o_pre.dtype) if is_torch else y.astype(o_pre.dtype)
 
 
-def _forward_with_lse(kernel: Any):
-    """The forward kernel of `training_variant` (the kernel itself when it is that variant)."""
-    from attngen.runtime import kernel as runtime
-
-    v = kernel.variant
-    tv = training_variant(v)
-    if tv == v:
-        return kernel
-    return runtime.compile(tv, arch=kernel.plan.arch)
+def _forward_with_lse(kernel: Any) -> Any:
+    """The forward kernel of `training_variant` (the kernel itself when it is that variant),
+    compiled through the kernel (`Kernel.for_variant`) and remembered on it."""
+    fwd = kernel.__dict__.get("_training_forward")
+    if fwd is None:
+        tv = training_variant(kernel.variant)
+        fwd = kernel if tv == kernel.variant else kernel.for_variant(tv)
+        kernel.__dict__["_training_forward"] = fwd
+    return fwd
 
 
 def _torch_stream(ptr: int, device: Any) -> Any:
@@ -146,6 +166,182 @@ def _torch_stream(ptr: int, device: Any) -> Any:
     if torch.cuda.current_stream(device).cuda_stream == ptr:
         return contextlib.nullcontext()
     return torch.cuda.stream(torch.cuda.ExternalStream(ptr, device=device))
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The call: validated and packed once a signature (`attngen.runtime.binder`)
+
+
+@dataclass
+class BwdBinding:
+    """What one backward call signature needs, built once: the launches over one argument buffer
+    (every backward kernel takes the same ABI fields; the wgmma dK/dV kernel its TMA descriptors
+    after them), where each call's pointers go, and what a call allocates."""
+
+    args: ArgBuffer
+    launches: list[Launch]
+    pre: int  # the index of ag_bwd_pre among the launches (a `dlse` is subtracted after it)
+    delta: int  # the index of ws_delta among the workspaces
+    array_slots: list[int]  # per call array (q, k, v, o, dO, lse, runtime inputs): its pointer's slot
+    grad_slots: list[int]  # dq, dk, dv
+    grad_shapes: list[tuple[int, ...]]
+    ws_slots: list[int]
+    ws_specs: list[tuple[int, DType]]  # (elements, dtype) a workspace, from the pool
+    param_slots: list[tuple[int, str, tuple[int, ...]]]  # (slot, input, shape) of each gradient in `wrt`
+    tmaps: list[tuple[TmaSlot, str]]
+    aligned: tuple[int, ...]  # call arrays whose pointers the tensor-core kernels copy with 16-byte cp.async
+    dtype: DType
+    is_torch: bool
+    alloc: Any
+    pool_keys: tuple[tuple[Any, ...], ...]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _strides(var: Variant, a: ArrayView, name: str) -> tuple[int, int, int]:
+    return seq_strides(var, a, name)
+
+
+def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], inputs: dict[str, Any], dlse: Any, sp: int,
+                  wrt: tuple[str, ...], positions: tuple | None) -> BwdBinding:
+    """The full validation of one backward signature and its argument buffer by field name."""
+    bp = bk.plan
+    allowed = learnable(var) + norm_params(var)
+    for name in wrt:
+        if name not in allowed:
+            raise ValueError(f"wrt: expected names of score inputs with a gradient ({', '.join(allowed) or 'none in this variant'}), got {name!r}")
+    aq, ak, av, ao, ado, al = (view(x, n) for x, n in zip(arrays[:6], ("q", "k", "v", "o", "dO", "lse")))
+    for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ado, "dO")):
+        check_dtype(a, var.dtype, n)
+    given = {name: view(x, name) for name, x in inputs.items()}
+    placed = abi.Positions(*positions) if positions is not None else abi.Positions()
+    sizes = bind_sizes(var, aq, ak, av, given, placed)
+    B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
+    pos = placed.resolve(Lq, Lk)
+    o_shape = tuple(abi.o_shape(var, B, Lq))
+    if ado.shape != o_shape:
+        raise ValueError(f"dO: expected the output's shape {o_shape}, got {ado.shape}")
+    dev = bk.device
+    for name, a in (("q", aq), ("k", ak), ("v", av), ("dO", ado), *given.items()):
+        if a.device != dev:
+            raise ValueError(f"{name}: expected an array on cuda:{dev}, where the backward kernels were loaded, got cuda:{a.device}")
+    check_dtype(ao, var.dtype, "o")
+    if ao.shape != o_shape:
+        raise ValueError(f"o: expected shape {o_shape}, got {ao.shape}")
+    lse_shape = tuple(abi.lse_shape(var, B, Lq))  # [B, H, Lq]; varlen [H, total_q]
+    check_lse(al, aq, lse_shape)
+    if dlse is not None:
+        check_lse(view(dlse, "dlse"), aq, lse_shape, "dlse")
+    grads = [contiguous_view(a.shape, var.dtype, dev, aq.is_torch) for a in (aq, ak, av)]
+    strides = {n: _strides(var, a, n) for a, n in zip((aq, ak, av, ao, ado, *grads), ("q", "k", "v", "o", "dO", "dq", "dk", "dv"))}
+    aligned: tuple[int, ...] = ()
+    if bp.engine != BwdEngine.FFMA:
+        # The tensor-core kernels copy rows of these with 16-byte cp.async.
+        read = ((0, aq, "q", not bp.q_norm), (1, ak, "k", not bp.k_norm), (2, av, "v", True), (4, ado, "dO", not bp.o_norm))
+        for i, a, n, r in read:
+            if r and any(s % 8 for s in strides[n]):
+                raise ValueError(f"{n}: expected every stride to be a multiple of 8 elements (16 bytes) for the tensor-core backward, got strides {a.strides}")
+        aligned = tuple(i for i, _, _, r in read if r)
+    fixed, in_ptrs = input_fields(var, given)
+    fixed.update({"B": B, "Lq": Lq, "Lk": Lk, "q_offset": pos.q_offset, "kv_offset": pos.kv_offset,
+                  "Lq_total": pos.Lq_total, "Lk_total": pos.Lk_total, "total_q": Lq, "total_k": Lk})
+    for t, st in strides.items():
+        fixed.update(stride_fields(t, st))
+    params: list[tuple[str, tuple[int, ...]]] = []
+    for name in allowed:
+        if name in wrt:
+            if name not in given:
+                raise ValueError(f"wrt: {name!r} is not an input of this call (affine-free norms have no weights)")
+            params.append((name, given[name].shape))
+        else:
+            fixed[f"grad_{name}"] = 0
+    ws = _workspaces(var, bp, B, Lq, Lk)
+    specs = wg_tma_maps(bp, var) if bp.wg_loads is not None else ()
+    call = ("q", "k", "v", "o", "dO", "lse", *in_ptrs)
+    args, _, slots = pack_fields(bp.fields, fixed, (*call, "dq", "dk", "dv", *ws, *(f"grad_{n}" for n, _ in params)),
+                                     bp.base_name, blobs=len(specs))
+    tmaps = []
+    for j, m in enumerate(specs):
+        L = Lq if m.length == "Lq" else Lk
+        dims = m.dims(B, L)
+        ss, sh, sb = m.dense_strides(L) if m.tensor in ws else tuple(reversed(strides[m.tensor]))
+        dt, size = ("fp32", 4) if m.fp32 else (var.dtype.value, var.dtype.itemsize)
+        tmaps.append((TmaSlot(args, j, slots[m.tensor], dt, dims, TmaMap.byte_strides(dims, (ss, sh, sb), size),
+                              (m.box_cols, m.rows, 1, 1), hint=""), m.tensor))
+    launches = []
+    for kern in bp.kernels:
+        fn = bk.functions[kern.func]
+        launches.append(Launch(cu_function(fn), bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim),
+                               kern.threads, kern.smem, args))
+        launches[-1].bind_stream(sp)
+    return BwdBinding(
+        args=args, launches=launches, pre=next(i for i, kern in enumerate(bp.kernels) if kern.func == "ag_bwd_pre"),
+        delta=list(ws).index("ws_delta"), array_slots=[slots[n] for n in call], grad_slots=[slots[n] for n in ("dq", "dk", "dv")],
+        grad_shapes=[a.shape for a in (aq, ak, av)], ws_slots=[slots[n] for n in ws], ws_specs=list(ws.values()),
+        pool_keys=POOL.keys((aq.is_torch, dev, sp), list(ws.values())),
+        param_slots=[(slots[f"grad_{n}"], n, shape) for n, shape in params], tmaps=tmaps, aligned=aligned,
+        dtype=var.dtype, is_torch=aq.is_torch, alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp))
+
+
+def _workspaces(var: Variant, bp: BwdPlan, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, DType]]:
+    """The backward's workspaces by ABI field: (elements, dtype). Rows of the per-row ones: B * H *
+    Lq; varlen H * total_q (the packed rows, [H, total_q] like the LSE). They grow with B*L, never
+    Lq*Lk."""
+    nb = 1 if bp.varlen else B
+    rows_q, rows_k = nb * var.heads * Lq, nb * var.kv_heads * Lk
+    ws = {"ws_delta": (rows_q, DType.FP32), "ws_dq": (rows_q * var.head_dim, DType.FP32)}
+    if bp.q_norm:
+        ws["ws_q"] = (rows_q * var.head_dim, var.dtype)
+    if bp.k_norm:
+        ws["ws_k"] = (rows_k * var.head_dim, var.dtype)
+        ws["ws_dk"] = (rows_k * var.head_dim, DType.FP32)
+    if bp.o_norm:
+        ws["ws_do"] = (rows_q * var.value_head_dim, var.dtype)
+    return {f.name: ws[f.name] for f in bp.fields if f.name in ws}
+
+
+def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:
+    """One call on its binding: allocate the gradients, take the workspaces, patch the pointers
+    (re-encoding a TMA descriptor only when its pointer changed), launch through the driver."""
+    for i in b.aligned:
+        if ptrs[i] & 15:
+            raise ValueError(f"{('q', 'k', 'v', 'o', 'dO')[i]}: expected a 16-byte aligned data pointer for the tensor-core backward")
+    alloc, is_torch = b.alloc, b.is_torch
+    fresh = capturing(sp)  # under graph capture: the graph's own buffers, not the pool's
+    with POOL.stream_lock(sp):
+        grads = [alloc(shape, b.dtype) for shape in b.grad_shapes]
+        ws = [alloc((n,), dt) for n, dt in b.ws_specs] if fresh else POOL.take(b.pool_keys, b.ws_specs, alloc)
+        params = {name: alloc(shape, DType.FP32, True) for _, name, shape in b.param_slots}
+        with b.lock:
+            vals = b.args.vals
+            for slot, p in zip(b.array_slots, ptrs):
+                vals[slot] = p
+            for slot, x in zip(b.grad_slots, grads):
+                vals[slot] = x.data_ptr() if is_torch else x.data.ptr
+            for slot, x in zip(b.ws_slots, ws):
+                vals[slot] = x.data_ptr() if is_torch else x.data.ptr
+            for slot, name, _ in b.param_slots:
+                vals[slot] = params[name].data_ptr() if is_torch else params[name].data.ptr
+            for tm, name in b.tmaps:
+                tm.update(vals[tm.array], name)
+            for i, ln in enumerate(b.launches):
+                binder.launch_driver(ln, sp)
+                if i == b.pre and dlse is not None:
+                    _subtract(ws[b.delta], b.ws_specs[b.delta][0], dlse, sp, is_torch)
+    return (*grads, params)
+
+
+def _subtract(delta: Any, n: int, dlse: Any, sp: int, is_torch: bool) -> None:
+    """delta[:n] -= dlse on the launch stream (a pool buffer may be longer than this call's rows): a
+    loss that reads the LSE, dS = P * (dP - (delta - dlse))."""
+    if is_torch:
+        with _torch_stream(sp, delta.device):
+            delta[:n].sub_(dlse.reshape(-1))
+        return
+    import cupy
+
+    with external_stream(sp):
+        cupy.subtract(delta[:n], dlse.reshape(-1), out=delta[:n])
 
 
 def backward(
@@ -178,203 +374,80 @@ def backward(
     `Lq_total`, `Lk_total` place the call in a longer sequence exactly as in the forward call
     (`abi.Positions`); pass the same values the forward got. `engine` asks for a dK/dV engine
     (`plan_bwd.BwdEngine`; None: the plan's default for the arch). `variant`: the variant to
-    differentiate when `kernel` is its `training_variant`'s forward (default: kernel.variant)."""
-    import cupy
-    import numpy as np
+    differentiate when `kernel` is its `training_variant`'s forward (default: kernel.variant).
 
-    from attngen.runtime import kernel as runtime
-
+    Each call signature (shapes, strides, dtypes, devices, stream, `wrt`, placement, whether
+    `dlse` is given) is validated and packed once; later calls patch pointers and launch."""
     var = kernel.variant if variant is None else variant
-    if variant is not None and training_variant(variant) != training_variant(kernel.variant):
+    if variant is not None and variant is not kernel.variant and not _same_training(kernel.variant, variant):
         raise ValueError(f"variant: expected {variant.name}'s own forward or its training forward, got a kernel of {kernel.variant.name}")
-    arch = kernel.plan.arch
-    bk = compile_backward(var, arch, deterministic=deterministic, engine=engine)  # refuses unsupported constructs first
+    bk = _backward_kernels(kernel, var, deterministic, engine)  # refuses unsupported constructs first
     wrt = tuple(wrt)
-    allowed = learnable(var) + norm_params(var)
-    for name in wrt:
-        if name not in allowed:
-            raise ValueError(f"wrt: expected names of score inputs with a gradient ({', '.join(allowed) or 'none in this variant'}), got {name!r}")
-    aq, ak, av, ado = (runtime._view(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dO, "dO")))
-    for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ado, "dO")):
-        runtime._check_dtype(a, var.dtype, n)
-    given = {name: runtime._view(x, name) for name, x in inputs.items()}
-    placed = abi.Positions(q_offset, kv_offset, Lq_total, Lk_total)
-    sizes = abi.bind_sizes(
-        var, aq.shape, ak.shape, av.shape,
-        {n: (a.shape, runtime._dtype_name_for_abi(a, next((d.dtype for d in var.runtime_inputs() if d.name == n), DType.I32)))
-         for n, a in given.items()},
-        positions=placed,
-    )
-    B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
-    pos = placed.resolve(Lq, Lk)
-    o_shape = tuple(abi.o_shape(var, B, Lq))
-    if ado.shape != o_shape:
-        raise ValueError(f"dO: expected the output's shape {o_shape}, got {ado.shape}")
-    dev = cupy.cuda.Device().id
-    for name, a in (("q", aq), ("k", ak), ("v", av), ("dO", ado), *given.items()):
-        if a.device != dev:
-            raise ValueError(f"{name}: expected an array on the current device cuda:{dev}, got cuda:{a.device}")
     if (o is None) != (lse is None):
         raise ValueError("o, lse: expected both (the forward's saved output and LSE) or neither, got one")
+    placed = (q_offset, kv_offset, Lq_total, Lk_total)
+    positions = None if placed == (0, 0, None, None) else placed
     if o is None:
-        where = {} if placed.is_plain else dict(q_offset=q_offset, kv_offset=kv_offset, Lq_total=Lq_total, Lk_total=Lk_total)
+        # q, k, v and dO refused before the forward launches (a call with o and lse is checked once a signature)
+        _check_before_forward(var, q, k, v, dO, inputs, positions)
+        where = {} if positions is None else dict(q_offset=q_offset, kv_offset=kv_offset, Lq_total=Lq_total, Lk_total=Lk_total)
         fwd_inputs = {n: a for n, a in inputs.items() if n not in o_norm_inputs(var)}
         o, lse = _forward_with_lse(kernel)(q, k, v, stream=stream, **where, **fwd_inputs)
-    ao, al = runtime._view(o, "o"), runtime._view(lse, "lse")
-    runtime._check_dtype(ao, var.dtype, "o")
-    if ao.shape != o_shape:
-        raise ValueError(f"o: expected shape {o_shape}, got {ao.shape}")
-    lse_shape = tuple(abi.lse_shape(var, B, Lq))  # [B, H, Lq]; varlen [H, total_q]
-    lse_strides = tuple(int(x) for x in reversed(np.cumprod((1, *reversed(lse_shape[1:])))))
-    if al.dtype != "float32" or al.shape != lse_shape or al.strides != lse_strides:
-        raise ValueError(f"lse: expected a contiguous float32 array of shape {lse_shape}, got {al.dtype} {al.shape} strides {al.strides}")
-    adl = None
-    if dlse is not None:
-        adl = runtime._view(dlse, "dlse")
-        if adl.dtype != "float32" or adl.shape != lse_shape or adl.strides != lse_strides:
-            raise ValueError(f"dlse: expected a contiguous float32 array of shape {lse_shape}, got {adl.dtype} {adl.shape} strides {adl.strides}")
-        if adl.is_torch != aq.is_torch or adl.device != dev:
-            raise ValueError(f"dlse: expected a {'torch tensor' if aq.is_torch else 'CuPy array'} on cuda:{dev} like q")
-
-    def strides3(a, name: str) -> tuple[int, int, int]:
-        if a.strides[-1] != 1:
-            raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got strides {a.strides}")
-        if var.layout == Layout.VARLEN:  # packed [total, heads, D]: no batch stride (the kernels move to each sequence's rows)
-            return 0, a.strides[1], a.strides[0]
-        if len(a.shape) == 3 and abi.q_token_flat(var):  # q (and dq) as a flat [B, L, H*D] hidden state
-            return a.strides[0], var.head_dim, a.strides[1]
-        if len(a.shape) != 4:
-            raise ValueError(f"{name}: expected a 4-dimensional array, got shape {a.shape}")
-        if var.layout == Layout.BHSD:
-            return a.strides[0], a.strides[1], a.strides[2]
-        return a.strides[0], a.strides[2], a.strides[1]
-
-    if bk.plan.engine != BwdEngine.FFMA:
-        # The tensor-core kernels copy rows of these with 16-byte cp.async.
-        for a, n, read in ((aq, "q", not bk.plan.q_norm), (ak, "k", not bk.plan.k_norm), (av, "v", True), (ado, "dO", not bk.plan.o_norm)):
-            if not read:
-                continue
-            bad = [s for s in strides3(a, n) if s % 8]
-            if bad:
-                raise ValueError(f"{n}: expected every stride to be a multiple of 8 elements (16 bytes) for the tensor-core backward, got strides {a.strides}")
-            if a.ptr % 16:
-                raise ValueError(f"{n}: expected a 16-byte aligned data pointer for the tensor-core backward")
-
-    if stream is None:
-        if aq.is_torch:
-            import torch
-
-            stream = runtime._external_stream(torch.cuda.current_stream().cuda_stream)
-        else:
-            stream = cupy.cuda.get_current_stream()
-    elif not isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
-        stream = runtime._external_stream(int(getattr(stream, "cuda_stream", stream)))
-    grads = [runtime._empty(a.shape, var.dtype, aq.is_torch, aq.obj, stream) for a in (aq, ak, av)]
-    agq, agk, agv = (runtime._view(g, n) for g, n in zip(grads, ("dq", "dk", "dv")))
-    bp = bk.plan
-    elem = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16}[var.dtype]
-    # Rows of the per-row workspaces: B * H * Lq; varlen H * total_q (the packed rows, [H, total_q] like the LSE).
-    nb = 1 if bp.varlen else B
-    # Workspaces in the launch stream's order (they grow with B*L, never Lq*Lk), from the caller's
-    # library: torch's caching allocator is CUDA-graph aware, so a captured backward allocates
-    # from the graph's pool instead of calling cudaMalloc inside the capture.
-    if aq.is_torch:
-        import torch
-
-        tdev = aq.obj.device
-        with _torch_stream(stream.ptr, tdev):
-            def alloc(n: int, fp32: bool) -> Any:
-                dt = torch.float32 if fp32 else {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}[var.dtype]
-                return torch.empty(n, dtype=dt, device=tdev)
-
-            delta = alloc(nb * var.heads * Lq, True)
-            ws_dq = alloc(nb * var.heads * Lq * var.head_dim, True)
-            ws = {"ws_q": alloc(nb * var.heads * Lq * var.head_dim, False) if bp.q_norm else None,
-                  "ws_k": alloc(nb * var.kv_heads * Lk * var.head_dim, False) if bp.k_norm else None,
-                  "ws_dk": alloc(nb * var.kv_heads * Lk * var.head_dim, True) if bp.k_norm else None,
-                  "ws_do": alloc(nb * var.heads * Lq * var.value_head_dim, False) if bp.o_norm else None}
-    else:
-        with stream:
-            delta = cupy.empty(nb * var.heads * Lq, dtype=cupy.float32)
-            ws_dq = cupy.empty(nb * var.heads * Lq * var.head_dim, dtype=cupy.float32)
-            ws = {"ws_q": cupy.empty(nb * var.heads * Lq * var.head_dim, dtype=elem) if bp.q_norm else None,
-                  "ws_k": cupy.empty(nb * var.kv_heads * Lk * var.head_dim, dtype=elem) if bp.k_norm else None,
-                  "ws_dk": cupy.empty(nb * var.kv_heads * Lk * var.head_dim, dtype=cupy.float32) if bp.k_norm else None,
-                  "ws_do": cupy.empty(nb * var.heads * Lq * var.value_head_dim, dtype=elem) if bp.o_norm else None}
-
-    def ptr(a: Any) -> np.uint64:
-        return np.uint64(a.data_ptr() if aq.is_torch else a.data.ptr)
-
-    args: list[Any] = [np.uint64(a.ptr) for a in (aq, ak, av, ao, ado, al, agq, agk, agv)]
-    args += [ptr(delta), ptr(ws_dq)]
-    args += [ptr(ws[f.name]) for f in bp.fields if f.name in ws]
-    args += [np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(pos.q_offset), np.int32(pos.kv_offset),
-             np.int32(pos.Lq_total), np.int32(pos.Lk_total)]
-    if bp.varlen:
-        args += [np.int32(Lq), np.int32(Lk)]  # total_q, total_k
-    for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ao, "o"), (ado, "dO"), (agq, "dq"), (agk, "dk"), (agv, "dv")):
-        args += [np.int64(s) for s in strides3(a, n)]
-    for d in var.runtime_inputs():
-        a = given[d.name]
-        runtime._check_dtype(a, d.dtype, d.name)
-        args.append(np.uint64(a.ptr))
-        args.extend(np.int32(n) for n in a.shape)
-        args.extend(np.int64(s) for s in a.strides)
-    param_grads: dict[str, Any] = {}
-    for name in allowed:
-        if name in wrt:
-            if name not in given:
-                raise ValueError(f"wrt: {name!r} is not an input of this call (affine-free norms have no weights)")
-            shape = given[name].shape
-            if aq.is_torch:
-                import torch
-
-                with _torch_stream(stream.ptr, aq.obj.device):
-                    param_grads[name] = torch.zeros(shape, dtype=torch.float32, device=aq.obj.device)
-            else:
-                with stream:
-                    param_grads[name] = cupy.zeros(shape, dtype=cupy.float32)
-            args.append(np.uint64(runtime._view(param_grads[name], name).ptr))
-        else:
-            args.append(np.uint64(0))
-    # The wgmma dK/dV kernel's TMA descriptors (plan_bwd.wg_tma_maps), after the ABI fields: the
-    # tensors' own strides, or a workspace's [B, heads, L, cols] rows.
-    maps = ()
-    specs = wg_tma_maps(bp, var) if bp.wg_loads is not None else ()
-    if specs:
-        from attngen.cuda.render import TmaMap
-        from attngen.runtime.binder import tmap_scalar
-
-        views = {"q": aq, "k": ak, "v": av, "dO": ado}
-        mlist = []
-        for m in specs:
-            L = Lq if m.length == "Lq" else Lk
-            dims = m.dims(B, L)
-            if m.tensor in views:
-                sb, sh, ss = strides3(views[m.tensor], m.tensor)
-                p = views[m.tensor].ptr
-            else:
-                ss, sh, sb = m.dense_strides(L)
-                p = int(ptr(ws_dq if m.tensor == "ws_dq" else ws[m.tensor]))
-            dt, size = ("fp32", 4) if m.fp32 else (var.dtype.value, var.dtype.itemsize)
-            mlist.append(tmap_scalar(dt, p, dims, TmaMap.byte_strides(dims, (ss, sh, sb), size), (m.box_cols, m.rows, 1, 1), m.tensor))
-        maps = tuple(mlist)
-    for kern in bp.kernels:
-        grid = bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim)
-        kargs = tuple(args) + (maps if kern.func == "ag_bwd_dkdv" else ())
-        bk.functions[kern.func](grid, (kern.threads,), kargs, shared_mem=kern.smem, stream=stream)
-        if kern.func == "ag_bwd_pre" and adl is not None:
-            # A loss that reads the LSE: dS = P * (dP - delta) + P * dlse = P * (dP - (delta - dlse)).
-            if aq.is_torch:
-                with _torch_stream(stream.ptr, tdev):
-                    delta.sub_(adl.obj.reshape(-1))
-            else:
-                with stream:
-                    delta -= adl.obj.reshape(-1)
-    # The workspaces were allocated in the launch stream's order: dropping them here is safe.
+    order = bk.input_names
+    arrays = (q, k, v, o, dO, lse, *(inputs[n] for n in order if n in inputs))
+    sig = binder.call_signature(arrays if dlse is None else (*arrays, dlse))
+    if sig is None or len(arrays) != 6 + len(order) or len(inputs) != len(order):
+        bind_backward(bk, var, arrays, inputs, dlse, 0, wrt, positions)  # raises the precise error
+        raise ValueError("backward: expected CuPy arrays or torch CUDA tensors")
+    sigs, ptrs = sig
+    is_torch = SIG_FNS.get(type(q)) is torch_sig
+    sp = launch_stream(stream, is_torch, sigs[0][3])
+    key = (sigs, sp, wrt, positions)
+    b = bk.bindings.get(key)
+    if b is None:
+        b = bk.bindings[key] = bind_backward(bk, var, arrays, inputs, dlse, sp, wrt, positions)
+        while len(bk.bindings) > MAX_BINDINGS:
+            bk.bindings.popitem(last=False)
+    dq, dk, dv, params = _run(b, ptrs, dlse, sp)
     if wrt:
-        return grads[0], grads[1], grads[2], {n: param_grads[n] for n in wrt}
-    return grads[0], grads[1], grads[2]
+        return dq, dk, dv, {n: params[n] for n in wrt}
+    return dq, dk, dv
+
+
+def _check_before_forward(var: Variant, q: Any, k: Any, v: Any, dO: Any, inputs: dict[str, Any], positions: tuple | None) -> None:
+    """The checks of q, k, v and dO a call without the forward's o and LSE makes before running that forward."""
+    aq, ak, av, ado = (view(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (dO, "dO")))
+    for a, n in ((aq, "q"), (ak, "k"), (av, "v"), (ado, "dO")):
+        check_dtype(a, var.dtype, n)
+    given = {name: view(x, name) for name, x in inputs.items()}
+    sizes = bind_sizes(var, aq, ak, av, given, abi.Positions(*positions) if positions is not None else abi.Positions())
+    o_shape = tuple(abi.o_shape(var, sizes.B, sizes.Lq))
+    if ado.shape != o_shape:
+        raise ValueError(f"dO: expected the output's shape {o_shape}, got {ado.shape}")
+
+
+_PAIRS: dict[tuple[int, int], tuple[Variant, Variant, bool]] = {}
+
+
+def _same_training(a: Variant, b: Variant) -> bool:
+    """Whether two variants share a training forward (remembered per pair of objects)."""
+    got = _PAIRS.get((id(a), id(b)))
+    if got is None or got[0] is not a or got[1] is not b:
+        got = _PAIRS[(id(a), id(b))] = (a, b, training_variant(a) == training_variant(b))
+    return got[2]
+
+
+def _backward_kernels(kernel: Any, var: Variant, deterministic: bool, engine: BwdEngine | None) -> BackwardKernels:
+    """`compile_backward` for this kernel's arch, remembered on the kernel per (variant,
+    deterministic, engine and the copies `plan_bwd.WG_LOADS`) so that a call does not re-plan."""
+    from attngen.plan import bwd as plan_bwd
+
+    memo = kernel.__dict__.setdefault("_bwd_kernels", {}) if hasattr(kernel, "__dict__") else {}
+    key = (id(var), deterministic, engine, plan_bwd.WG_LOADS)
+    got = memo.get(key)
+    if got is None or got[0] is not var or got[2] != _CACHE.generation:
+        got = memo[key] = (var, compile_backward(var, kernel.plan.arch, deterministic=deterministic, engine=engine), _CACHE.generation)
+    return got[1]
 
 
 __all__ = ["BackwardKernels", "apply_o_norm", "backward", "compile_backward", "o_norm_inputs", "training_variant"]

@@ -1,10 +1,11 @@
 """The decode family called from Python (stage: load + launch).
 
 `compile_decode(v)` renders, compiles (cached) and loads a variant's split-KV and combine kernels;
-the returned `DecodeKernel` checks its arrays like the forward `Kernel` (same helpers, same words),
-picks the split kernel's CTAs and the partial slots for the call (`DecodePlan.schedule`), allocates
-the fp32 workspace on the launch stream (none when one slot a row) and launches the plan's kernels
-in order. `Dispatch` is what
+the returned `DecodeKernel` binds each call signature once (`bind_decode`, on the binder's pieces):
+it checks the arrays like the forward `Kernel`, picks the split kernel's CTAs and the partial slots
+(`DecodePlan.schedule`), packs the kernels' ABI fields by name; a later call patches pointers,
+takes the fp32 workspace from the binder's pool (none when one slot a row) and launches the plan's
+kernels through the driver. `Dispatch` is what
 `attngen.compile` returns for variants both families can run: each call goes to the family
 `plan_decode.choose_family` picks for its Lq (decode for small Lq), compiling each family on
 first use.
@@ -12,8 +13,12 @@ first use.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,48 +27,40 @@ from attngen.cuda.compile import compile_source
 from attngen.ir.nodes import BLOCK_TABLE, DType, Layout, Variant
 from attngen.plan.decode import MAX_UNITS_TIMES_CTAS, DecodePlan, Family, choose_family
 from attngen.cuda.render_decode import render_decode
-from attngen.runtime.kernel import (
+from attngen.cuda.render_decode import decode_fields
+from attngen.runtime import binder
+from attngen.runtime.binder import (
+    MAX_BINDINGS,
+    POOL,
+    SIG_FNS,
+    ArgBuffer,
+    Launch,
+    bind_sizes,
+    byte_range,
+    call_signature,
+    capturing,
+    check_lse,
+    check_out,
+    contiguous_view,
+    cu_function,
+    input_fields,
+    launch_stream,
+    pack_fields,
+    seq_strides,
+    sig_fn,
+    stream_ptr,
+    stride_fields,
+    torch_current_stream,
+    torch_sig,
+    allocator,
     NaNCheckError,
-    _Arr,
-    _check_dtype,
-    _dtype_name_for_abi,
-    _empty,
-    _external_stream,
-    _overlaps,
-    _sm_count,
-    _view,
+    check_dtype,
+    external_stream,
     load_functions,
+    sm_count,
+    view,
 )
 from attngen.plan.schedule import Arch
-
-
-def _strides(var: Variant, a: _Arr, name: str, paged: bool = False) -> tuple[int, int, int]:
-    """(batch, head, sequence) strides of a 4-D q/k/v/o view, or (page, head, slot) of a paged
-    K/V cache [num_pages, page_size, Hkv, D], checked for the kernels' 16-byte copies."""
-    if len(a.shape) != 4:
-        raise ValueError(f"{name}: expected a 4-D array, got shape {a.shape}")
-    if a.strides[-1] != 1:
-        raise ValueError(f"{name}: expected the last dimension to be contiguous (stride 1), got strides {a.strides}")
-    if paged:
-        sb, ss, sh = a.strides[0], a.strides[1], a.strides[2]
-    elif var.layout == Layout.BHSD:
-        sb, sh, ss = a.strides[0], a.strides[1], a.strides[2]
-    else:
-        sb, ss, sh = a.strides[0], a.strides[1], a.strides[2]
-    for s, what in ((sb, "batch"), (sh, "head"), (ss, "sequence")):
-        if s % 8:
-            raise ValueError(f"{name}: expected every stride to be a multiple of 8 elements (16 bytes); the {what} stride is {s}")
-    if a.ptr % 16:
-        raise ValueError(f"{name}: expected a 16-byte aligned data pointer")
-    return sb, sh, ss
-
-
-def _check_pages(table: Any, num_pages: int) -> None:
-    """Refuse a block table with a page id outside [0, num_pages) (one small device reduction and
-    a synchronisation: the price of never reading outside the cache)."""
-    lo, hi = int(table.min()), int(table.max())
-    if lo < 0 or hi >= num_pages:
-        raise ValueError(f"block_table: expected page ids in [0, {num_pages}), got values from {lo} to {hi}")
 
 
 @dataclass
@@ -84,31 +81,26 @@ class DecodeKernel:
     # captured graph may still point at one).
     _counters: dict[tuple[int, int], Any] = field(default_factory=dict)
     _retired: list[Any] = field(default_factory=list)
+    device: int = 0
+    # Device int64 words, allocated at load: [nan flag (an int), the lowest page id a checked block
+    # table held, the least (num_pages - 1 - page id)]; a negative page word is a bad table.
+    _status: Any = None
+    _bindings: OrderedDict = field(default_factory=OrderedDict)
+    _status_views: dict[Any, Any] = field(default_factory=dict)  # library -> its view of _status
 
     family = Family.DECODE
     # Whether calls merge in the split kernel by default (False: the combine kernel merges). On:
     # the H200 measured it 0.6-9% faster wherever a row block splits (benchmarks/README.md).
     fused_default = True
 
-    def _counter_ptr(self, dev: int, stream: Any, n: int) -> int:
-        """Device address of at least n zeroed int32 row-block counters for `stream`, or 0 when
-        that would allocate during CUDA-graph capture (the call then merges with the combine
-        kernel; as the forward's work counters, counters are never allocated under capture)."""
-        import cupy
+    @functools.cached_property
+    def _input_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.variant.runtime_inputs())
 
-        key = (dev, int(stream.ptr))
-        with _LOCK:
-            buf = self._counters.get(key)
-            if buf is not None and buf.size >= n:
-                return int(buf.data.ptr)
-            if cupy.cuda.runtime.streamIsCapturing(int(stream.ptr)) != 0:
-                return 0
-            new = cupy.zeros(max(n, 1024, 2 * buf.size if buf is not None else 0), dtype=cupy.int32)
-            cupy.cuda.Device().synchronize()  # zeroed before any stream launches with them
-            if buf is not None:
-                self._retired.append(buf)
-            self._counters[key] = new
-            return int(new.data.ptr)
+    @functools.cached_property
+    def fields(self) -> tuple[Any, ...]:
+        """Both decode kernels' ABI fields, in order."""
+        return decode_fields(self.variant)
 
     def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None,
                  splits: int | None = None, ctas: int | None = None, fused: bool | None = None, check_pages: bool = True,
@@ -118,116 +110,269 @@ class DecodeKernel:
         block, `ctas` with that many equal shares of the call's units (tests and benchmarks use
         them to cover other schedules). `fused=True` merges split partials in the split kernel's
         last CTA a row block instead of a combine launch (`fused_default`; benchmarks compare).
-        `check_pages=False` skips the paged cache's page-id check, which synchronises the stream
-        (for callers that validated their block table once; the kernel still reads an
-        out-of-range page as zeros, never outside the cache)."""
-        import cupy
-        import numpy as np
 
-        var = self.variant
-        aq, ak, av = _view(q, "q"), _view(k, "k"), _view(v, "v")
-        for a, n in ((aq, "q"), (ak, "k"), (av, "v")):
-            _check_dtype(a, var.dtype, n)
-        given = {name: _view(x, name) for name, x in inputs.items()}
-        sizes = abi.bind_sizes(
-            var, aq.shape, ak.shape, av.shape,
-            {n: (a.shape, _dtype_name_for_abi(a, next((d.dtype for d in var.runtime_inputs() if d.name == n), DType.I32)))
-             for n, a in given.items()},
-        )
-        dev = cupy.cuda.Device().id
-        for name, a in (("q", aq), ("k", ak), ("v", av), *given.items()):
-            if a.device != dev:
-                raise ValueError(f"{name}: expected an array on the current device cuda:{dev}, got cuda:{a.device}")
-        B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
-        paged = var.page_size is not None
-        qs, ks, vs = _strides(var, aq, "q"), _strides(var, ak, "k", paged), _strides(var, av, "v", paged)
-        if paged and check_pages:
-            _check_pages(given[BLOCK_TABLE].obj, ak.shape[0])
-        xp_torch = aq.is_torch
-        o_shape = abi.o_shape(var, B, Lq)
+        A paged cache's block table is checked on the device (page ids in [0, num_pages)) into a
+        status word; `check_pages=True` (default) reads it back at the end of the call (a sync,
+        none under CUDA-graph capture, where `raise_pending()` reads it) and raises ValueError
+        after this call's kernels were queued (`out` then holds no valid result).
+        `check_pages=False` skips the check and the sync (the kernel still reads an out-of-range
+        page as zeros, never outside the cache). Each call signature (shapes, strides, dtypes,
+        devices, stream and these options) is validated and packed once; later calls patch
+        pointers and launch through the driver."""
+        return self._run(q, k, v, out, lse, stream, (splits, ctas, fused, bool(check_pages)), inputs, False)
+
+    def _run(self, q: Any, k: Any, v: Any, out: Any, lse: Any, stream: Any, options: tuple, inputs: dict[str, Any],
+             defer: bool) -> Any:
+        """`__call__`; with `defer`, the status words are not read back (`raise_pending` does)."""
+        order = self._input_names
+        arrays = (q, k, v, *(inputs[n] for n in order if n in inputs))
+        sig = call_signature(arrays)
+        if sig is None or len(arrays) != 3 + len(order) or len(inputs) != len(order):
+            bind_decode(self, arrays, inputs, out, lse, 0, options)  # raises the precise error
+            raise ValueError("q, k, v: expected CuPy arrays or torch CUDA tensors")
+        sigs, ptrs = sig
+        is_torch = SIG_FNS.get(type(q)) is torch_sig
+        sp = launch_stream(stream, is_torch, sigs[0][3])
+        out_sig = lse_sig = None
+        op = 0
+        if out is not None:
+            fo = sig_fn(out)
+            out_sig, op = fo(out) if fo is not None else (type(out), 0)
+        if lse is not None:
+            fl = sig_fn(lse)
+            lse_sig = fl(lse)[0] if fl is not None else type(lse)
+        key = (sigs, out_sig, lse_sig, sp, options)
+        b = self._bindings.get(key)
+        if b is None:
+            b = bind_decode(self, arrays, inputs, out, lse, sp, options)
+            if b.cacheable:
+                self._bindings[key] = b
+                while len(self._bindings) > MAX_BINDINGS:
+                    self._bindings.popitem(last=False)
+        if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
+            n = next(n for n, p in zip("qkv", ptrs) if p & 15)
+            raise ValueError(f"{n}: expected a 16-byte aligned data pointer")
         if out is None:
-            out = _empty(o_shape, var.dtype, xp_torch, aq.obj)
-        ao = _view(out, "out")
-        _check_dtype(ao, var.dtype, "out")
-        if ao.shape != o_shape:
-            raise ValueError(f"out: expected shape {o_shape}, got {ao.shape}")
-        for name, a in (("q", aq), ("k", ak), ("v", av)):
-            if _overlaps(ao, a):
-                raise ValueError(f"out: expected memory separate from the inputs, but it overlaps {name}")
-        os_ = _strides(var, ao, "out")
-        lse_ptr = 0
-        if var.lse or lse is not None:
-            if not var.lse:
-                raise ValueError("lse: this variant does not compute the LSE (add `output lse` to the spec)")
+            out = b.alloc(b.out_shape, self.variant.dtype)
+            op = out.data_ptr() if is_torch else out.data.ptr
+        else:
+            if op & 15:
+                raise ValueError("out: expected a 16-byte aligned data pointer")
+            o0, o1 = op + b.out_extent[0], op + b.out_extent[1]
+            for n, p, (lo, hi) in zip("qkv", ptrs, b.extents):
+                if o0 < p + hi and p + lo < o1:
+                    raise ValueError(f"out: expected memory separate from the inputs, but it overlaps {n}")
+        lp = 0
+        if b.lse_shape is not None:
             if lse is None:
-                lse = _empty(abi.lse_shape(var, B, Lq), DType.FP32, xp_torch, aq.obj)
-            al = _view(lse, "lse")
-            if al.dtype != "float32" or al.shape != (B, var.heads, Lq) or al.strides != (var.heads * Lq, Lq, 1):
-                raise ValueError(f"lse: expected a contiguous float32 array of shape {(B, var.heads, Lq)}, got {al.dtype} {al.shape} strides {al.strides}")
-            lse_ptr = al.ptr
-        if stream is None:
-            if xp_torch:
+                lse = b.alloc(b.lse_shape, DType.FP32)
+            lp = sig_fn(lse)(lse)[1]
+        ws: Any = ()
+        if b.ws_specs:
+            ws = [b.alloc((n,), dt) for n, dt in b.ws_specs] if capturing(sp) else POOL.take(b.pool_keys, b.ws_specs, b.alloc)
+        with POOL.stream_lock(sp) if ws else b.lock:
+            vals = b.args.vals
+            for slot, p in zip(b.array_slots, ptrs):
+                vals[slot] = p
+            vals[b.out_slot] = op
+            if b.lse_slot >= 0:
+                vals[b.lse_slot] = lp
+            for slot, w in zip(b.ws_slots, ws):
+                vals[slot] = w.data_ptr() if is_torch else w.data.ptr
+            if b.page_check is not None:
+                i, num_pages = b.page_check
+                self._pages_checked = num_pages
+                check_page_ids(arrays[i], num_pages, self, sp)
+            for ln in b.launches:
+                binder.launch_driver(ln, sp)
+        if b.readback and not defer and not capturing(sp):
+            self._read_status(sp, b.page_check[1] if b.page_check else 0)
+        return (out, lse) if self.variant.lse else out
+
+    def _status_view(self, like: Any) -> Any:
+        """Words 1 and 2 of the status (the page words) as an array of `like`'s library."""
+        lib = type(like).__module__.split(".")[0]
+        got = self._status_views.get(lib)
+        if got is None:
+            st = self._status
+            if lib == "torch":
                 import torch
 
-                stream = _external_stream(torch.cuda.current_stream().cuda_stream)
-            else:
-                stream = cupy.cuda.get_current_stream()
-        elif not isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
-            stream = _external_stream(int(getattr(stream, "cuda_stream", stream)))
-        dp = self.plan
-        n_chunks = max(1, -(-Lk // dp.chunk))
-        units = dp.units(B, Lq, Lk)
-        if splits is not None and ctas is not None:
-            raise ValueError("splits, ctas: expected at most one of the two schedule overrides")
-        if splits is not None:
-            if not 1 <= splits <= n_chunks:
-                raise ValueError(f"splits: expected 1 to {n_chunks} (chunks of {dp.chunk} keys), got {splits}")
-            n_ctas = dp.split_ctas(B, Lq, Lk, splits)
-            n_split = dp.slots(B, Lq, n_ctas)
-        elif ctas is not None:
-            if not 1 <= ctas <= units:
-                raise ValueError(f"ctas: expected 1 to {units} (row blocks x chunks of {dp.chunk} keys), got {ctas}")
-            n_ctas, n_split = ctas, dp.slots(B, Lq, ctas)
-        else:
-            n_split, n_ctas = dp.schedule(B, Lq, Lk, _sm_count(dev))
-        if units * n_ctas >= MAX_UNITS_TIMES_CTAS:
-            raise ValueError(f"B, Lq, Lk: {units} work units over {n_ctas} CTAs overflow the kernels' share arithmetic")
-        # The workspace grows with B * H * Lq * splits (never with Lk), allocated in the launch
-        # stream's order, so dropping it when this call returns is safe while the kernels run.
-        # One slot a row: the split kernel writes O itself and reads no workspace.
-        ws_o = ws_lse = None
-        if n_split > 1:
-            ws_o_shape, ws_lse_shape = dp.workspace_shapes(B, Lq, n_split)
-            ws_o = _empty(ws_o_shape, DType.FP32, xp_torch, aq.obj, stream)
-            ws_lse = _empty(ws_lse_shape, DType.FP32, xp_torch, aq.obj, stream)
-        flag = None
-        if var.nan_check:
-            with stream:
-                flag = cupy.zeros(1, dtype=cupy.int32)
-        merge = self.fused_default if fused is None else bool(fused)
-        count_ptr = self._counter_ptr(dev, stream, dp.row_blocks(B, Lq)) if merge and n_split > 1 else 0
-        args: list[Any] = [
-            np.uint64(aq.ptr), np.uint64(ak.ptr), np.uint64(av.ptr), np.uint64(ao.ptr), np.uint64(lse_ptr),
-            np.uint64(flag.data.ptr if flag is not None else 0),
-            np.uint64(0 if ws_o is None else _view(ws_o, "ws_o").ptr),
-            np.uint64(0 if ws_lse is None else _view(ws_lse, "ws_lse").ptr), np.uint64(count_ptr),
-            np.int32(B), np.int32(Lq), np.int32(Lk), np.int32(0), np.int32(0), np.int32(Lq), np.int32(Lk),
-            np.int32(n_split), np.int32(n_ctas),
-            *((np.int32(ak.shape[0]),) if paged else ()),
-            *(np.int64(s) for s in (*qs, *ks, *vs, *os_)),
-        ]
-        for d in var.runtime_inputs():
-            a = given[d.name]
-            _check_dtype(a, d.dtype, d.name)
-            args.append(np.uint64(a.ptr))
-            args.extend(np.int32(n) for n in a.shape)
-            args.extend(np.int64(s) for s in a.strides)
-        targs = tuple(args)
-        for launch, fn in zip(dp.launches(B, Lq, n_split, n_ctas, merged=bool(count_ptr)), self._functions):
-            fn(launch.grid, (launch.threads,), targs, shared_mem=launch.smem_bytes, stream=stream)
-        if flag is not None and int(flag.get(stream=stream)[0]) != 0:
-            raise NaNCheckError(f"variant {var.name}: the output holds NaN or Inf (nan_check)")
-        return (out, lse) if var.lse else out
+                st = torch.as_tensor(st, device=like.device)
+            got = self._status_views[lib] = st[1:3]
+        return got
+
+    def _read_status(self, sp: int, num_pages: int) -> None:
+        """Reads the status words back (a sync) and raises the error they hold, resetting them."""
+        nan, lo, slack = binder.read_words(self._status.data.ptr, STATUS_WORDS, sp)
+        if (nan & 0xFFFFFFFF) == 0 and lo >= 0 and slack >= 0:
+            return
+        binder.write_words(self._status.data.ptr, STATUS_INIT, sp)
+        if lo < 0 or slack < 0:
+            raise ValueError(f"block_table: expected page ids in [0, {num_pages}), got values from {lo} to {num_pages - 1 - slack} "
+                             f"(variant {self.variant.name}; this call's output is not valid; check_pages=False skips this check)")
+        raise NaNCheckError(f"variant {self.variant.name}: the output holds NaN or Inf (nan_check)")
+
+    def raise_pending(self, stream: Any = None) -> None:
+        """Raises an error a call under CUDA-graph capture left in the status words (a bad block
+        table, nan_check), synchronising `stream` (default: the current CuPy stream)."""
+        if self._status is None:
+            return
+        sp = stream_ptr(stream) if stream is not None else launch_stream(None, False, self.device)
+        self._read_status(sp, getattr(self, "_pages_checked", 0))
+
+    def counters(self, sp: int, n: int) -> int:
+        """Device address of at least n zeroed int32 row-block counters for stream `sp`, or 0 when
+        that would allocate during CUDA-graph capture (the call then merges with the combine
+        kernel). A new buffer is zeroed by an async memset on `sp` itself (no host sync): the
+        launches queued after it on that stream see zeros, and leave them zero."""
+        key = (self.device, sp)
+        with _LOCK:
+            buf = self._counters.get(key)
+            if buf is not None and buf.size >= n:
+                return int(buf.data.ptr)
+            if capturing(sp):
+                return 0
+            import cupy
+
+            size = max(n, 1024, 2 * buf.size if buf is not None else 0)
+            new = cupy.empty(size, dtype=cupy.int32)
+            binder.zero_async(int(new.data.ptr), size, sp)
+            if buf is not None:
+                self._retired.append(buf)
+            self._counters[key] = new
+            return int(new.data.ptr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Binding a decode call signature (`attngen.runtime.binder`)
+
+STATUS_WORDS = 3
+STATUS_INIT = (0, (1 << 63) - 1, (1 << 63) - 1)
+
+
+@dataclass
+class DecodeBinding:
+    """What one decode call signature needs, built once: the split (and combine) launches over one
+    argument buffer, where each call's pointers go, the workspaces and the output shapes."""
+
+    args: ArgBuffer
+    launches: list[Launch]
+    array_slots: list[int]  # per call array (q, k, v, runtime inputs)
+    out_slot: int
+    lse_slot: int
+    ws_slots: list[int]
+    ws_specs: list[tuple[int, DType]]
+    out_shape: tuple[int, ...]
+    lse_shape: tuple[int, ...] | None
+    extents: list[tuple[int, int]]
+    out_extent: tuple[int, int]
+    page_check: tuple[int, int] | None  # (the block table's index among the call arrays, num_pages)
+    readback: bool
+    cacheable: bool  # False when built under capture without counters (a later call may have them)
+    alloc: Any
+    pool_keys: tuple[tuple[Any, ...], ...]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _schedule(dp: DecodePlan, B: int, Lq: int, Lk: int, splits: int | None, ctas: int | None, device: int) -> tuple[int, int]:
+    """(slots a row, CTAs) of a call: the plan's schedule or a caller's override, checked."""
+    n_chunks = max(1, -(-Lk // dp.chunk))
+    units = dp.units(B, Lq, Lk)
+    if splits is not None and ctas is not None:
+        raise ValueError("splits, ctas: expected at most one of the two schedule overrides")
+    if splits is not None:
+        if not 1 <= splits <= n_chunks:
+            raise ValueError(f"splits: expected 1 to {n_chunks} (chunks of {dp.chunk} keys), got {splits}")
+        n_ctas = dp.split_ctas(B, Lq, Lk, splits)
+        n_split = dp.slots(B, Lq, n_ctas)
+    elif ctas is not None:
+        if not 1 <= ctas <= units:
+            raise ValueError(f"ctas: expected 1 to {units} (row blocks x chunks of {dp.chunk} keys), got {ctas}")
+        n_ctas, n_split = ctas, dp.slots(B, Lq, ctas)
+    else:
+        n_split, n_ctas = dp.schedule(B, Lq, Lk, sm_count(device))
+    if units * n_ctas >= MAX_UNITS_TIMES_CTAS:
+        raise ValueError(f"B, Lq, Lk: {units} work units over {n_ctas} CTAs overflow the kernels' share arithmetic")
+    return n_split, n_ctas
+
+
+def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, Any], out: Any, lse: Any, sp: int,
+                options: tuple) -> DecodeBinding:
+    """The full validation of one decode signature and its argument buffer by field name."""
+    splits, ctas, fused, check_pages = options
+    var, dp = kern.variant, kern.plan
+    aq, ak, av = view(arrays[0], "q"), view(arrays[1], "k"), view(arrays[2], "v")
+    for a, n in ((aq, "q"), (ak, "k"), (av, "v")):
+        check_dtype(a, var.dtype, n)
+    given = {name: view(x, name) for name, x in inputs.items()}
+    sizes = bind_sizes(var, aq, ak, av, given)
+    dev = kern.device
+    for name, a in (("q", aq), ("k", ak), ("v", av), *given.items()):
+        if a.device != dev:
+            raise ValueError(f"{name}: expected an array on cuda:{dev}, where this kernel was loaded, got cuda:{a.device}")
+    B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
+    paged = var.page_size is not None
+    qs, ks, vs = (seq_strides(var, a, n, paged=p, align=8) for a, n, p in ((aq, "q", False), (ak, "k", paged), (av, "v", paged)))
+    o_shape = tuple(abi.o_shape(var, B, Lq))
+    if out is None:
+        ao = contiguous_view(o_shape, var.dtype, dev, aq.is_torch)
+    else:
+        ao = view(out, "out")
+        check_out(ao, aq, ak, av, var.dtype, o_shape)
+    os_ = seq_strides(var, ao, "out", align=8)
+    if lse is not None:
+        if not var.lse:
+            raise ValueError("lse: this variant does not compute the LSE (add `output lse` to the spec)")
+        check_lse(view(lse, "lse"), aq, (B, var.heads, Lq))
+    n_split, n_ctas = _schedule(dp, B, Lq, Lk, splits, ctas, dev)
+    merge = kern.fused_default if fused is None else bool(fused)
+    count_ptr = kern.counters(sp, dp.row_blocks(B, Lq)) if merge and n_split > 1 else 0
+    fixed, in_ptrs = input_fields(var, given)
+    fixed.update({"B": B, "Lq": Lq, "Lk": Lk, "q_offset": 0, "kv_offset": 0, "Lq_total": Lq, "Lk_total": Lk,
+                  "splits": n_split, "ctas": n_ctas, "num_pages": ak.shape[0], "ws_count": count_ptr, "lse": 0, "ws_o": 0, "ws_lse": 0,
+                  "nan_flag": kern._status.data.ptr if var.nan_check else 0})
+    for t, st in (("q", qs), ("k", ks), ("v", vs), ("o", os_)):
+        fixed.update(stride_fields(t, st))
+    ws = ("ws_o", "ws_lse") if n_split > 1 else ()
+    call = ("q", "k", "v", *in_ptrs)
+    args, _, slots = pack_fields(kern.fields, fixed, (*call, "o", *(("lse",) if var.lse else ()), *ws), dp.kernel_name)
+    launches = []
+    for ln, fn in zip(dp.launches(B, Lq, n_split, n_ctas, merged=bool(count_ptr)), kern._functions):
+        launches.append(Launch(cu_function(fn), ln.grid, ln.threads, ln.smem_bytes, args))
+        launches[-1].bind_stream(sp)
+    ws_o_shape, ws_lse_shape = dp.workspace_shapes(B, Lq, n_split)
+    ws_specs = [(math.prod(ws_o_shape), DType.FP32), (math.prod(ws_lse_shape), DType.FP32)][:len(ws)]
+    table = 3 + kern._input_names.index(BLOCK_TABLE) if paged else -1
+    page_check = (table, ak.shape[0]) if paged and check_pages and all(given[BLOCK_TABLE].shape) else None
+    return DecodeBinding(
+        args=args, launches=launches, array_slots=[slots[n] for n in call], out_slot=slots["o"], lse_slot=slots.get("lse", -1),
+        ws_slots=[slots[n] for n in ws], ws_specs=ws_specs,
+        out_shape=o_shape, lse_shape=tuple(abi.lse_shape(var, B, Lq)) if var.lse else None,
+        extents=[(byte_range(a)[0] - a.ptr, byte_range(a)[1] - a.ptr) for a in (aq, ak, av)],
+        out_extent=(byte_range(ao)[0] - ao.ptr, byte_range(ao)[1] - ao.ptr), page_check=page_check,
+        readback=var.nan_check or page_check is not None, cacheable=bool(count_ptr) or not (merge and n_split > 1),
+        alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp), pool_keys=POOL.keys((aq.is_torch, dev, sp), ws_specs))
+
+
+def check_page_ids(table: Any, num_pages: int, kern: DecodeKernel, sp: int) -> None:
+    """Folds a block table's lowest page id and its least (num_pages - 1 - page id) into the status
+    page words, on stream `sp` with no host sync (a reduction and an elementwise minimum in the
+    table's library); a negative word is a page outside the cache."""
+    words = kern._status_view(table)
+    if type(table).__module__.startswith("torch"):
+        import torch
+
+        ctx = contextlib.nullcontext() if torch_current_stream(table.device.index) == sp else \
+            torch.cuda.stream(torch.cuda.ExternalStream(sp, device=table.device))
+        with ctx:
+            lo, hi = torch.aminmax(table)
+            torch.minimum(words, torch.stack((lo, (num_pages - 1) - hi)).to(torch.int64), out=words)
+        return
+    import cupy
+
+    with external_stream(sp):
+        cupy.minimum(words, cupy.stack((table.min(), (num_pages - 1) - table.max())).astype(cupy.int64), out=words)
 
 
 _DECODE: dict[tuple[Variant, Arch, int, tuple[int, int] | None], DecodeKernel] = {}
@@ -249,7 +394,10 @@ def compile_decode(v: Variant, arch: Arch, *, verbose: bool = False, tile: tuple
     binary = compile_source(src, arch)
     module, by_name = load_functions(binary.cubin, {dp.kernel_name: dp.smem_bytes, dp.combine_name: 0})
     fns = (by_name[dp.kernel_name], by_name[dp.combine_name])
-    k = DecodeKernel(v, src, dp, binary.seconds, binary.compiler, binary.cached, module, fns)
+    k = DecodeKernel(v, src, dp, binary.seconds, binary.compiler, binary.cached, module, fns, device=dev)
+    # The status words, allocated at load (never during a call, so that a captured call allocates nothing).
+    k._status = cupy.array(STATUS_INIT, dtype=cupy.int64)
+    cupy.cuda.Device().synchronize()
     if verbose:
         what = "cache hit" if binary.cached else f"compiled in {binary.seconds:.2f} s"
         print(f"attngen: {v.name} (decode) for {arch.value} with {binary.compiler}: {what}; load {time.perf_counter() - t0:.3f} s total")
@@ -275,6 +423,7 @@ class Dispatch:
         self._arch = arch
         self._verbose = verbose
         self._decode: DecodeKernel | None = None
+        self._families: dict[int, Family] = {}
 
     @property
     def decode(self) -> DecodeKernel:
@@ -284,7 +433,11 @@ class Dispatch:
         return self._decode
 
     def family_for(self, Lq: int) -> Family:
-        return choose_family(self.forward.variant, Lq)
+        """The family of a call with Lq query rows (`choose_family`, remembered per Lq: a call does not re-plan)."""
+        fam = self._families.get(Lq)
+        if fam is None:
+            fam = self._families[Lq] = choose_family(self.forward.variant, Lq)
+        return fam
 
     def __call__(self, q: Any, k: Any, v: Any, **kw: Any) -> Any:
         lq = _lq_of(self.forward.variant, q)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attngen.runtime.kernel import _Arr, _byte_range, _overlaps
+from attngen.runtime.binder import ArrayView as _Arr, byte_range as _byte_range, overlaps as _overlaps
 
 
 def view(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int = 2) -> _Arr:

@@ -85,15 +85,20 @@ def fake(monkeypatch):
         launches.append((ln.function, ln.grid, ln.block, ln.smem, stream, vals))
 
     monkeypatch.setattr(runtime, "launch_driver", record)
-    monkeypatch.setattr(runtime, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(binder, "launch_driver", record)
+    monkeypatch.setattr(binder, "sm_count", lambda dev: 132)
     monkeypatch.setattr(runtime, "driver", lambda: types.SimpleNamespace(capturing=lambda stream: stream == 0xCA97))
-    # TMA kernels encode their descriptors through the driver: recorded, never encoded.
-    monkeypatch.setattr(binder, "_DRIVER", types.SimpleNamespace(encode_tmap=lambda: _record_encode))
+    # TMA kernels encode their descriptors through the driver: recorded, never encoded; memsets recorded.
+    MEMSETS.clear()
+    monkeypatch.setattr(binder, "_DRIVER", types.SimpleNamespace(
+        encode_tmap=lambda: _record_encode, capturing=lambda stream: stream == 0xCA97,
+        memset32=lambda ptr, value, words, stream: MEMSETS.append((ptr, value, words, stream)) or 0))
     ENCODES.clear()
     return launches
 
 
 ENCODES: list[tuple] = []
+MEMSETS: list[tuple] = []
 
 
 def _record_encode(addr, dtype, rank, ptr, dims, strides, box, unit, interleave, swizzle, l2, oob) -> int:
