@@ -49,9 +49,6 @@ from attngen.plan.schedule import (
     variant_smem_layout,
     variant_tile,
     wgmma_regs,
-    wgmma_chain_ok,
-    wgmma_chain_smem,
-    wgmma_ring_smem,
     wgmma_softmax,
     wgmma_tma_ok,
     WgmmaLoads,
@@ -207,24 +204,9 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSo
     if v.layout == Layout.VARLEN:
         attention = dataclasses.replace(attention, varlen=True)
     sm = attention.softmax
-    if sm is not None and sm.chain:
-        chained_smem = wgmma_chain_smem(attention.smem, v.dtype, v.head_dim, tile, arch)
-        if chained_smem is None or not wgmma_chain_ok(
-                varlen=v.layout == Layout.VARLEN, wide_rows=max(v.head_dim, v.value_head_dim) > 128, turns=sm.turns):
-            attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, chain=False))
-        else:
-            attention = dataclasses.replace(attention, smem=chained_smem)
-    sm = attention.softmax
-    if sm is not None and (sm.k_slot or sm.v_slot):
-        ring_smem = wgmma_ring_smem(attention.smem, v.dtype, v.head_dim, v.value_head_dim, tile, arch, k_slot=sm.k_slot, v_slot=sm.v_slot)
-        if ring_smem is None:
-            attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, k_slot=False, v_slot=False))
-        else:
-            attention = dataclasses.replace(attention, smem=ring_smem)
-    sm = attention.softmax
     fields = _fields(v, preps, pers)
     if sm is not None and sm.loads == WgmmaLoads.TMA and not (wgmma_tma_ok(
-            varlen=v.layout == Layout.VARLEN, wide_rows=max(v.head_dim, v.value_head_dim) > 128, chain=sm.chain,
+            varlen=v.layout == Layout.VARLEN, wide_rows=max(v.head_dim, v.value_head_dim) > 128,
             q_norm=v.norm(NormTarget.Q) is not None, k_norm=v.norm(NormTarget.K) is not None,
             residual_copy=attention.smem.residual_copy, score_lookups=any(tensors_used(e) for e in v.scores))
             and _tma_param_room(fields)):
@@ -283,7 +265,6 @@ def _header(v: Variant, kp: OpPlan) -> str:
         f"dynamic shared memory {kp.smem_bytes} bytes (opt in with cudaFuncSetAttribute above 48 KiB).",
         f"Tile: block_m {t.block_m}, block_n {t.block_n}, warps {t.warps}, stages {t.stages}; "
         f"{kp.engine.describe(t, kp.attention.tma)}; target {kp.arch.value}.",
-        *([f"Softmax: {kp.attention.softmax.describe(t.block_n)}."] if kp.attention.softmax and kp.attention.softmax.describe(t.block_n) else []),
         *(
             [f"Prep kernels, launched first on the same stream with the same arguments, {PREP_THREADS} threads a block,",
              f"grid min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS}) (any grid is correct):",
@@ -471,7 +452,6 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
                      softmax: WgmmaSoftmax | None = None) -> tuple[str, OpPlan]:
     """`render`, and the plan it rendered (`softmax`: as in `plan`)."""
     kp = plan(v, arch, prefix=prefix, softmax=softmax)
-    sm = kp.attention.softmax or WgmmaSoftmax()
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
     tc = kp.engine != Engine.FFMA
@@ -502,17 +482,8 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         min_blocks=kp.attention.min_blocks,
         wgmma_shapes=_wgmma_shapes(kp, v),
         wgmma_regs=dict(zip(("producer", "consumer"), kp.attention.regs or (0, 0))),  # read on the wgmma path only
-        exp2_poly_groups=sm.poly_groups,  # wgmma softmax schedule (schedule.wgmma_softmax)
-        wg_turns=sm.turns,
-        wg_chain=sm.chain,
         q_buffers=kp.smem.q_buffers,
         kv_split=kp.smem.kv_split,
-        # split rings of their own depths (schedule.wgmma_ring_smem): the names of the K and V rings' slot counts
-        own_stages=bool(kp.smem.k_stages),
-        k_stages=kp.smem.k_stages,
-        v_stages=kp.smem.v_stages,
-        k_ring="K_STAGES" if kp.smem.k_stages else "STAGES",
-        v_ring="V_STAGES" if kp.smem.k_stages else "STAGES",
         wide_rows=max(v.head_dim, v.value_head_dim) > 128,
         tma=kp.attention.tma,
         # the arrivals a full barrier counts for its copies: every producer thread's cp.async, or
@@ -540,7 +511,6 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         score_codes=[elem.emit(s) for s in v.scores],
         residual=v.residual,
         residual_smem=kp.smem.residual_copy,
-        residual_bufs=kp.smem.residual_bufs,
         nan_check=v.nan_check,
         lse=v.lse,
         sink=v.sink is not None,

@@ -19,14 +19,10 @@ from attngen.cuda.render import DEFAULT_PREFIX, MMA_SPLIT_MAX_HEAD_DIM, _environ
 from attngen.plan.schedule import DEFAULT_ARCH, Arch, WgmmaLoads
 
 
-# The header's dQ line by the wgmma kernel's dQ mode (None: the other engines, RED2 and ROWS alike).
+# The header's dQ line by the wgmma kernel's dQ mode (None: the other engines).
 _DQ_HEADER = {
     None: "fp32 atomics into ws_dq, then converted.",
-    WgDq.TILE: "fp32 bulk reductions into ws_dq (one a step, cp.reduce.async.bulk), then converted; ws_dq 16-byte aligned.",
-    WgDq.RED4: "fp32 atomics of four values into ws_dq, then converted; ws_dq 16-byte aligned.",
-    WgDq.WG: "fp32 atomics into ws_dq from a third warpgroup (each step's dQ staged in shared memory), then converted.",
     WgDq.WG_BULK: "fp32 bulk reductions into ws_dq (cp.reduce.async.bulk, a row each) from a third warpgroup (each step's dQ staged in shared memory), then converted; ws_dq 16-byte aligned.",
-    WgDq.WG_TMA: "fp32 TMA reductions into ws_dq (cp.reduce.async.bulk.tensor through its descriptor tm_dq) from a third warpgroup (each step's dQ staged in shared memory), then converted; ws_dq 16-byte aligned.",
 }
 
 
@@ -207,15 +203,9 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         wg_shapes=_wg_shapes(v, bp),
         tc_block_m=bp.tc_block_m,
         tc_block_n=bp.tc_block_n,
-        tc_rotate=bp.tc_rotate,
         wg_dq_pad=WG_DQ_PAD,
         wg_sub_m=WG_SUB_M,
-        dq_tile=bp.wg_dq == WgDq.TILE,
-        dq_bulk=bp.wg_dq == WgDq.ROWS,
-        dq_red4=bp.wg_dq == WgDq.RED4,
-        dq_wg=wg_dq_split(bp.wg_dq),  # the third warpgroup and its hand-off
-        dq_wgb=bp.wg_dq == WgDq.WG_BULK,  # ... which adds rows by bulk reductions
-        dq_wgt=bp.wg_dq == WgDq.WG_TMA,  # ... or the tile by TMA reductions of swizzled 32-column boxes
+        dq_wg=wg_dq_split(bp.wg_dq),  # the third warpgroup, its hand-off and bulk row reductions
         wg_dq_threads=WG_DQ_THREADS,
         wg_dq_regs=WG_DQ_REGS,
         wg_consumer_regs=WG_CONSUMER_REGS,

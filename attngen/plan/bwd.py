@@ -56,9 +56,9 @@ TC_BLOCK_M = 64  # tensor-core dK/dV kernel: query rows a step
 # per key of 64 (FlashAttention-2's choice); it needs head dims that are multiples of 32 (each warp
 # then takes whole 16-column blocks of dQ).
 TC_BLOCK_N_CHOICES = (128, 64)
-# Each CTA starts its walk over the query tiles at a different one (its key tile's index), so the
-# CTAs of a head do not all add dQ atomics into the same rows at once.
-TC_ROTATE = True
+# The tensor-core kernels start each CTA's walk over the query tiles at its own key tile's index,
+# so the CTAs of a head do not all add dQ into the same rows at once (docs/DECISIONS.md#the-rotated-walks-switch).
+
 TC_MAX_DIM = 128  # head dims (multiples of 16) the tensor-core engine serves
 
 
@@ -71,26 +71,13 @@ class BwdEngine(enum.Enum):
 
 
 class WgDq(enum.Enum):
-    """How the wgmma dK/dV kernel adds a step's dQ partial into ws_dq (the atomic dQ mode)."""
+    """How the wgmma dK/dV kernel adds a step's dQ partial into ws_dq (the atomic dQ mode): a third
+    warpgroup of few registers (setmaxnreg) takes each step's tile, staged row-major by the
+    consumers (rows padded to stay conflict-free, SCALE applied, two buffers), and adds each row by
+    one cp.reduce.async.bulk, so the consumers' next products never wait on the reductions. The
+    modes measured against it: docs/DECISIONS.md#dq-reductions."""
 
-    RED2 = "red2"  # red.global.add.v2.f32 straight from the accumulators (two adjacent values)
-    RED4 = "red4"  # lane pairs swap halves (two shuffles a pair of values) so that each adds four
-    # adjacent values by red.global.add.v4.f32: half the reductions of RED2
-    ROWS = "rows"  # staged in shared memory, one cp.reduce.async.bulk a row (a lane a row)
-    TILE = "tile"  # the step's tile staged row-major (column groups rotated by row: conflict-free
-    # stores), one cp.reduce.async.bulk a step, issued by the last warp to have written its part
-    WG = "wg"  # a third warpgroup of few registers (setmaxnreg) takes each step's tile from shared
-    # memory (two buffers, staged in the accumulators' own order) and adds it by red.global.add.v4,
-    # so the consumers' next products never wait on the reductions (cuDNN's and FA3's split)
-    WG_BULK = "wgbulk"  # WG's third warpgroup, but the consumers stage the tile row-major (rows padded
-    # to stay conflict-free, SCALE applied) and the dQ warpgroup adds each row by one
-    # cp.reduce.async.bulk (FlashAttention-3's TMA reduce-add): 64-128 bulk operations a step in
-    # place of 1024-2048 red.global.add.v4
-    WG_TMA = "wgtma"  # WG_BULK's third warpgroup, but the consumers stage the tile (scaled) in the
-    # 128-byte-swizzled boxes of a TMA descriptor of ws_dq (32 fp32 columns a box: conflict-free
-    # stores, no padding) and one thread of the dQ warpgroup adds it by D / 32 tensor reductions
-    # (cp.reduce.async.bulk.tensor) a step, rows past Lq dropped by the copy engine; needs the TMA
-    # copies' descriptors (WgmmaLoads.TMA), else WG_BULK
+    WG_BULK = "wgbulk"
 
 
 class WgPrefetch(enum.Enum):
@@ -105,12 +92,8 @@ class WgPrefetch(enum.Enum):
 def wg_prefetch(v: Variant) -> WgPrefetch:
     """The wgmma step's prefetch point. UNDER_DQ keeps the walk's results (the next step's head and
     query tile) live across the step's products; with masks that read tensors the mask's own
-    indices are live there too, and ptxas spills (tools/bwd_ptxas.py, bytes of spill stores, TOP /
-    UNDER_DQ): packed_documents 24 / 72 (past the nvcc test's 64), paligemma_prefix_lm 8 / 20,
-    block_sparse_pattern 8 / 8, while the document-causal Flex row did not get faster under
-    UNDER_DQ (0.89x either way, the seventeenth session). Masks without tensors spill little either
-    way (mistral_sliding_window 16 bytes under UNDER_DQ) and gain from it (the window Flex row 1.06x
-    -> 1.09x), so only masks that read tensors keep TOP."""
+    indices are live there too and ptxas spills, so only masks without tensors take UNDER_DQ
+    (docs/DECISIONS.md#bwd-prefetch-point)."""
     return WgPrefetch.TOP if tensors_used(v.mask) else WgPrefetch.UNDER_DQ
 
 
@@ -118,20 +101,13 @@ def wg_prefetch(v: Variant) -> WgPrefetch:
 # delta rows stay 4-byte cp.async: a descriptor needs 16-byte row strides, which Lq * 4 bytes
 # need not be): TMA (cp.async.bulk.tensor from one consumer thread, completing on a stage's
 # mbarrier, so that the other 255 threads issue no copies and compute no addresses), or cp.async
-# from all 256 consumer threads. Set by `wg_loads`; `force_wg_loads` for A/B timing.
+# from all 256 consumer threads where the descriptors do not fit the parameter space (`wg_tma_room`;
+# docs/DECISIONS.md#the-backwards-copy-switches).
 WG_LOADS = WgmmaLoads.TMA
 
 
-def force_wg_loads(loads: str | WgmmaLoads) -> None:
-    """For experiments (benchmarks/bwd_bench.py --wg-loads): the wgmma dK/dV kernel's copies for
-    the plans made after the call."""
-    global WG_LOADS
-    WG_LOADS = WgmmaLoads(loads)
-
-
 def wg_tma_room(fields: tuple[Field, ...], maps: int = 4) -> bool:
-    """Whether `maps` 128-byte descriptors (64-byte aligned: the TMA copies' four, and ws_dq's
-    under WgDq.WG_TMA) fit the kernel's parameter space after the ABI fields (else the kernel
+    """Whether `maps` 128-byte descriptors (64-byte aligned: the TMA copies' four) fit the kernel's parameter space after the ABI fields (else the kernel
     keeps cp.async)."""
     ends = param_bytes([f.ctype for f in fields])
     end = ends[-1] if ends else 0
@@ -141,17 +117,14 @@ def wg_tma_room(fields: tuple[Field, ...], maps: int = 4) -> bool:
 def wg_tma_maps(bp: "BwdPlan", v: Variant) -> tuple[TmaMap, ...]:
     """The TMA descriptors the wgmma dK/dV kernel takes after its ABI fields (empty with cp.async):
     Q (Q' in ws_q under a q pre-norm), dO (dO' in ws_do under the o post-norm) in boxes of a step's
-    query rows, K (K' in ws_k under a k pre-norm) and V in boxes of the CTA's key rows; under
-    WgDq.WG_TMA then ws_dq (fp32) in boxes of 32 columns x a step's query rows. A workspace's
-    strides are its [B, heads, L, D] rows'."""
+    query rows, K (K' in ws_k under a k pre-norm) and V in boxes of the CTA's key rows. A
+    workspace's strides are its [B, heads, L, D] rows'."""
     if bp.wg_loads != WgmmaLoads.TMA:
         return ()
     return (TmaMap("tm_q", "ws_q" if bp.q_norm else "q", bp.tc_block_m, v.head_dim, v.heads, "Lq"),
             TmaMap("tm_do", "ws_do" if bp.o_norm else "dO", bp.tc_block_m, v.value_head_dim, v.heads, "Lq"),
             TmaMap("tm_k", "ws_k" if bp.k_norm else "k", bp.tc_block_n, v.head_dim, v.kv_heads, "Lk"),
-            TmaMap("tm_v", "v", bp.tc_block_n, v.value_head_dim, v.kv_heads, "Lk"),
-            *((TmaMap("tm_dq", "ws_dq", bp.tc_block_m, v.head_dim, v.heads, "Lq", box_cols=32, fp32=True),)
-              if bp.wg_dq == WgDq.WG_TMA else ()))
+            TmaMap("tm_v", "v", bp.tc_block_n, v.value_head_dim, v.kv_heads, "Lk"))
 
 
 # The wgmma dK/dV kernel: a CTA per 128 keys, two warpgroups of 64 keys each (the wgmma M
@@ -164,12 +137,11 @@ WG_BLOCK_M_D64 = 128
 WG_SUB_M = 64
 WG_BLOCK_N = 128
 WG_THREADS = 256
-WG_DQ_PAD = 8  # fp32 words padding each staged dQ row (wg_dq_buffer_bytes)
-# WgDq.WG / WG_BULK: the dQ warpgroup's threads and the registers setmaxnreg leaves it and gives the
-# two consumer warpgroups: 128 * 24 + 256 * 240 = 384 * 168, the allocation of a 384-thread CTA
+WG_DQ_PAD = 8  # fp32 words padding each staged dQ row
+# The dQ warpgroup's threads and the registers setmaxnreg leaves it and gives the two consumer
+# warpgroups: 128 * 24 + 256 * 240 = 384 * 168, the allocation of a 384-thread CTA
 # (`wg_launch_regs`). setmaxnreg.inc waits for registers that decrements freed, so the counts must
-# fit that allocation, not merely the register file: a dQ warpgroup computing dQ itself at 48 with
-# consumers at 232 (65536 in all) hung on the H200 in the sixteenth session.
+# fit that allocation, not merely the register file (docs/DECISIONS.md#dq-warpgroup-registers).
 WG_DQ_THREADS = 128
 WG_DQ_REGS = 24
 WG_CONSUMER_REGS = 240
@@ -181,64 +153,9 @@ def wg_launch_regs(threads: int) -> int:
     return 65536 // threads // 8 * 8
 
 
-# The atomic dQ mode's reductions (WgDq), by query rows a step (64 or 128). H200, bf16
-# (benchmarks/bwd_bench.py, peers in each run): ROWS was 4-11% slower than RED2 with 64-query
-# steps (half rows of 32 or 64 values) and 2-3% slower with 128-query steps at D64 (whole rows of
-# 64). TILE's first form (a 32 KB transfer a step in place of 4096 red.global.add.v2) ran 283 / 290
-# / 263 / 245 / 229 TFLOP/s on the five rows against RED2's 365 / 370 / 288 / 261 / 279 (the
-# thirteenth session's results/h200_bwd_dq_modes.json, in git history; today's file holds the
-# later A/B below): the warps' stores of the accumulator layout into row-major fp32
-# rows took 8 wavefronts each, and warp 0 waited for all eight warps a step before it issued (its
-# warpgroup's next products waited with it). The reductions cost 36% of the D128 L16k backward
-# (benchmarks/bwd_ablate.py, no_dq_red: 365 -> 575 TFLOP/s). TILE now stores conflict-free (each
-# row's 8-column groups rotated by the row mod 4: 2 wavefronts a store) and is issued by whichever
-# warp finishes its part last (a shared-memory count), so no warp waits; FlashAttention-3 gets the
-# same from a dQ layout in the accumulator's own order and a warp of its own. Timed on the H200
-# (results/h200_bwd_dq_modes.json), TILE runs at 0.95-0.97x RED2 and RED4 at 0.82-0.99x, so RED2
-# stays. ncu (results/h200_bwd_wgmma_ncu.txt) has cuDNN adding the same dQ sectors into L2 faster
-# than this kernel runs with none: RED2's cost is its reductions' source registers, which the next
-# step's dP^T reuses (they wait on the LSU), and TILE's is 20% more instructions (the rotation's
-# selects) and a wgmma wait ptxas injects. Keeping the 32 dQ registers apart from dP^T does not fit
-# in 255 (ptxas serialises every wgmma, C7512). WG is that split, as in cuDNN's 384-thread kernel:
-# a third warpgroup at 24 registers adds the tiles the consumers (240 registers; ptxas: 0-40 bytes
-# of spills over the examples, no serialised wgmma) stage in shared memory. Timed on the H200 in
-# the fifteenth session (results/h200_bwd_dq_modes.json, peers re-timed in each run), WG's first
-# form (v2 reductions) ran 380 / 394 / 324 / 277 / 298 TFLOP/s on the five rows against RED2's
-# 369 / 371 / 291 / 255 / 282 (1.03-1.11x), so it is the default; its whole tiles' reductions as
-# v4 of lane pairs (results/h200_bwd_wgmma.json: 380 / 401 / 326 / 275 / 299) are within 2%, so
-# the dQ warpgroup's issue rate is not the limit. dQ with its hand-off still costs 32% at D128
-# L16k (results/h200_bwd_ablate.json: 385 TFLOP/s, 459 without the reductions, 566 without dQ).
-# WG_BULK keeps that split but stages rows (padded, conflict-free, SCALE applied by the consumers)
-# and the dQ warpgroup adds each by one cp.reduce.async.bulk (64-128 a step in place of
-# 1024-2048 red.global.add.v4): in the sixteenth session's A/B (results/h200_bwd_dq_modes.json,
-# peers re-timed in each run) 408 / 422 / 345 / 282 / 310 TFLOP/s on the five rows against WG's
-# 385 / 400 / 326 / 277 / 300 (1.02-1.06x), so it is the default. Two follow-ups measured slower
-# in the same session and were not merged (branch exp/s16-wggemm-latedk): the dQ warpgroup
-# computing dQ = dS K itself from a double-buffered dS^T, so that the consumers hand over only dS^T
-# (head dim 64 only: at 128 the consumers need 240 registers and the warpgroup's m64n32 products
-# more than the 32 left; D64 rows 309 / 262 against 343 / 280), and the step's dK product issued
-# behind dQ's so that dQ's staging overlaps it (404 / 424 / 343 / 280 / 311 against 410 / 424 /
-# 345 / 281 / 311). Cut out one at a time (results/h200_bwd_ablate.json, D128 L16k dense, this
-# mode): base 412, without the reductions 457, without the consumers' staging stores 476, without
-# the hand-off (stores and both barriers; no reductions then) 557, without dQ 569. In the
-# seventeenth session each step issues the next step's loads under its dQ product (ncu: the top of
-# a step, with no product in flight, held a quarter of the consumers' samples) and the dQ warpgroup
-# spreads its row reductions over its four warps: 430 / 432 / 357 / 304 / 320 against 9b97daf's
-# 406 / 423 / 345 / 284 / 312 in the same run (results/h200_bwd_wgmma.json, key alt_tflops).
-# WG_TMA (the twenty-first session) hands the dQ warpgroup the tile in the swizzled boxes of a TMA
-# descriptor of ws_dq and adds it by 2-4 tensor reductions a step from one thread, in place of
-# WG_BULK's 64-128 row reductions from padded rows: correct on the H200 (the backward smoke cases,
-# the GPU backward tests; dK/dV bit-identical to WG_BULK's) but 0.97-0.98x WG_BULK on all five rows
-# in the same run (results/h200_bwd_dq_tma_ab.json: 451.7 / 451.7 / 364.3 / 307.3 / 333.2 TFLOP/s
-# against 464.6 / 469.8 / 371.7 / 316.9 / 342.2), with each buffer released once read (as WG_BULK)
-# or one tile later (two tiles' reads in flight), and with the boxes issued from one thread or a
-# warp each (within 1% of each other), so WG_BULK stays the default and WG_TMA an experiment
-# (benchmarks/bwd_bench.py --also-dq wgtma).
-WG_DQ = {64: WgDq.WG_BULK, 128: WgDq.WG_BULK}
+# The atomic dQ mode's reductions: docs/DECISIONS.md#dq-reductions.
+WG_DQ = WgDq.WG_BULK
 WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-byte swizzle rows
-# Whether sm_90a plans pick the wgmma engine by default where it fits (else it is opt-in through
-# `plan(..., engine=BwdEngine.WGMMA)`).
-WGMMA_DEFAULT = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +189,6 @@ class BwdPlan:
     engine_reason: str = ""  # why this engine (for explain)
     tc_block_m: int = 0  # the tensor-core dK/dV kernel's tile (0 on FFMA)
     tc_block_n: int = 0
-    tc_rotate: bool = False  # the tensor-core kernel's rotated walk (TC_ROTATE)
     # `layout varlen`: B packed sequences of Lq = total_q (Lk = total_k) rows. The per-row kernels
     # run the packed rows as one sequence; the tile kernels run tile slots of the sequences
     # (total / tile + B of them along x, the forward's rule) and find theirs by a binary search.
@@ -288,6 +204,12 @@ class BwdPlan:
     @property
     def launcher(self) -> str:
         return f"{self.base_name}_launch"
+
+    @property
+    def tc_rotate(self) -> bool:
+        """Whether the dK/dV kernel walks its query tiles from a rotated start: always on the
+        tensor-core engines (docs/DECISIONS.md#the-rotated-walks-switch)."""
+        return self.engine != BwdEngine.FFMA
 
     def kernel(self, func: str) -> BwdKernel:
         return next(k for k in self.kernels if k.func == func)
@@ -382,53 +304,31 @@ def wg_dq_cols(D: int, block_m: int) -> int:
     return D if block_m > 64 else D // 2
 
 
-def wg_dq_buffer_bytes(D: int, block_m: int) -> int:
-    """The wgmma kernel's dQ staging buffer (atomic dQ mode): each of its 8 warps stages its 16
-    query rows x `wg_dq_cols` columns of a step's dQ partial in fp32, rows padded by 32 bytes (so
-    the accumulator layout's stores hit distinct banks), and reduces them into ws_dq by bulk
-    asynchronous reductions (cp.reduce.async.bulk, a row each)."""
-    return (WG_THREADS // 32) * 16 * (wg_dq_cols(D, block_m) + WG_DQ_PAD) * 4
-
-
-def wg_dq_mode(D: int, Dv: int, deterministic: bool = False, tma: bool = True) -> WgDq | None:
-    """The wgmma kernel's dQ reductions (WG_DQ by its query rows a step; WG_TMA becomes WG_BULK
-    where the kernel has no TMA descriptors, `tma` False); None in the deterministic mode, whose
-    dQ kernel adds nothing."""
-    if deterministic:
-        return None
-    mode = WG_DQ[wg_block_m(D, Dv, deterministic)]
-    return WgDq.WG_BULK if mode == WgDq.WG_TMA and not tma else mode
-
-
-def force_wg_dq(mode: str | WgDq) -> None:
-    """For experiments (the benchmarks' --wg-dq, tools/pytest_wg_dq.py): every step size's dQ mode
-    set to `mode` in WG_DQ, for the plans made after the call."""
-    WG_DQ.update({bm: WgDq(mode) for bm in WG_DQ})
+def wg_dq_mode(D: int, Dv: int, deterministic: bool = False) -> WgDq | None:
+    """The wgmma kernel's dQ reductions (WG_DQ); None in the deterministic mode, whose dQ kernel
+    adds nothing."""
+    return None if deterministic else WG_DQ
 
 
 def wg_dq_split(mode: WgDq | None) -> bool:
-    """Whether the dQ mode adds dQ from a third warpgroup (WgDq.WG, WG_BULK, WG_TMA)."""
-    return mode in (WgDq.WG, WgDq.WG_BULK, WgDq.WG_TMA)
+    """Whether the dQ mode adds dQ from a third warpgroup (every atomic mode)."""
+    return mode is not None
 
 
 def wg_threads(D: int, Dv: int, deterministic: bool = False) -> int:
-    """Threads of the wgmma dK/dV kernel: its two warpgroups, and the dQ warpgroup (WgDq.WG,
-    WG_BULK, WG_TMA)."""
+    """Threads of the wgmma dK/dV kernel: its two warpgroups, and the dQ warpgroup in the atomic
+    dQ mode."""
     return WG_THREADS + (WG_DQ_THREADS if wg_dq_split(wg_dq_mode(D, Dv, deterministic)) else 0)
 
 
 def wg_smem_bytes(D: int, Dv: int, deterministic: bool = False, tma: bool = False) -> int:
     """Dynamic shared memory of the wgmma dK/dV kernel: K, V (one tile), Q, dO (two stages), dS^T
-    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), with
-    TMA copies the mbarriers of the two stages and of K and V (8 bytes each, after the dQ staging), and
-    the dQ tile (WgDq.TILE: WG_BLOCK_M x D fp32 and a 16-byte slot for its warp count; WgDq.WG: two
-    such tiles and a 16-byte header each, as WgDq.WG_TMA's swizzled boxes are; WgDq.WG_BULK: the
-    same with rows of D + WG_DQ_PAD words), or the staging buffer of the bulk dQ row reductions
-    (WgDq.ROWS: `wg_dq_buffer_bytes`)."""
+    (elements; all 128-byte swizzled, 1024-byte aligned), LSE and delta (two stages, fp32), in the
+    atomic dQ mode two dQ tiles (rows of D + WG_DQ_PAD words) and a 16-byte header each, and with
+    TMA copies the mbarriers of the two stages and of K and V (8 bytes each, after the dQ staging)."""
     bm = wg_block_m(D, Dv, deterministic)
     return (2 * (WG_BLOCK_N * D + WG_BLOCK_N * Dv + 2 * bm * D + 2 * bm * Dv + WG_BLOCK_N * bm) + 4 * 4 * bm
-            + {WgDq.TILE: 4 * bm * D + 16, WgDq.WG: 2 * (4 * bm * D + 16), WgDq.WG_BULK: 2 * (4 * bm * (D + WG_DQ_PAD) + 16),
-               WgDq.WG_TMA: 2 * (4 * bm * D + 16), WgDq.ROWS: wg_dq_buffer_bytes(D, bm)}.get(wg_dq_mode(D, Dv, deterministic, tma), 0)
+            + (2 * (4 * bm * (D + WG_DQ_PAD) + 16) if wg_dq_mode(D, Dv, deterministic) else 0)
             + (24 if tma else 0))
 
 
@@ -453,14 +353,15 @@ def wgmma_fits(v: Variant, arch: Arch) -> str | None:
 
 def choose_engine(v: Variant, arch: Arch, prefer: BwdEngine | None = None) -> tuple[BwdEngine, str]:
     """The dK/dV engine of a variant on an arch, and why (explain's wording). `prefer` asks for an
-    engine (ValueError when it cannot run the variant); None: the default (WGMMA_DEFAULT)."""
+    engine (ValueError when it cannot run the variant); None: the default, wgmma where it fits
+    (docs/DECISIONS.md#the-backwards-engine-switch)."""
     if prefer == BwdEngine.WGMMA:
         why = wgmma_fits(v, arch)
         if why is not None:
             raise ValueError(f"variant {v.name}: the wgmma backward engine cannot run it: {why}")
         return BwdEngine.WGMMA, "requested; fp16/bf16 on sm_90a at head dims 64 / 128"
     why_not = wgmma_fits(v, arch)
-    if prefer is None and WGMMA_DEFAULT and why_not is None:
+    if prefer is None and why_not is None:
         return BwdEngine.WGMMA, "fp16/bf16 on sm_90a at head dims 64 / 128"
     engine, reason = _choose_engine_sm80(v, arch)
     if arch == Arch.SM90A and why_not is not None and prefer is None:
@@ -568,12 +469,7 @@ def tok_vecs(v: Variant) -> int:
     return n if rem == 0 and n <= TOK_MAX_VECS else 0
 
 
-_WG_DQ_DOC = {None: "", WgDq.RED2: "; dQ by fp32 atomics", WgDq.RED4: "; dQ by fp32 atomics, four values each",
-              WgDq.ROWS: "; dQ by bulk fp32 reductions (cp.reduce.async.bulk) from shared memory",
-              WgDq.TILE: "; dQ a step by one bulk fp32 reduction (cp.reduce.async.bulk) of its tile",
-              WgDq.WG: "; dQ a step staged in shared memory and added by fp32 atomics from a third warpgroup",
-              WgDq.WG_BULK: "; dQ a step staged in shared memory and added by bulk fp32 reductions (cp.reduce.async.bulk, a row each) from a third warpgroup",
-              WgDq.WG_TMA: "; dQ a step staged in shared memory and added by TMA fp32 reductions (cp.reduce.async.bulk.tensor, 32 columns each) from a third warpgroup"}
+_WG_DQ_DOC = {None: "", WgDq.WG_BULK: "; dQ a step staged in shared memory and added by bulk fp32 reductions (cp.reduce.async.bulk, a row each) from a third warpgroup"}
 
 
 def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, engine: BwdEngine | None = None) -> BwdPlan:
@@ -632,9 +528,8 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
     loads, wg_dq = None, None
     if engine == BwdEngine.WGMMA:
         bn = WG_BLOCK_N
-        n_maps = 5 if wg_dq_mode(v.head_dim, v.value_head_dim, deterministic) == WgDq.WG_TMA else 4
-        loads = WG_LOADS if WG_LOADS != WgmmaLoads.TMA or wg_tma_room(fields, n_maps) else WgmmaLoads.CP_ASYNC
-        wg_dq = wg_dq_mode(v.head_dim, v.value_head_dim, deterministic, loads == WgmmaLoads.TMA)
+        loads = WG_LOADS if WG_LOADS != WgmmaLoads.TMA or wg_tma_room(fields) else WgmmaLoads.CP_ASYNC
+        wg_dq = wg_dq_mode(v.head_dim, v.value_head_dim, deterministic)
         wg_split = wg_dq_split(wg_dq)
         kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", wg_threads(v.head_dim, v.value_head_dim, deterministic),
                                  wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic, loads == WgmmaLoads.TMA),
@@ -675,7 +570,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
                              + (" (a slice a warp, 16-byte vector path)" if slices else ""), fin_cap))
     tc = engine != BwdEngine.FFMA
     return BwdPlan(base, fields, t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
-                   (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, tc and TC_ROTATE, varlen,
+                   (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, varlen,
                    tv, slices, wg_dq if engine == BwdEngine.WGMMA else None,
                    wg_prefetch(v) if engine == BwdEngine.WGMMA else None, loads)
 
@@ -727,4 +622,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "wg_launch_regs", "WG_DQ", "WgDq", "wg_dq_split", "WgPrefetch", "wg_prefetch", "WG_LOADS", "force_wg_loads", "wg_tma_room", "wg_tma_maps", "wg_threads", "wg_dq_mode", "force_wg_dq", "wg_block_m", "wg_dq_cols", "wg_dq_buffer_bytes", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "wg_launch_regs", "WG_DQ", "WgDq", "wg_dq_split", "WgPrefetch", "wg_prefetch", "WG_LOADS", "wg_tma_room", "wg_tma_maps", "wg_threads", "wg_dq_mode", "wg_block_m", "wg_dq_cols", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

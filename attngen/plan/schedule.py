@@ -9,7 +9,6 @@ located error and `tile auto` can pick a good one.
 from __future__ import annotations
 
 import enum
-import dataclasses
 from dataclasses import dataclass
 
 from attngen.ir.nodes import TRUE, Builtin, BuiltinName, DType, Layout, NormScope, NormTarget, TileConfig, Variant, walk
@@ -168,9 +167,7 @@ def uses_tensor_cores(dtype: DType) -> bool:
 
 # The wgmma engine: head dims made of whole 128-byte swizzle rows, and 64 query rows per consumer
 # warpgroup: 128 x N tiles of 8 warps, or for head dims of 64 also 192 x N tiles of 12. The producer
-# warpgroup comes on top of `warps`. (64 x N tiles of 4 warps, two CTAs an SM, were measured and
-# dropped: H200 causal D64 339 TFLOP/s against 355 for 192 x 128, pre-LN cross 1.03 ms against
-# 0.85 on mma.sync.)
+# warpgroup comes on top of `warps` (docs/DECISIONS.md#wgmma-tiles).
 WGMMA_HEAD_DIMS = (64, 128)
 WGMMA_PRODUCER_WARPS = 4
 
@@ -217,133 +214,35 @@ class WgmmaLoads(enum.Enum):
     # the Tensor Memory Accelerator (cp.async.bulk.tensor), the default where it applies: one
     # thread of one producer warp issues a tile's boxes of 64 columns, swizzled as wgmma reads
     # them, and the bytes complete on the slot's mbarrier; the host encodes a descriptor of q, k
-    # and v per call. H200, bf16 H16, B*L = 32k, TFLOP/s against cp.async in the same run
-    # (benchmarks/results/h200_tma_ab.jsonl, outputs bit-identical): D128 dense 407 -> 457 at L512,
-    # 476 -> 520 at L1k, 582 -> 601 at L16k; D128 causal 282 -> 305 / 371 -> 403 at L512 / L1k but
-    # 538 -> 513 at L4k; D64 causal 210 -> 231 at L512, 471 -> 493 at L16k; GQA 32/8 dense
-    # 430 -> 487 at L512.
+    # and v per call (docs/DECISIONS.md#wgmma-tma-loads).
     TMA = "tma"
 
 
 @dataclass(frozen=True, slots=True)
 class WgmmaSoftmax:
-    """How the wgmma consumers schedule their softmax; never what it computes beyond rounding.
+    """How the wgmma producer copies the tiles: TMA where the plan allows it (`wgmma_tma_ok`), which
+    turns this to CP_ASYNC elsewhere; CP_ASYNC asks for the copies of every producer thread (a
+    caller's override for strides TMA cannot take). The consumers' softmax is the plain one: the
+    schedules measured against it are in docs/DECISIONS.md#wgmma-softmax-schedules."""
 
-    `poly_groups`: of the block_n / 8 column groups of S a consumer thread holds, how many take
-    exp2 from a polynomial on the FMA pipe instead of the MUFU unit (spread evenly over the tile;
-    0: none). `turns`: the consumer warpgroups issue their S and P.V products in turn, each
-    passing the turn on through a named barrier once its products are issued (FlashAttention-3's
-    warp-scheduler barriers), so that one warpgroup's softmax runs under the others' products.
-    `chain`: a consumer issues the next work tile's first S before the last P.V of the tile it
-    ends, so that S and that tile's first softmax run under the P.V rather than after the
-    epilogue; where the next tile is not in yet, it issues the P.V, waits for the tile under it,
-    and runs the old tile's epilogue under the new first S (`wgmma_chain_ok` says where it
-    applies; elsewhere the plan turns it off)."""
-
-    poly_groups: int = 0
-    turns: bool = False
-    chain: bool = False
-    # The split K (or V) ring (`wgmma_kv_split`) one slot deeper than the tile's stages, where
-    # shared memory allows (`wgmma_ring_smem`; elsewhere the plan turns it off): the producer copies
-    # each K (V) one product earlier. A/B overrides (issue 16), off by default; not both at once.
-    k_slot: bool = False
-    v_slot: bool = False
-    # How the producer copies the tiles: TMA where the plan allows it (`wgmma_tma_ok`), which
-    # turns this to CP_ASYNC elsewhere; CP_ASYNC asks for the copies of every producer thread.
     loads: WgmmaLoads = WgmmaLoads.TMA
-
-    def describe(self, block_n: int) -> str:
-        """One phrase for headers and `explain` ('' when none is on; the loads are the engine's
-        phrase, `Engine.describe`)."""
-        parts = []
-        if self.poly_groups:
-            parts.append(f"exp2 of {self.poly_groups} of every {block_n // 8} column groups of S from an FMA polynomial")
-        if self.turns:
-            parts.append("consumer warpgroups issue their products in turn")
-        if self.chain:
-            parts.append("a work tile's first S and softmax run under the last P.V of the tile before, or its first S under that tile's epilogue")
-        if self.k_slot:
-            parts.append("the K ring a slot deeper than the V ring")
-        if self.v_slot:
-            parts.append("the V ring a slot deeper than the K ring")
-        return "; ".join(parts)
 
 
 def wgmma_softmax(head_dim: int, value_head_dim: int, tile: TileConfig) -> WgmmaSoftmax:
-    """The softmax schedule of a wgmma kernel: the plain one, for every head dim and tile.
-
-    At head dim 64 a consumer row's exp2 of a key tile on the MUFU unit (16 a clock an SM) take
-    about as long as its two products on the tensor cores, which is what the polynomial and the
-    turns address; but neither sped anything up on the H200 (bf16 H16, B*L = 32768, TFLOP/s at L
-    1k / 4k / 16k, benchmarks/softmax_ab.py, one run): causal 192 x 128, plain 245 / 383 / 473,
-    turns 247 / 381 / 463, polynomial for 2 of 16 column groups 242 / 370 / 450, both 240-242 /
-    365-366 / 440-441, 4 of 16 with turns 232 / 349 / 418; dense 128 x 128 within 3% of one
-    another (399-414 at 16k). The kernel is not bound by MUFU throughput there, so the FMA work
-    only adds issue slots. At D128 (two consumer warpgroups, FlashAttention-3's ping-pong case)
-    the turns measured within 1-2% of plain from L512 to L4k and slower at L16k (dense 572 against
-    584, causal 543 against 592; plain 279 / 368 / 440 causal at L512 / 1k / 2k, turns 285 / 370 /
-    441), with bit-identical outputs. Both stay available as `plan(..., softmax=...)` overrides
-    for A/B runs (tested against the reference on the GPU with both on). So does `chain`
-    (tests/gpu/test_gpu_chain.py): TFLOP/s plain against chained at L1k / L16k, D64 dense 368 / 528
-    against 370 / 510, D128 dense 493 / 603 against 487 / 574, D128 causal 384 / 558 against
-    379 / 600 (results/h200_chain_ab.jsonl): no gain at short lengths, where it was aimed. That
-    run had no late step (the fallback was the plain end of tile); the late step is checked on the
-    CPU (tests/codegen/test_fwd_wgmma_emu.py) and not yet timed. `k_slot` / `v_slot` (a third K or
-    V slot in the short-loop D128 kernel, whose consumers poll their full barriers; the eighteenth
-    session, results/h200_ring_ab.jsonl, TFLOP/s at L512 / 1k / 2k): dense plain 407 / 481 / 520,
-    v_slot 420 / 483 / 521, k_slot 403 / 474 / 515; causal plain 280 / 369 / 441, v_slot 282 / 364
-    / 430, v_slot with chain 284 / 373 / 442: within noise from L1k, so the default keeps two."""
+    """The softmax schedule of a wgmma kernel: the plain one, for every head dim and tile
+    (docs/DECISIONS.md#wgmma-softmax-schedules)."""
     return WgmmaSoftmax()
 
 
-def wgmma_chain_ok(*, varlen: bool, wide_rows: bool, turns: bool) -> bool:
-    """Whether the consumers can chain work tiles (`WgmmaSoftmax.chain`): the next tile's work
-    index must not change the Params (varlen), and the turns and the wide rows' scan keep the
-    plain loop. A token-scope q norm normalises the next Q in place under the last P.V (the late
-    step only), and its residual copy needs one buffer a Q buffer (`wgmma_chain_smem`). (With one
-    Q buffer the next Q loads only once the last S of a tile has read the old one, so the step
-    waits for that copy.)"""
-    return not (varlen or wide_rows or turns)
-
-
-def wgmma_tma_ok(*, varlen: bool, wide_rows: bool, chain: bool, q_norm: bool, k_norm: bool, residual_copy: bool,
+def wgmma_tma_ok(*, varlen: bool, wide_rows: bool, q_norm: bool, k_norm: bool, residual_copy: bool,
                  score_lookups: bool = False) -> bool:
     """Whether the producer can copy by TMA (`WgmmaLoads.TMA`): its descriptors view q, k and v
     as [B, heads, L, D] tensors, so the packed sequences of varlen, the prep kernels' normalised
-    copies (q or k norms) and the residual copy keep cp.async; so do the chained consumers and
-    the wide rows' producer (their own copy loops). Score expressions that read tensors (bias,
-    rel_bias lookups) keep cp.async too: ptxas spills their TMA kernels at every register split
-    the budget allows (sm_90a, nvcc 13.0: T5's relative bias 8 bytes at 56 / 224, none only at
-    40 / 232; a bias over [H, Lq, Lk] 20 bytes at 48 / 224 and 8 at 40 / 232), where the cp.async
-    kernels spill nothing."""
-    return not (varlen or wide_rows or chain or q_norm or k_norm or residual_copy or score_lookups)
-
-
-def wgmma_chain_smem(smem: "SmemLayout", dtype: DType, head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH) -> "SmemLayout | None":
-    """The shared memory of a chained kernel: with a residual copy, one copy a Q buffer (the old
-    tile's epilogue reads its rows while the next tile's norm writes its own); None where that
-    does not fit the budget."""
-    if not smem.residual_copy or smem.q_buffers == smem.residual_bufs:
-        return smem
-    extra = (smem.q_buffers - smem.residual_bufs) * tile.block_m * (head_dim * dtype.itemsize + 16)
-    if smem.bytes + extra > arch.smem_budget:
-        return None
-    return dataclasses.replace(smem, bytes=smem.bytes + extra, residual_bufs=smem.q_buffers)
-
-
-def wgmma_ring_smem(smem: "SmemLayout", dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig,
-                    arch: Arch = DEFAULT_ARCH, *, k_slot: bool = False, v_slot: bool = False) -> "SmemLayout | None":
-    """The shared memory of a kernel whose split K ring (`k_slot`) or V ring (`v_slot`) has one slot
-    more than the tile's stages (`WgmmaSoftmax.k_slot` / `v_slot`): the tile, its full and empty
-    barriers (and a K slot's header); None where the rings are not split, both or neither are
-    asked for, or the slot does not fit the budget."""
-    if not smem.kv_split or smem.k_stages or k_slot == v_slot:
-        return None
-    # K and V tiles are multiples of 1024 bytes: the 8-byte rounding before the barriers stays
-    extra = tile.block_n * (head_dim if k_slot else value_head_dim) * dtype.itemsize + 2 * 8 + (4 if k_slot else 0)
-    if smem.bytes + extra > arch.smem_budget:
-        return None
-    return dataclasses.replace(smem, bytes=smem.bytes + extra, k_stages=tile.stages + k_slot, v_stages=tile.stages + v_slot)
+    copies (q or k norms) and the residual copy keep cp.async; so does the wide rows' producer
+    (its own copy loop). Score expressions that read tensors (bias, rel_bias lookups) keep
+    cp.async too: ptxas spills their TMA kernels at every register split the budget allows
+    (docs/DECISIONS.md#tma-score-lookups)."""
+    return not (varlen or wide_rows or q_norm or k_norm or residual_copy or score_lookups)
 
 
 def wgmma_max_block_n(value_head_dim: int, tile: TileConfig) -> int:
@@ -390,10 +289,6 @@ class SmemLayout:
     q_buffers: int = 1
     residual_copy: bool = False
     kv_split: bool = False
-    residual_bufs: int = 1  # residual copies: one a Q buffer for chained consumers (`wgmma_chain_smem`)
-    # Slots of split K and V rings of their own depths (`wgmma_ring_smem`), else 0 (the tile's stages)
-    k_stages: int = 0
-    v_stages: int = 0
 
 
 def smem_layout(dtype: DType, head_dim: int, value_head_dim: int, tile: TileConfig, arch: Arch = DEFAULT_ARCH,
@@ -439,7 +334,7 @@ def wgmma_qside_bytes(head_dim: int, tile: TileConfig, token_norm: bool) -> int:
     """Bytes beside each wgmma Q buffer: with a token-scope q norm, its rows' statistics (an fp32
     (mean, rstd) pair a row) and the head's affine weight and bias (D fp32 each), which the
     producer copies along with the Q tile so that the consumers' norm never waits on global
-    memory (ncu, H200 pre-LN: 39% of the consumers' stalls were such waits when they read them)."""
+    memory (docs/DECISIONS.md#pre-ln-tiles)."""
     return tile.block_m * 8 + 2 * head_dim * 4 if token_norm else 0
 
 
@@ -458,10 +353,9 @@ def wgmma_kv_split(tile: TileConfig) -> bool:
     barriers a K slot and a V slot) rather than one slot holding both: with two stages. The
     consumers release a key tile's K as soon as its S product lands and its V after O += P.V, so
     two stages keep the producer a slot ahead; with one shared slot they hold two at once and two
-    stages starve it (H200, bf16 D128 dense: 423 TFLOP/s at 128 x 128 x 2 shared, 542 at three
-    stages). Two stages of split rings free the shared memory for wider key tiles (the auto tiles
-    of `auto_tile` and `_wide_auto_tile`); three or more stages keep the shared slot, whose
-    renders predate the split (split at 128 x 128 x 3 measured the same, 557 against 555)."""
+    stages starve it. Two stages of split rings free the shared memory for wider key tiles (the
+    auto tiles of `auto_tile` and `_wide_auto_tile`); three or more stages keep the shared slot
+    (docs/DECISIONS.md#split-kv-rings)."""
     return tile.stages == 2
 
 
@@ -599,7 +493,7 @@ def validate_tile(
 def auto_tile(
     dtype: DType, head_dim: int, value_head_dim: int, arch: Arch = DEFAULT_ARCH, *, dense: bool = False
 ) -> TileConfig:
-    """The tile `tile auto` resolves to, from H200 measurements (benchmarks/README.md).
+    """The tile `tile auto` resolves to (docs/DECISIONS.md#auto-tiles).
 
     sm_90a, fp16/bf16, head dims 64/128: the wgmma engine, 128 x 128 x 8 warps x 3 stages (D64:
     192 x 128 x 12 warps). Other tensor-core cases (mma.sync): 4 warps of two 16-row MMA tiles
@@ -610,23 +504,17 @@ def auto_tile(
         return _wide_auto_tile(dtype, head_dim, value_head_dim, arch, dense)
     if arch == Arch.SM90A and uses_tensor_cores(dtype) and head_dim in WGMMA_HEAD_DIMS and value_head_dim in WGMMA_HEAD_DIMS:
         # Hopper: the wgmma engine, 128 x 128 x 3 stages on the shared K/V slot (two consumer
-        # warpgroups); head-dim-64 variants run best with three (causal D64: 192 x 128 355, 128 x 128
-        # 323; dense D64, bf16 H16, B*L = 32768, benchmarks/softmax_ab.py: 192 x 128 364 / 468 /
-        # 521 TFLOP/s at L 1k / 4k / 16k, 128 x 128 346 / 388-404 / 399-414, cuDNN 418 / 482 / 468).
+        # warpgroups); head-dim-64 variants run best with three.
         if head_dim == value_head_dim == 64:
             return TileConfig(block_m=192, block_n=128, warps=12, stages=3)
         if head_dim == value_head_dim == 128 and dense:
             # Unmasked D128: 176-key tiles on two stages of split K/V rings (`wgmma_kv_split`), as
-            # FlashAttention-3 does (H200, bf16, benchmarks/results/h200_kv_split_experiments.json:
-            # B2 L16k 581.9 TFLOP/s against 555.1 at 128 x 128 x 3, B32 L1k 453.4 against 448.4).
-            # Causal keeps 128 keys (176: 617 against 600 at L16k, but 411 against 419 at L2k).
+            # FlashAttention-3 does; causal keeps 128 keys.
             return TileConfig(block_m=128, block_n=176, warps=8, stages=2)
         return TileConfig(block_m=128, block_n=128, warps=8, stages=3)
     if not uses_tensor_cores(dtype):
-        # Seed case on the H200 (fp32 B4 H8 L128 D64, CUDA-graph timing, FFMA register tiles):
-        # 16 x 128 x 8 warps 9.3 us; 16 x 64 x 8 10.3, 16 x 64 x 4 10.5, 16 x 128 x 4 11.1,
-        # 32 x 128 x 8 11.7, 32 x 64 x 4 13.7, 16 x 256 x 8 17.3 (short CTAs in the one wave of
-        # 256 win). Larger head dims keep the 4-warp tile (64 output accumulators a thread).
+        # Short CTAs, many of them (the seed case's tile). Larger head dims keep the 4-warp tile
+        # (64 output accumulators a thread).
         # Where shared memory is short (sm_75's 64 KiB) the next smaller tile that fits.
         tiles = [TileConfig(16, 128, 8, 1)] if max(head_dim, value_head_dim) <= 64 else []
         tiles += [TileConfig(16, 64, 4, 1), TileConfig(16, 32, 4, 1)]
@@ -647,10 +535,7 @@ def _wide_auto_tile(dtype: DType, head_dim: int, value_head_dim: int, arch: Arch
     rows a warp, 8 warps).
 
     wgmma, D = Dv = 256: two stages of split K and V rings (`wgmma_kv_split`), 128 x 80 unmasked
-    (224 KiB) and 128 x 64 otherwise (H200, B4 H16 L8k, results/h200_kv_split_experiments.json:
-    dense 619.5 TFLOP/s at 80 keys, 596.6 at 64; causal 611.0 at 64, 550.6 at 80; the shared slot
-    at 48 x 3 stages, the earlier auto tile, 569.6 / 495.0). ptxas spills 8-24 bytes a consumer
-    thread at these widths (O takes 128 registers), and they still measure fastest.
+    (224 KiB) and 128 x 64 otherwise (docs/DECISIONS.md#wide-head-dims).
     D = 192, Dv = 128: 128 x 80 x 3 stages (198 KiB). mma.sync: 128 x 64 x 8 warps x 2 stages where
     shared memory admits it, else the first smaller tile that fits, counting the fp32 staging of O
     in the epilogue (D256 on sm_80: 128 x 32; sm_86/89: 64 x 32 x 4 warps single-stage; sm_75:
@@ -681,16 +566,14 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
     plain = v.mask == TRUE and not v.scores and not v.norms
     if q_token_norm(v) and uses_tensor_cores(v.dtype) and max(v.head_dim, v.value_head_dim) <= 64:
         # Pre-LN blocks (token-scope q norm, usually with a residual). On sm_90a the persistent
-        # wgmma kernel with three consumer warpgroups: H200, B32 H16 Lq2048 Lk512 D64 cross, 192 x
-        # 128 x 12 warps 0.650 ms, 128 x 128 x 8 0.785, mma.sync 64 x 32 0.851 (benchmarks/README.md).
+        # wgmma kernel with three consumer warpgroups (docs/DECISIONS.md#pre-ln-tiles).
         if arch == Arch.SM90A:
             t = TileConfig(block_m=192, block_n=128, warps=12, stages=3)
             if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch, token_norm=True) and engine(
                     v.dtype, v.head_dim, v.value_head_dim, t, arch) == Engine.WGMMA:
                 return t
         # Elsewhere 64-row mma.sync tiles, four CTAs an SM, hide the norm's and residual's row
-        # traffic (H200, before the wgmma engine: 64x32 0.957 ms, 64x64 0.965, 128x128 0.996,
-        # 128x64 1.176); 64x32 also stays spill-free on sm_80 under the 128-register cap.
+        # traffic; 64x32 also stays spill-free on sm_80 under the 128-register cap.
         t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
         if not validate_tile(v.dtype, v.head_dim, v.value_head_dim, t, arch, token_norm=True):
             return t
@@ -711,11 +594,7 @@ def variant_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
                 t = TileConfig(block_m=64, block_n=32, warps=4, stages=2)
         elif v.value_head_dim == 256 and t.block_n > 32:
             t = TileConfig(t.block_m, 32, t.warps, t.stages)
-    # Document masks take the 128 x 128 tiles too. The sixth session chose 128 x 64 for them (194
-    # against 189 TFLOP/s); with the producer's walk of this session (H200, D128 L16k, 128 x 64
-    # against 128 x 128): 16 random documents (the suite's row) 195-197 against 186-194, 16
-    # documents of 1024 tokens 254-263 against 266-273, one document 451-476 against 547-569. The
-    # 128 x 128 tiles are the ones the final GPU suite ran; a length-aware choice is open.
+    # Document masks take the 128 x 128 tiles too (docs/DECISIONS.md#document-mask-tiles).
     if t.block_n > 128 and not wgmma_wide_keys_ok(v):
         # The 176-key tiles hold S, P and O in the whole plain consumer share: an epilogue or
         # per-sequence extra would spill there, so such variants keep 128 x 128 x 3.
@@ -736,11 +615,7 @@ SHORT_RUN_TILE = TileConfig(block_m=128, block_n=128, warps=8, stages=2)
 def _short_runs(v: Variant, arch: Arch) -> bool:
     """Whether a plain D128 wgmma variant's mask keeps each query tile's visible keys few at any
     length (a window, documents), so the short-loop tile serves it at every length: its second Q
-    buffer loads the next work tile's Q under the current one. H200, bf16 D128 H16 B2 L16k, the
-    same run (twenty-second session, benchmarks/doc_mask_ab.py; benchmarks/README.md "Document masks"),
-    128 x 128 x 2 against x 3: 16 random documents 367 against 353 TFLOP/s, 16 of 1024 tokens 387
-    against 358, 64 of 256 tokens 193 against 165, one document of 16k 622 against 578, causal &&
-    window(1023, 0) 467 against 433; outputs bit-identical."""
+    buffer loads the next work tile's Q under the current one (docs/DECISIONS.md#short-run-tiles)."""
     if arch != Arch.SM90A or not uses_tensor_cores(v.dtype) or not (v.head_dim == v.value_head_dim == 128):
         return False
     if not _plain_consumers(v, lse_ok=True):
@@ -761,18 +636,9 @@ def short_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> ShortTile | None:
 
     One compiled kernel serves every length, but the best tile does not: where a work tile walks
     few key tiles, each work tile's prologue and epilogue weigh more, and a second Q buffer (the
-    next work tile's Q loads under the current one) or fewer query rows a CTA win. Measured on
-    the H200 (bf16, B*L = 32k tokens; results/h200_kv_split_experiments.json and the ninth
-    session's probe in benchmarks/README.md):
-    - unmasked D128, 128 x 128 x 2 stages on split rings (two Q buffers): L1k 475.1 TFLOP/s against
-      448.4 at 128 x 128 x 3 and 453.4 at the long kernel's 128 x 176 x 2; at L16k 567.6 against 581.9;
-    - causal D128, the same tile: L2k 439.7 against 419.3; at L16k 549.1 against 600.4;
-    - causal D64, 128 x 128 x 8 warps x 3 stages: L512 216 against 190 and L1k 279 against 248 at
-      192 x 128 x 12 warps; the latter wins from L2k.
-    With TMA loads (the twentieth session, benchmarks/results/h200_tile_ab.jsonl, softmax_ab.py
-    --tiles) the D128 short-loop tile also wins at L4k: dense 684 against the long kernel's 655
-    (cuDNN 694), causal 542 against 525 (cuDNN 525); at L8k dense 616 against 619, causal 654
-    against 635; so the D128 threshold moved from 2048 to 4096.
+    next work tile's Q loads under the current one) or fewer query rows a CTA win
+    (docs/DECISIONS.md#short-loop-tile): D128 128 x 128 x 2 stages on split rings up to 4096 keys,
+    causal D64 128 x 128 x 8 warps x 3 stages up to 1024.
     Plain variants only (nothing past the mask but the LSE: the tiles were measured on plain attention),
     on the wgmma engine, without a tile hint (a hinted tile is the user's choice for every length).
     The thresholds sit at the longest length measured faster; the standalone source of `attngen
@@ -832,7 +698,7 @@ def spill_budget(eng: Engine, tile: TileConfig) -> int:
     wgmma: none (the register split of `wgmma_regs` is chosen so that no example spills).
     mma.sync with two 16-row MMA tiles per warp: 128. Their 128 fp32 O accumulators (D = 128)
     leave ptxas a few registers short at 255, and it spills up to ~100 bytes outside the MMA
-    loops; on the H200 these tiles still beat the spill-free one-tile-per-warp schedule by 10-15%.
+    loops (docs/DECISIONS.md#register-spills-of-two-tile-warps).
     Zero otherwise."""
     if eng == Engine.MMA_SYNC and tile.block_m // tile.warps == 32:
         return 128

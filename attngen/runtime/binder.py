@@ -242,8 +242,6 @@ class Launch:
     block: int
     smem: int
     args: ArgBuffer
-    cupy_fn: Any = None  # the CuPy kernel object, for the CuPy launch path
-    ctypes_list: tuple[str, ...] = ()  # per slot: "p" pointer, "i" int, "q" long long (CuPy path)
     call_args: tuple[Any, ...] = ()  # cuLaunchKernel's arguments as ctypes objects, for `stream`
     stream: int = -1
 
@@ -293,20 +291,6 @@ def launch_driver(ln: Launch, stream: int) -> None:
         rc = d.launch(ln.function, g[0], g[1], g[2], ln.block, 1, 1, ln.smem, stream, ln.args.ptrs, None)
     if rc:
         raise d.error(rc, "cuLaunchKernel")
-
-
-def launch_cupy(ln: Launch, stream_obj: Any) -> None:
-    """The same launch through CuPy's RawKernel (numpy scalars rebuilt per call): the path the
-    runtime used before the binder, kept for comparison (`tools/host_overhead.py`)."""
-    import numpy as np
-
-    conv = {"p": np.uint64, "i": np.int32, "q": np.int64}
-    vals = ln.args.vals
-    args = tuple(conv[c](vals[i] & 0xFFFFFFFFFFFFFFFF if c == "p" else vals[i]) for i, c in enumerate(ln.ctypes_list))
-    # TMA descriptors: 128-byte structured scalars (CuPy passes a NumPy structured scalar's bytes)
-    desc = np.dtype([("words", np.uint64, (TMAP_BYTES // 8,))])
-    args += tuple(np.frombuffer(ctypes.string_at(ln.args.blob(j), TMAP_BYTES), dtype=desc)[0] for j in range(ln.args.blobs))
-    ln.cupy_fn(ln.grid, (ln.block,), args, shared_mem=ln.smem, stream=stream_obj)
 
 
 def slot_kind(ctype: str) -> str:
@@ -669,7 +653,7 @@ def bind_forward(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], out: A
     ws_names = [pr.field.name for pr in kp.workspaces]
     scalars = [f.name for f in kp.fields if f.name in CALL_SCALARS]
     maps = tma_maps(kp)
-    args, kinds, slots = pack_fields(kp.fields, fixed, ("q", "k", "v", "o", "lse", *in_ptrs, *ws_names, *scalars),
+    args, _, slots = pack_fields(kp.fields, fixed, ("q", "k", "v", "o", "lse", *in_ptrs, *ws_names, *scalars),
                                      kp.kernel_name, blobs=len(maps))
     arr_names = ("q", "k", "v", *in_ptrs)
     tmaps: list[TmaSlot] = []
@@ -682,8 +666,8 @@ def bind_forward(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], out: A
     sm = sm_count(dev)
     fns = {ok.name: fn for ok, fn in zip(kp.prep_kernels, k._preps)}
     fns[kp.kernel_name] = k._function
-    main = [Launch(cu_function(fns[ok.name]), ok.launch_grid(var.heads, B, Lq, Lk, sm), ok.threads, ok.smem.bytes, args,
-                   fns[ok.name], kinds) for ok in kp.kernels]
+    main = [Launch(cu_function(fns[ok.name]), ok.launch_grid(var.heads, B, Lq, Lk, sm), ok.threads, ok.smem.bytes, args)
+            for ok in kp.kernels]
     checks, check_slots, check_shapes = _sorted_checks(k, given, check_inputs)
     ws_specs = [(math.prod(pr.workspace_shape(B, Lq, Lk)), pr.dtype) for pr in kp.workspaces]
     for ln in (*main, *checks):
@@ -716,7 +700,6 @@ def _sorted_checks(k: Any, given: Mapping[str, ArrayView], check_inputs: bool) -
         sc = check_args(a.shape, a.strides)
         pairs = sc[0] * sc[1] * sc[2] * (sc[3] - 1)
         vals = [0, *sc, k._status.data.ptr + 8 * (1 + i)]
-        checks.append(Launch(cu_function(fn), (check_grid(pairs), 1, 1), CHECK_THREADS, 0, ArgBuffer(vals), fn,
-                             ("p", "i", "i", "i", "i", "q", "q", "q", "q", "p")))
+        checks.append(Launch(cu_function(fn), (check_grid(pairs), 1, 1), CHECK_THREADS, 0, ArgBuffer(vals)))
         check_slots.append((len(checks) - 1, 3 + order.index(d.name)))
     return checks, check_slots, check_shapes

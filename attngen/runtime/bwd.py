@@ -83,8 +83,7 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
     engine = choose_engine(v, arch, engine)[0]  # the resolved engine keys the cache (the default may change)
     from attngen.plan import bwd as plan_bwd
 
-    # (WG_LOADS, WG_DQ: the A/B switches force_wg_loads, force_wg_dq)
-    key = (v, arch, deterministic, dev, engine, plan_bwd.WG_LOADS, tuple(sorted((bm, m.value) for bm, m in plan_bwd.WG_DQ.items())))
+    key = (v, arch, deterministic, dev, engine, plan_bwd.WG_LOADS)
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -259,7 +258,7 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
     ws = _workspaces(var, bp, B, Lq, Lk)
     specs = wg_tma_maps(bp, var) if bp.wg_loads is not None else ()
     call = ("q", "k", "v", "o", "dO", "lse", *in_ptrs)
-    args, kinds, slots = pack_fields(bp.fields, fixed, (*call, "dq", "dk", "dv", *ws, *(f"grad_{n}" for n, _ in params)),
+    args, _, slots = pack_fields(bp.fields, fixed, (*call, "dq", "dk", "dv", *ws, *(f"grad_{n}" for n, _ in params)),
                                      bp.base_name, blobs=len(specs))
     tmaps = []
     for j, m in enumerate(specs):
@@ -273,7 +272,7 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
     for kern in bp.kernels:
         fn = bk.functions[kern.func]
         launches.append(Launch(cu_function(fn), bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim),
-                               kern.threads, kern.smem, args, fn, kinds))
+                               kern.threads, kern.smem, args))
         launches[-1].bind_stream(sp)
     return BwdBinding(
         args=args, launches=launches, pre=next(i for i, kern in enumerate(bp.kernels) if kern.func == "ag_bwd_pre"),
@@ -440,11 +439,11 @@ def _same_training(a: Variant, b: Variant) -> bool:
 
 def _backward_kernels(kernel: Any, var: Variant, deterministic: bool, engine: BwdEngine | None) -> BackwardKernels:
     """`compile_backward` for this kernel's arch, remembered on the kernel per (variant,
-    deterministic, engine and the A/B switches) so that a call does not re-plan."""
+    deterministic, engine and the copies `plan_bwd.WG_LOADS`) so that a call does not re-plan."""
     from attngen.plan import bwd as plan_bwd
 
     memo = kernel.__dict__.setdefault("_bwd_kernels", {}) if hasattr(kernel, "__dict__") else {}
-    key = (id(var), deterministic, engine, plan_bwd.WG_LOADS, tuple(plan_bwd.WG_DQ.items()))
+    key = (id(var), deterministic, engine, plan_bwd.WG_LOADS)
     got = memo.get(key)
     if got is None or got[0] is not var or got[2] != _CACHE.generation:
         got = memo[key] = (var, compile_backward(var, kernel.plan.arch, deterministic=deterministic, engine=engine), _CACHE.generation)

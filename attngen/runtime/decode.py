@@ -336,10 +336,10 @@ def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, A
         fixed.update(stride_fields(t, st))
     ws = ("ws_o", "ws_lse") if n_split > 1 else ()
     call = ("q", "k", "v", *in_ptrs)
-    args, kinds, slots = pack_fields(kern.fields, fixed, (*call, "o", *(("lse",) if var.lse else ()), *ws), dp.kernel_name)
+    args, _, slots = pack_fields(kern.fields, fixed, (*call, "o", *(("lse",) if var.lse else ()), *ws), dp.kernel_name)
     launches = []
     for ln, fn in zip(dp.launches(B, Lq, n_split, n_ctas, merged=bool(count_ptr)), kern._functions):
-        launches.append(Launch(cu_function(fn), ln.grid, ln.threads, ln.smem_bytes, args, fn, kinds))
+        launches.append(Launch(cu_function(fn), ln.grid, ln.threads, ln.smem_bytes, args))
         launches[-1].bind_stream(sp)
     ws_o_shape, ws_lse_shape = dp.workspace_shapes(B, Lq, n_split)
     ws_specs = [(math.prod(ws_o_shape), DType.FP32), (math.prod(ws_lse_shape), DType.FP32)][:len(ws)]

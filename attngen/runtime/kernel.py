@@ -8,8 +8,7 @@ CuPy has no bfloat16 dtype: with CuPy, pass bf16 data as a uint16 array holding 
 (`x.view(cupy.uint16)`); outputs come back the same way. torch tensors keep their own dtypes.
 
 A call validates and packs its arguments once per signature (`attngen.runtime.binder`), then launches
-through the CUDA driver (ctypes `cuLaunchKernel`; `ATTNGEN_LAUNCHER=cupy` selects CuPy's launch,
-kept for comparison). Variants with `sorted` inputs run a device check first (`attngen.runtime.checks`);
+through the CUDA driver (ctypes `cuLaunchKernel`; docs/DECISIONS.md#cupys-launch-path). Variants with `sorted` inputs run a device check first (`attngen.runtime.checks`);
 its result and a `nan_check` flag live in device status words that the call reads back (a sync),
 except under CUDA-graph capture, where `raise_pending()` reports them later.
 """
@@ -28,7 +27,7 @@ from typing import Any
 from attngen.cuda.compile import compile_source
 from attngen.ir.nodes import DType, Layout, Program, TileConfig, TileHint, Variant
 from attngen.runtime.binder import (CALL_SCALARS, MAX_BINDINGS, POOL, SIG_FNS, Binding, InputCheckError, NaNCheckError, bind_forward,
-                                    capturing, driver, external_stream, launch_cupy, launch_driver, load_functions, sig_fn,
+                                    capturing, driver, launch_driver, load_functions, sig_fn,
                                     stream_ptr, torch_current_stream, torch_sig)
 from attngen.runtime.checks import NO_ERROR, check_kernel_name, flat_to_index, render_checks
 from attngen.cuda.render import OpPlan, render_with_plan
@@ -74,7 +73,6 @@ class Kernel:
     _check_fns: tuple[Any, ...] = ()  # per sorted input: its check kernel
     _bindings: OrderedDict = field(default_factory=OrderedDict)
     _check_shapes: tuple[tuple[int, ...], ...] = ()  # the sorted inputs' shapes in the latest launch
-    launcher: str = "driver"  # "driver" (ctypes cuLaunchKernel) or "cupy" (RawKernel, for comparison)
     # The same variant at schedule.short_tile's tile, for calls whose key loop is short (Lk <= short_max_lk).
     short: "Kernel | None" = None
     short_max_lk: int = 0
@@ -189,9 +187,6 @@ class Kernel:
         if b.ws_specs:
             # Workspaces from the pool, shared by this stream's calls (fresh under graph capture)
             ws = ([b.alloc((n,), dt) for n, dt in b.ws_specs] if capturing(sp) else POOL.take(b.pool_keys, b.ws_specs, b.alloc))
-        cupy_stream = None
-        if self.launcher != "driver":
-            cupy_stream = external_stream(sp)
         # Calls on one stream that share pool workspaces queue their launches one call at a time.
         with POOL.stream_lock(sp) if ws else b.lock:
             main_vals = b.main[-1].args.vals
@@ -209,16 +204,10 @@ class Kernel:
                 tm.update(ptrs[tm.array], "qkv"[tm.array])
             for ci, ai in b.check_slots:
                 b.checks[ci].args.vals[0] = ptrs[ai]
-            if cupy_stream is None:
-                for ln in b.checks:
-                    launch_driver(ln, sp)
-                for ln in b.main:
-                    launch_driver(ln, sp)
-            else:
-                for ln in b.checks:
-                    launch_cupy(ln, cupy_stream)
-                for ln in b.main:
-                    launch_cupy(ln, cupy_stream)
+            for ln in b.checks:
+                launch_driver(ln, sp)
+            for ln in b.main:
+                launch_driver(ln, sp)
         if b.readback:
             if b.checks:
                 self._check_shapes = b.check_shapes
@@ -399,13 +388,7 @@ def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = 
     module, fns = load_functions(binary.cubin, {kp.kernel_name: kp.smem_bytes, **{pr.kernel: 0 for pr in kp.preps}})
     fn = fns[kp.kernel_name]
     preps = tuple(fns[pr.kernel] for pr in kp.preps)
-    launcher = os.environ.get("ATTNGEN_LAUNCHER", "driver")
-    if launcher == "driver":
-        try:
-            driver()
-        except OSError:  # no libcuda to load by name: CuPy's launch path still works
-            launcher = "cupy"
-    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn, preps, device=dev, launcher=launcher)
+    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn, preps, device=dev)
     if persistent(kp.engine):
         k._counter_blocks.append(cupy.zeros(COUNTER_BLOCK, dtype=cupy.int32))
     sorted_inputs = kp.problem.sorted_inputs

@@ -32,7 +32,7 @@ TOL = {DType.FP16: 1e-2, DType.BF16: 4e-2, DType.FP32: 2e-4}
 def test_engine_choice_and_explain(monkeypatch):
     # sm_90a's default at head dims 64 / 128 is the wgmma engine (tests/backward/test_bwd_wgmma_emu.py);
     # this is the mma.sync engine's choice wherever wgmma is not the default.
-    monkeypatch.setattr(plan_bwd, "WGMMA_DEFAULT", False)
+    monkeypatch.setattr(plan_bwd, "wgmma_fits", lambda v, arch: "kept on mma.sync by the test")
     bf = T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16)
     assert plan_bwd.choose_engine(bf, Arch.SM90A)[0] == BwdEngine.MMA
     assert plan_bwd.choose_engine(bf, Arch.SM80)[0] == BwdEngine.MMA
@@ -48,6 +48,7 @@ def test_engine_choice_and_explain(monkeypatch):
     bp = plan_bwd.plan(bf, Arch.SM90A)
     k = bp.kernel("ag_bwd_dkdv")
     assert bp.engine == BwdEngine.MMA and bp.tc_block_n == 128 and k.threads == 256 and k.smem == plan_bwd.tc_smem_bytes(128, 128, 128)
+    assert bp.tc_rotate and not plan_bwd.plan(fp32, Arch.SM90A).tc_rotate  # the rotated walk: tensor-core engines only
     assert k.smem <= Arch.SM90A.smem_budget
     assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
     # 16-wide heads would give each of 8 warps half a 16-column dQ block: 64-key tiles (4 warps).

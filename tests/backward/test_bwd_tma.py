@@ -29,10 +29,13 @@ nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on t
 
 @pytest.fixture(autouse=True)
 def _restore_loads():
-    saved = dict(plan_bwd.WG_DQ)
     yield
-    plan_bwd.force_wg_loads(WgmmaLoads.TMA)
-    plan_bwd.WG_DQ.update(saved)
+    plan_bwd.WG_LOADS = WgmmaLoads.TMA
+
+
+def _force_loads(loads: str | WgmmaLoads) -> None:
+    """The wgmma kernel's copies for the plans made after the call (the fixture restores TMA)."""
+    plan_bwd.WG_LOADS = WgmmaLoads(loads)
 
 
 def _norms(*targets):
@@ -51,28 +54,18 @@ def test_plan_default_maps_and_fallback(monkeypatch):
         ("tm_v", "v", 128, 128, 2, "Lk", 64, False)]
     assert bp.wg_dq == plan_bwd.WgDq.WG_BULK
     # 24 bytes of mbarriers over the cp.async kernel's shared memory
-    plan_bwd.force_wg_loads("cp.async")
+    _force_loads("cp.async")
     cp = plan_bwd.plan(v, Arch.SM90A)
     assert cp.wg_loads == WgmmaLoads.CP_ASYNC and plan_bwd.wg_tma_maps(cp, v) == () and cp.wg_dq == plan_bwd.WgDq.WG_BULK
     assert bp.kernel("ag_bwd_dkdv").smem == cp.kernel("ag_bwd_dkdv").smem + 24 == 148480 + 2 * (64 * 136 * 4 + 16) + 24
-    # WgDq.WG_TMA (the experiment): ws_dq's descriptor fifth, fp32 boxes of 32 columns; two unpadded
-    # buffers; without TMA copies it is WG_BULK
-    plan_bwd.force_wg_dq("wgtma")
-    assert plan_bwd.plan(v, Arch.SM90A).wg_dq == plan_bwd.WgDq.WG_BULK  # (still cp.async here)
-    plan_bwd.force_wg_loads("tma")
-    wt = plan_bwd.plan(v, Arch.SM90A)
-    assert wt.wg_dq == plan_bwd.WgDq.WG_TMA
-    assert [(m.name, m.tensor, m.rows, m.cols, m.heads, m.length, m.box_cols, m.fp32) for m in plan_bwd.wg_tma_maps(wt, v)][4:] == [
-        ("tm_dq", "ws_dq", 64, 128, 8, "Lq", 32, True)]
-    assert wt.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 128 * 4 + 16) + 24
-    # room for four descriptors but not five: cp.async copies and WG_BULK
-    end = plan_bwd.param_bytes([f.ctype for f in wt.fields])[-1]
+    _force_loads("tma")
+    # room for three descriptors but not four: cp.async copies
+    end = plan_bwd.param_bytes([f.ctype for f in bp.fields])[-1]
     with monkeypatch.context() as m:
-        m.setattr(plan_bwd, "MAX_PARAM_BYTES", (end + 63) // 64 * 64 + 4 * 128)
-        assert plan_bwd.wg_tma_room(wt.fields, 4) and not plan_bwd.wg_tma_room(wt.fields, 5)
+        m.setattr(plan_bwd, "MAX_PARAM_BYTES", (end + 63) // 64 * 64 + 3 * 128)
+        assert plan_bwd.wg_tma_room(bp.fields, 3) and not plan_bwd.wg_tma_room(bp.fields, 4)
         tight = plan_bwd.plan(v, Arch.SM90A)
         assert tight.wg_loads == WgmmaLoads.CP_ASYNC and tight.wg_dq == plan_bwd.WgDq.WG_BULK
-    plan_bwd.force_wg_dq("wgbulk")
     # Under the norms the copies read the workspaces; the D64 step is 128 queries.
     n = T.variant(T.causal(), (), D=64, heads=4, kv_heads=2, dtype=DType.BF16, norms=_norms(NormTarget.Q, NormTarget.K, NormTarget.O))
     bn = plan_bwd.plan(n, Arch.SM90A)
@@ -93,30 +86,20 @@ def test_render_names_the_descriptors_and_cp_async_render_has_none():
     # the C++ launcher encodes the workspace's descriptor from its [B, H, Lq, Dv] rows
     assert ("_tmap(&maps[1], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.ws_do, 64, p.Lq, 4, p.B, 64, (long long)p.Lq * 64, "
             "(long long)4 * p.Lq * 64, 64, 128)") in src
-    # WgDq.WG_TMA: ws_dq's descriptor (fp32, boxes of 32 columns) fifth, reduced into by tensor reductions
-    plan_bwd.force_wg_dq("wgtma")
-    wt = render_bwd.render(v, Arch.SM90A)
-    header = wt.split("\n\n")[0]
-    assert "tm_dq: ws_dq, 64 columns, boxes of 128 rows over Lq (fp32: boxes of 32 columns, reduced into, nothing written past the rows)" in header, header
-    assert wt.count("const __grid_constant__") == 5 and "cp.reduce.async.bulk.tensor.4d" in wt and "cp.reduce.async.bulk.tensor" not in src
-    assert ("_tmap(&maps[4], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.ws_dq, 64, p.Lq, 4, p.B, 64, (long long)p.Lq * 64, "
-            "(long long)4 * p.Lq * 64, 32, 128)") in wt
-    plan_bwd.force_wg_loads("cp.async")
+    _force_loads("cp.async")
     cp = render_bwd.render(v, Arch.SM90A)
     assert "cp.async.bulk.tensor" not in cp and "__grid_constant__" not in cp and "ag_tmap" not in cp
 
 
 @nvcc
 @pytest.mark.nvcc
-@pytest.mark.parametrize("dq", ["wgbulk", "wgtma"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_nvcc_tma_kernel_and_launcher_without_spills(d, dq):
+def test_nvcc_tma_kernel_and_launcher_without_spills(d):
     # the kernel (no spills, 168 registers at 384 threads) and the host launcher that encodes the
     # descriptors through the runtime's driver entry point
-    plan_bwd.force_wg_dq(dq)
     v = T.variant(T.causal(), (), D=d, heads=4, kv_heads=2, dtype=DType.BF16, name=f"t{d}")
     src = render_bwd.render(v, Arch.SM90A)
-    assert ("cp.reduce.async.bulk.tensor" in src) == (dq == "wgtma")
+    assert "cp.reduce.async.bulk.tensor" not in src
     res = {r.kernel: r for r in compile_cuda.resources(src, Arch.SM90A)}
     r = next(r for name, r in res.items() if name.endswith("_bwd_dkdv"))
     assert r.spill_stores == 0 and r.spill_loads == 0 and r.registers == 168, r
@@ -132,7 +115,7 @@ def test_nvcc_tma_kernel_and_launcher_without_spills(d, dq):
 
 
 def _emu_grads(v, B, Lq, Lk, seed, loads):
-    plan_bwd.force_wg_loads(loads)
+    _force_loads(loads)
     rng = np.random.default_rng(seed)
     arrays = workload.make_inputs(v, B, Lq, Lk, rng)
     rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
@@ -163,14 +146,10 @@ def test_emulated_tma_equals_cp_async_and_reference(case):
     v = T.variant(T.causal(), (), D=D, heads=H, kv_heads=HKV, dtype=DType.BF16, kind=kind, layout=layout, norms=_norms(*norms))
     tma, want = _emu_grads(v, B, Lq, Lk, 11, WgmmaLoads.TMA)
     cpa, _ = _emu_grads(v, B, Lq, Lk, 11, WgmmaLoads.CP_ASYNC)
-    plan_bwd.force_wg_dq("wgtma")
-    wgt, _ = _emu_grads(v, B, Lq, Lk, 11, WgmmaLoads.TMA)
     # The same products, and the same dQ values added in the same order in the emulation's serial
-    # blocks (WG_TMA's tensor reductions of swizzled boxes, rows past Lq dropped, against WG_BULK's
-    # row reductions): every gradient bit-identical.
+    # blocks: every gradient bit-identical.
     for n in ("dq", "dk", "dv"):
         assert np.array_equal(tma[n], cpa[n]), f"{n}: the TMA kernel's differs from the cp.async kernel's"
-        assert np.array_equal(wgt[n], cpa[n]), f"{n}: the WG_TMA kernel's differs from the WG_BULK kernel's"
     for n in ("dq", "dk", "dv"):
         scale = float(np.abs(want[n]).max())
         err = float(np.abs(tma[n] - want[n]).max())

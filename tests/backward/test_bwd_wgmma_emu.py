@@ -52,7 +52,7 @@ def _run(v, B, Lq, Lk, seed=0, deterministic=False, wrt=(), edit=None):
     return got, want, bp
 
 
-def test_engine_choice_plan_and_explain(monkeypatch):
+def test_engine_choice_plan_and_explain():
     bf = T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16)
     h64 = T.variant(T.causal(), (), D=64, heads=2, dtype=DType.FP16)
     assert plan_bwd.choose_engine(bf, Arch.SM90A)[0] == BwdEngine.WGMMA
@@ -88,15 +88,13 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     h64_bp = plan_bwd.plan(h64, Arch.SM90A)
     assert h64_bp.tc_block_m == 128 and plan_bwd.wg_dq_cols(64, 128) == 64 and plan_bwd.wg_dq_cols(128, 64) == 64
     # ... dQ staged (8 warps x 16 rows x (64 + 8) fp32 words) and added by bulk reductions, a row a lane.
-    rows = plan_bwd.WG_DQ[128] == plan_bwd.WgDq.ROWS
-    staging = {plan_bwd.WgDq.ROWS: 8 * 16 * 72 * 4, plan_bwd.WgDq.WG: 2 * (128 * 64 * 4 + 16),
-               plan_bwd.WgDq.WG_BULK: 2 * (128 * 72 * 4 + 16)}.get(plan_bwd.WG_DQ[128], 0)
+    staging = 2 * (128 * 72 * 4 + 16)
     assert h64_bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(64, 64, tma=True) == 2 * (6 * 128 * 64 + 128 * 128) + 16 * 128 + staging + 24
     assert plan_bwd.plan(T.variant(T.causal(), (), D=64, Dv=128, heads=2, dtype=DType.BF16), Arch.SM90A).tc_block_m == 64
     h64_src = render_bwd.render(h64, Arch.SM90A)
     assert "constexpr int WG_BLOCK_M = 128;" in h64_src and "constexpr int WG_SUB = WG_BLOCK_M / WG_SUB_M;" in h64_src
     assert "m64n64k16.f32.f16.f16" in h64_src and "m64n32k16" not in h64_src
-    assert ("ag_bulk_reduce_add(p.ws_dq" in h64_src) == (rows or plan_bwd.WG_DQ[128] == plan_bwd.WgDq.WG_BULK) and ("ag_red_add2(row" in h64_src) == (plan_bwd.WG_DQ[128] == plan_bwd.WgDq.RED2)
+    assert "ag_bulk_reduce_add(p.ws_dq" in h64_src and "ag_red_add2(row" not in h64_src
     assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
     text = "\n".join(plan_bwd.describe(bf, Arch.SM90A))
     assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
@@ -109,8 +107,7 @@ def test_engine_choice_plan_and_explain(monkeypatch):
     assert "ag_bwd_dq(p)" in det and "ag_bulk_reduce_add(p.ws_dq" not in det and "SDQ_BYTES = 0;" in det
     # The sm_80 rendering and the forward are untouched by the engine.
     assert "wgmma" not in render_bwd.render(bf, Arch.SM80)
-    monkeypatch.setattr(plan_bwd, "WGMMA_DEFAULT", False)  # opt-in mode
-    assert plan_bwd.plan(bf, Arch.SM90A).engine == BwdEngine.MMA
+    assert plan_bwd.plan(bf, Arch.SM90A, engine=BwdEngine.MMA).engine == BwdEngine.MMA
     assert plan_bwd.plan(bf, Arch.SM90A, engine=BwdEngine.WGMMA).engine == BwdEngine.WGMMA
 
 
@@ -139,13 +136,10 @@ def test_nvcc_sm90a_without_spills():
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
-@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED2, plan_bwd.WgDq.WG, plan_bwd.WgDq.WG_BULK, plan_bwd.WgDq.WG_TMA], ids=lambda m: m.value)
-def test_nvcc_sm90a_wgmma_never_serialised(mode, monkeypatch):
+def test_nvcc_sm90a_wgmma_never_serialised():
     # ptxas serialises or fences the asynchronous products when registers run short (C7512, or an
-    # injected warpgroup.arrive / wait: C7519, C7517): the default and the dQ-warpgroup mode must
-    # not. The dQ-warpgroup kernel launches at 384 x 168 registers (setmaxnreg moves them), unspilled.
-    for bm in (64, 128):
-        monkeypatch.setitem(plan_bwd.WG_DQ, bm, mode)
+    # injected warpgroup.arrive / wait: C7519, C7517): the dQ-warpgroup kernel must not. It launches
+    # at 384 x 168 registers (setmaxnreg moves them), unspilled.
     for d in (64, 128):
         v = T.variant(T.causal(), (), D=d, heads=4, kv_heads=2, dtype=DType.BF16, name=f"p{d}")
         src = render_bwd.render(v, Arch.SM90A)
@@ -154,7 +148,7 @@ def test_nvcc_sm90a_wgmma_never_serialised(mode, monkeypatch):
         res = {r.kernel: r for r in compile_cuda.resources(src, Arch.SM90A)}
         r = next(r for name, r in res.items() if name.endswith("_bwd_dkdv"))
         assert r.spill_stores == 0 and r.spill_loads == 0, r
-        assert r.registers == (168 if plan_bwd.wg_dq_split(mode) else r.registers) <= 255
+        assert r.registers == 168
 
 
 def test_prefetch_point_by_mask():
@@ -245,90 +239,47 @@ def test_qk_norms_residual():
     _run(v, 1, 80, 80, seed=5, wrt=plan_bwd.norm_params(v), edit=edit)
 
 
-def test_force_wg_dq_reaches_plan_render_and_explain(monkeypatch):
-    # The experiments' switch (benchmarks' --wg-dq, tools/pytest_wg_dq.py) sets every step size's
-    # mode, and the plan, the kernel text and the plan's kernel description follow it.
-    for bm, m in list(plan_bwd.WG_DQ.items()):
-        monkeypatch.setitem(plan_bwd.WG_DQ, bm, m)  # restored after the test
+def test_dq_warpgroup_reaches_plan_render_and_explain():
+    # The atomic dQ mode (a third warpgroup adding bulk row reductions): the plan, the kernel text
+    # and the plan's kernel description agree.
     bf = T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16)
-    assert plan_bwd.plan(bf, Arch.SM90A).wg_dq == plan_bwd.WgDq.WG_BULK
-    plan_bwd.force_wg_dq("tile")
     bp = plan_bwd.plan(bf, Arch.SM90A)
-    assert bp.wg_dq == plan_bwd.WgDq.TILE and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.TILE
-    assert "ag_smem_count(base + SDQ_CNT_OFF)" in render_bwd.render(bf, Arch.SM90A)
-    assert "one bulk fp32 reduction" in bp.kernel("ag_bwd_dkdv").doc
-    plan_bwd.force_wg_dq(plan_bwd.WgDq.RED4)
-    assert "ag_red_add4(row + j * 8" in render_bwd.render(bf, Arch.SM90A)
-    plan_bwd.force_wg_dq("wg")
-    bp = plan_bwd.plan(bf, Arch.SM90A)
+    assert bp.wg_dq == plan_bwd.WgDq.WG_BULK and list(plan_bwd.WgDq) == [plan_bwd.WgDq.WG_BULK]
     assert bp.kernel("ag_bwd_dkdv").threads == plan_bwd.wg_threads(128, 128) == 384
-    assert "from a third warpgroup" in bp.kernel("ag_bwd_dkdv").doc
-    header = render_bwd.render(bf, Arch.SM90A).split("// Arguments, in order")[0]  # the header says so
-    assert "dQ: fp32 atomics into ws_dq from a third warpgroup" in header and "384 threads" in header
-    plan_bwd.force_wg_dq("wgbulk")
-    bp = plan_bwd.plan(bf, Arch.SM90A)
-    assert bp.kernel("ag_bwd_dkdv").threads == 384 and "bulk fp32 reductions (cp.reduce.async.bulk, a row each) from a third warpgroup" in bp.kernel("ag_bwd_dkdv").doc
+    assert "bulk fp32 reductions (cp.reduce.async.bulk, a row each) from a third warpgroup" in bp.kernel("ag_bwd_dkdv").doc
     header = render_bwd.render(bf, Arch.SM90A).split("// Arguments, in order")[0]
     assert "dQ: fp32 bulk reductions into ws_dq (cp.reduce.async.bulk, a row each) from a third warpgroup" in header
-    with pytest.raises(ValueError):
-        plan_bwd.force_wg_dq("red3")
+    assert "384 threads" in header
 
 
 @emu
-@pytest.mark.parametrize("mode", list(plan_bwd.WgDq), ids=lambda m: m.value)
-def test_bf16_dense_d64_whole_and_partial_128_query_steps(mode, monkeypatch):
+def test_bf16_dense_d64_whole_and_partial_128_query_steps():
     # D64: steps of 128 queries as two sub-steps. Queries 0-255 are whole steps over whole key
     # tiles (the unmasked step, no score modifications: the two-pass softmax gradient); the third
-    # step has 44 rows, so its second sub-step lies wholly past Lq. Every dQ reduction path
-    # (WgDq): red of two or four values (the four through lane-pair shuffles), bulk reductions a
-    # row, and the step's tile by one bulk reduction (its 44-row last tile adds only the valid rows;
-    # the emulation reads a bulk source at the issuer's next wait, so a buffer rewritten before that
-    # wait adds wrong values).
-    monkeypatch.setitem(plan_bwd.WG_DQ, 128, mode)
+    # step has 44 rows, so its second sub-step lies wholly past Lq (its 44-row last tile adds only
+    # the valid rows; the emulation reads a bulk source at the issuer's next wait, so a buffer
+    # rewritten before that wait adds wrong values).
     v = T.variant(scores=(), D=64, heads=2, kv_heads=1, dtype=DType.BF16, kind=AttnKind.CROSS)
     _, _, bp = _run(v, 1, 300, 256, seed=6)
-    assert bp.tc_block_m == 128 and bp.wg_dq == mode
+    assert bp.tc_block_m == 128 and bp.wg_dq == plan_bwd.WgDq.WG_BULK
 
 
 @emu
-@pytest.mark.parametrize("mode", [plan_bwd.WgDq.RED4, plan_bwd.WgDq.TILE, plan_bwd.WgDq.WG, plan_bwd.WgDq.WG_BULK, plan_bwd.WgDq.WG_TMA],
-                         ids=lambda m: m.value)
-def test_dq_modes_d128_causal_odd_lengths(mode, monkeypatch):
-    # The four-value, tile and dQ-warpgroup modes at D128 (64-query steps, the warpgroups split dQ
-    # by columns): causal with a partial last query tile (rows past Lq are never added), two heads
-    # a kv head.
-    monkeypatch.setitem(plan_bwd.WG_DQ, 64, mode)
+def test_dq_warpgroup_d128_causal_odd_lengths():
+    # D128 (64-query steps, the warpgroups split dQ by columns): causal with a partial last query
+    # tile (rows past Lq are never added), two heads a kv head. A third warpgroup (setmaxnreg)
+    # takes the steps' tiles, staged row-major with padded rows, from two shared-memory buffers and
+    # adds them by a bulk reduction a row; the consumers meet at a named barrier of their own.
     v = T.variant(T.causal(), (), D=128, heads=4, kv_heads=2, dtype=DType.BF16)
     _, _, bp = _run(v, 1, 200, 200, seed=8)
     src = render_bwd.render(v, Arch.SM90A)
     assert "ag_red_add2(row" not in src
-    if mode == plan_bwd.WgDq.WG:
-        # a third warpgroup (setmaxnreg) takes the steps' tiles from two shared-memory buffers; the
-        # consumers meet at a named barrier of their own
-        k = bp.kernel("ag_bwd_dkdv")
-        assert k.threads == 384 and k.min_blocks == 1 and "__launch_bounds__(384, 1)" in src
-        assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_nbar_sync(CONS_BAR, WG_THREADS)" in src
-        assert "  __syncthreads();" not in src.split("__device__ __forceinline__ void ag_bwd_dkdv")[1].split("\n}\n")[0]
-        assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 128 * 4 + 16) + 24
-    elif mode == plan_bwd.WgDq.WG_BULK:
-        # the same split; the tiles staged row-major with padded rows, a bulk reduction a row
-        k = bp.kernel("ag_bwd_dkdv")
-        assert k.threads == 384 and "ag_bulk_reduce_add(p.ws_dq + (row0 + r) * D" in src and "ag_red_add4(" not in src.split("void ag_wg_dq_adder")[1].split("\n}\n")[0]
-        assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 136 * 4 + 16) + 24 <= Arch.SM90A.smem_budget
-    elif mode == plan_bwd.WgDq.WG_TMA:
-        # the same split; the tiles staged in tm_dq's swizzled boxes (no padding), added by tensor
-        # reductions from one thread (rows past Lq dropped by the copy engine)
-        k = bp.kernel("ag_bwd_dkdv")
-        adder = src.split("void ag_wg_dq_adder")[1].split("\n}\n")[0]
-        assert k.threads == 384 and "ag_tma_reduce_add<WG_BLOCK_M, D>(" in adder and "ag_bulk_reduce_add(" not in adder
-        assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 128 * 4 + 16) + 24
-    elif mode == plan_bwd.WgDq.TILE:
-        # the tile staged by rotated column groups, issued by the last warp to have written its part
-        assert "SDQ_BYTES = WG_BLOCK_M * D * 4 + 16;" in src and "ag_smem_count(base + SDQ_CNT_OFF)" in src
-        assert bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 64 * 128 * 4 + 16 + 24
-    else:
-        assert "ag_red_add4(row + j * 8" in src and "SDQ_BYTES = 0;" in src
-        assert bp.kernel("ag_bwd_dkdv").smem == 148480 + 24  # (+ 24: the TMA copies' mbarriers)
+    k = bp.kernel("ag_bwd_dkdv")
+    assert k.threads == 384 and k.min_blocks == 1 and "__launch_bounds__(384, 1)" in src
+    assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_nbar_sync(CONS_BAR, WG_THREADS)" in src
+    assert "  __syncthreads();" not in src.split("__device__ __forceinline__ void ag_bwd_dkdv")[1].split("\n}\n")[0]
+    assert "ag_bulk_reduce_add(p.ws_dq + (row0 + r) * D" in src and "ag_red_add4(" not in src.split("void ag_wg_dq_adder")[1].split("\n}\n")[0]
+    assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 136 * 4 + 16) + 24 <= Arch.SM90A.smem_budget
 
 
 # ---- the token-scope q norm (pre-LN block) and the o post-norm on the wgmma engine: it reads the
@@ -386,7 +337,7 @@ def test_long_walk_document_causal_gqa_several_classification_rounds():
 
     v = frontend.load(Path(__file__).parent / "regressions" / "document_causal_long_walk.attn").get()
     got, want, bp = _run(v, 1, 1100, 1100, seed=6)
-    assert bp.tc_rotate and bp.engine == BwdEngine.WGMMA
+    assert bp.engine == BwdEngine.WGMMA
 
 
 @pytest.mark.parametrize("example", ["packed_documents", "paligemma_prefix_lm"])

@@ -34,9 +34,8 @@ import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backward"))
 from _host_emu import CUDA_INCLUDE, MBAR_CORE, SHIM, TC_EMU, WG_EMU, available  # noqa: E402
 
-__all__ = ["available", "run", "last_votes", "example_params", "example_kernel"]
+__all__ = ["available", "run", "example_params", "example_kernel"]
 
-last_votes: tuple[int, int] = (0, 0)  # the latest run's warpgroup votes: (true, false)
 
 # Intrinsics the forward uses beyond the backward's shim.
 FWD_SHIM = r"""
@@ -51,8 +50,6 @@ inline float __expf(float x) { return std::exp(x); }
 inline int atomicAdd(int* a, int v) { return std::atomic_ref<int>(*a).fetch_add(v); }
 inline int atomicExch(int* a, int v) { return std::atomic_ref<int>(*a).exchange(v); }
 inline int atomicOr(int* a, int v) { return std::atomic_ref<int>(*a).fetch_or(v); }
-// Warpgroup votes (ag_wg_all) that came out true and false, reported on stderr at exit.
-static std::atomic<long long> ag_votes_true{0}, ag_votes_false{0};
 """
 
 # The PTX primitives of backends/cuda/fwd/_wgmma.cu.j2 (and the common helpers it includes),
@@ -96,16 +93,6 @@ PRIMS = {
                    "  const long long left = (ag_tx[bar / 8] -= n);\n"
                    "  if (left < 0) { std::fprintf(stderr, \"mbarrier at %u: TMA bytes past the expected count\\n\", bar); std::abort(); }\n"
                    "  if (left == 0) ag_mbar_arrive(bar);\n}",
-    # A test may wait AG_TEST_PATIENCE_MS first, so that a run can make the chained consumer find the
-    # next tile ready wherever there is one (its threads otherwise race the producer's); below 0 it
-    # always says no (every step the late one).
-    "ag_bar_test": "inline bool ag_bar_test(unsigned bar, int parity) {\n"
-                   "  if (AG_TEST_PATIENCE_MS < 0) return false;\n"
-                   "  const auto t0 = std::chrono::steady_clock::now();\n"
-                   "  while (!ag_mbar_done(bar, parity)) {\n"
-                   "    if (std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(AG_TEST_PATIENCE_MS)) return false;\n"
-                   "    std::this_thread::yield();\n  }\n"
-                   "  return true;\n}",
     "ag_bar_wait": "inline void ag_bar_wait(unsigned bar, int parity) {\n"
                    "  const auto t0 = std::chrono::steady_clock::now();\n"
                    "  while (!ag_mbar_done(bar, parity)) {\n"
@@ -113,10 +100,6 @@ PRIMS = {
                    "      std::fprintf(stderr, \"mbarrier at %u: thread %u waited %d s for parity %d (a lost arrival?)\\n\", bar, threadIdx.x, AG_WAIT_SECONDS, parity);\n"
                    "      std::abort();\n    }\n"
                    "    std::this_thread::yield();\n  }\n}",
-    "ag_wg_all": "inline bool ag_wg_all(int g, bool v) {\n"
-                 "  const bool r = ag_named_bar(2 + g, 128, true, v);\n"
-                 "  if (threadIdx.x % 128 == 0) (r ? ag_votes_true : ag_votes_false).fetch_add(1);\n"
-                 "  return r;\n}",
     "ag_warpgroup_sync": "inline void ag_warpgroup_sync(int g) { ag_named_bar(2 + g, 128, true); }",
     "ag_producer_sync": "inline void ag_producer_sync() { ag_named_bar(1, PRODUCER_THREADS, true); }",
     "ag_wgmma_fence": "inline void ag_wgmma_fence() {}",
@@ -168,8 +151,6 @@ def emulated_source(src: str) -> str:
     """The kernel source (no host launcher) with its PTX primitives replaced by emulations."""
     body = src.split("#ifndef __CUDACC_RTC__\n#include <atomic>")[0]
     body = body.replace("#include <cuda_runtime.h>\n", "")
-    if "TURN_BAR" in body:
-        raise ValueError("the emulation does not model the consumer turns (WgmmaSoftmax.turns)")
     fns = [f for f in _functions(body) if f[0] in PRIMS or f[0] in MMA_PRIMS or re.fullmatch(r"ag_wgmma_(ss|rs)_n\d+", f[0])]
     first = min(s for _, s, _ in fns)
     wrapper = re.compile(r"ag_wgmma_(ss|rs)_n(\d+)")
@@ -234,7 +215,6 @@ def _harness(ns: str, launches, fields, smem: int, n_out: int, maps=()) -> str:
     for i in range(n_out):
         lines.append(f"  std::fwrite(blobs[{i}].data(), 1, blobs[{i}].size(), o);")
     lines += ["  std::fclose(o);",
-              "  std::fprintf(stderr, \"votes: %lld true, %lld false\\n\", ag_votes_true.load(), ag_votes_false.load());",
               "  return 0;", "}"]
     return "\n".join(lines) + "\n"
 
@@ -252,17 +232,14 @@ def _grid(k, v, B: int, Lq: int, persistent: int) -> tuple[int, int, int]:
 
 
 def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdir: str | None = None,
-        timeout: float = 600.0, wait_seconds: int = 30, test_patience_ms: int = 0,
+        timeout: float = 600.0, wait_seconds: int = 30,
         heads: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Compile the rendered forward `src` (plan `kp`, variant `v`, bhsd or bshd) for the host and run
     it on `arrays` (numpy q, k, v and runtime inputs in the variant's layout and dtypes); returns O
     (float64) and the LSE (or None). `grid` persistent CTAs (any grid is correct). A thread that
-    waits on one mbarrier phase for `wait_seconds` aborts the run (a lost arrival: RuntimeError);
-    `test_patience_ms`: how long a non-blocking barrier test waits before it says no (< 0: it
-    always does, at once). `heads`: the query heads the attention kernel runs (one with a CTA
-    a (query tile, head, batch) only; prep kernels run whole); the others' outputs stay NaN. The run's
-    warpgroup votes (chained steps taken and not) are left in `last_votes`."""
-    global last_votes
+    waits on one mbarrier phase for `wait_seconds` aborts the run (a lost arrival: RuntimeError).
+    `heads`: the query heads the attention kernel runs (one with a CTA
+    a (query tile, head, batch) only; prep kernels run whole); the others' outputs stay NaN."""
     from attngen.check.reference import dtype_of
 
     layout = v.layout.value
@@ -328,7 +305,7 @@ def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdi
                 for k in kp.kernels]
     Path(cpp).write_text(SHIM + FWD_SHIM + emulated_source(src) + _harness(ns, launches, fields, kp.smem_bytes, n_out, maps))
     r = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-pthread", f"-DAG_WAIT_SECONDS={int(wait_seconds)}",
-                        f"-DAG_TEST_PATIENCE_MS={int(test_patience_ms)}", f"-I{CUDA_INCLUDE}",
+                        f"-I{CUDA_INCLUDE}",
                         cpp, "-o", exe], capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise RuntimeError("g++ rejected the emulated kernel:\n" + r.stderr[-6000:])
@@ -337,8 +314,6 @@ def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdi
                        check=False, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"emulated kernel failed ({r.returncode}):\n{r.stderr[-4000:]}")
-    m = re.search(r"votes: (\d+) true, (\d+) false", r.stderr)
-    last_votes = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
     raw = Path(tmp, "out.bin").read_bytes()
     res, off = {}, 0
     for n in ptrs[:n_out]:

@@ -262,24 +262,16 @@ def test_main_tiles_of_plain_d128() -> None:
     assert (kp.tile, kp.smem.kv_split) == (TileConfig(128, 128, 8, 3), False)
 
 
-def test_softmax_schedule_is_plain_by_default_and_overridable() -> None:
-    """The plan renders the plain softmax everywhere (schedule.wgmma_softmax: the FMA polynomial and
-    the turns measured no faster on the H200); `softmax=` renders either or both for an A/B run,
-    and the plain render carries neither."""
+def test_softmax_schedule_is_plain() -> None:
+    """The plan renders the plain softmax everywhere (docs/DECISIONS.md#wgmma-softmax-schedules);
+    only the producer's copies can be overridden."""
     for d in (64, 128):
         assert wgmma_softmax(d, d, TileConfig(128, 128, 8, 3)) == WgmmaSoftmax()
     causal = _v("dtype bf16; head_dim 64; heads 16; mask causal")
     plain, kp0 = render_cuda.render_with_plan(causal, Arch.SM90A)
     assert kp0.attention.softmax == WgmmaSoftmax()
-    for part in ("ag_ex2_poly", "EXP2_POLY_GROUPS", "ag_turn_", "TURN_BAR", "Softmax:"):
+    for part in ("ag_ex2_poly", "EXP2_POLY_GROUPS", "ag_turn_", "TURN_BAR", "Softmax:", "LAST_TILE", "K_STAGES"):
         assert part not in plain
-    src, kp = render_cuda.render_with_plan(causal, Arch.SM90A, softmax=WgmmaSoftmax(2, True))
-    assert kp.attention.softmax == WgmmaSoftmax(2, True)
-    assert "constexpr int EXP2_POLY_GROUPS = 2;" in src and "ag_ex2_poly(fmaf(" in src
-    assert "ag_turn_wait(wg);" in src and "ag_turn_pass(wg);" in src
-    assert "Softmax: exp2 of 2 of every 16 column groups of S from an FMA polynomial; consumer warpgroups issue" in src
-    turns_only, _ = render_cuda.render_with_plan(causal, Arch.SM90A, softmax=WgmmaSoftmax(0, True))
-    assert "ag_turn_wait(wg);" in turns_only and "ag_ex2_poly" not in turns_only
     assert render_cuda.plan(causal, Arch.SM80).attention.softmax is None  # mma.sync: no such schedule
 
 
@@ -297,21 +289,6 @@ def test_dense_head_dim_64_takes_three_consumer_warpgroups() -> None:
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("body,sm", [
-    *[(b, sm) for b in ("dtype bf16; head_dim 64; heads 16; mask causal", "dtype fp16; head_dim 64; heads 16")
-      for sm in (WgmmaSoftmax(0, True), WgmmaSoftmax(2, False), WgmmaSoftmax(4, True))],
-    ("dtype bf16; head_dim 128; heads 16", WgmmaSoftmax(0, True)),  # 128 x 176 on split K/V rings
-    # chained work tiles (not the default; an A/B schedule): three and two consumer warpgroups, one
-    # and two Q buffers, split rings (176-key tiles too), a tensor-reading mask (visibility bits
-    # under S), the LSE and a sink in the epilogue
-    *[(b, WgmmaSoftmax(chain=True)) for b in (
-        "dtype bf16; head_dim 64; heads 16; mask causal",
-        "dtype fp16; head_dim 64; heads 16; output lse",
-        "dtype bf16; head_dim 128; heads 16",
-        "dtype bf16; head_dim 128; heads 16; mask causal",
-        "dtype bf16; head_dim 128; heads 16; mask causal; tile block_m 128 block_n 128 warps 8 stages 2",
-        "dtype bf16; head_dim 128; heads 16\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal",
-        "dtype fp16; head_dim 128; heads 32 kv 8; mask causal; output lse\n input sinks: fp32[H]\n sink sinks",
-        "dtype bf16; head_dim 64; heads 16; kind cross; layout bshd\n norm q layernorm(1e-5) scope token\n residual")],
     # the cp.async producer (TMA is the default where it applies): split rings and one shared
     # slot, three and two consumer warpgroups, GQA, a tensor-reading mask, the LSE and a sink
     *[(b, WgmmaSoftmax(loads=WgmmaLoads.CP_ASYNC)) for b in (
@@ -321,10 +298,10 @@ def test_dense_head_dim_64_takes_three_consumer_warpgroups() -> None:
         "dtype bf16; head_dim 128; heads 16\n input doc: i32[B, Lk] sorted\n mask document(doc) && causal",
         "dtype fp16; head_dim 128; heads 32 kv 8; mask causal; output lse\n input sinks: fp32[H]\n sink sinks")],
 ], ids=str)
-def test_softmax_schedules_compile_without_spills_or_serialised_wgmma(body: str, sm: WgmmaSoftmax) -> None:
-    """Every schedule the A/B benchmark times (benchmarks/softmax_ab.py) on three and two consumer
-    warpgroups, and D128's turns on split rings: no spills, wgmma kept asynchronous (no
-    serialisation, no injected waits), setmaxnreg honoured."""
+def test_cp_async_producers_compile_without_spills_or_serialised_wgmma(body: str, sm: WgmmaSoftmax) -> None:
+    """The cp.async producer (the override of the TMA default) on three and two consumer
+    warpgroups: no spills, wgmma kept asynchronous (no serialisation, no injected waits),
+    setmaxnreg honoured."""
     src, kp = render_cuda.render_with_plan(_v(body), Arch.SM90A, softmax=sm)
     _, log = compile_cuda.nvcc(src, Arch.SM90A, "cubin", extra=("-Xptxas", "-v"))
     for code in ("C7515", "C7510", "C7508", "C7509", "C7517"):

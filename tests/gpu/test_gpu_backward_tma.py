@@ -29,16 +29,15 @@ SHAPES = [(2, 333, 333), (1, 1, 1), (1, 257, 129), (3, 64, 64), (1, 1000, 517)]
 
 
 @pytest.fixture(autouse=True)
-def _wgmma_default(monkeypatch):
-    monkeypatch.setattr(plan_bwd, "WGMMA_DEFAULT", True)
+def _restore_loads():
     yield
-    plan_bwd.force_wg_loads(WgmmaLoads.TMA)
+    plan_bwd.WG_LOADS = WgmmaLoads.TMA
 
 
 def _grads(v, arrays, dO, loads: WgmmaLoads):
     from attngen.runtime.bwd import backward, compile_backward
 
-    plan_bwd.force_wg_loads(loads)
+    plan_bwd.WG_LOADS = loads
     kern = kernel_for(v)
     assert compile_backward(v, kern.plan.arch).plan.wg_loads == loads
     q, k, vv, rest = fuzz.split_inputs(arrays)
@@ -74,7 +73,7 @@ def test_tma_copies_equal_cp_async_and_reference(name):
         dq_t, dq_c = (x.astype(np.float64) for x in (tma[0], cpa[0]))
         assert np.all(np.isfinite(dq_t)), f"{where}: dq holds NaN/Inf under TMA"
         assert np.abs(dq_t - dq_c).max() <= 1e-2 * max(np.abs(dq_c).max(), 1e-6), f"{where}: dq of the two kernels apart"
-        plan_bwd.force_wg_loads(WgmmaLoads.TMA)
+        plan_bwd.WG_LOADS = WgmmaLoads.TMA
         _check(v, case, False)  # the TMA kernel against the float64 reference (the suite's policy)
 
 
@@ -101,7 +100,7 @@ def test_tma_copies_of_strided_views():
     kern = kernel_for(v)
     got = {}
     for loads in (WgmmaLoads.TMA, WgmmaLoads.CP_ASYNC):
-        plan_bwd.force_wg_loads(loads)
+        plan_bwd.WG_LOADS = loads
         got[loads] = [fuzz.to_host(x, v.dtype) for x in backward(kern, q, k, vv, dO)]
         cp.cuda.runtime.deviceSynchronize()
     for n, a, b in zip(("dq", "dk", "dv"), got[WgmmaLoads.TMA], got[WgmmaLoads.CP_ASYNC]):

@@ -12,7 +12,6 @@ from gpu_helpers import BACKWARD_SHAPES, backward_case, variant_of
 from test_gpu_backward import _check
 
 from attngen.check import fuzz
-from attngen.plan import bwd as plan_bwd
 from attngen.plan.bwd import BwdEngine
 
 SPECS = {
@@ -35,12 +34,6 @@ SPECS = {
     "wg_bf16_d128_qk_rmsnorm": "dtype bf16; head_dim 128; heads 4 kv 2; mask causal; norm q rmsnorm(1e-6) scope head; norm k rmsnorm(1e-6) scope head",
 }
 SHAPES = BACKWARD_SHAPES
-
-
-@pytest.fixture(autouse=True)
-def _wgmma_default(monkeypatch):
-    # These tests run the wgmma engine through the public backward() whatever the shipped default.
-    monkeypatch.setattr(plan_bwd, "WGMMA_DEFAULT", True)
 
 
 def _variant(name: str):
