@@ -23,7 +23,6 @@ from collections.abc import Callable
 from attngen.ir.nodes import (
     Binary,
     BinOp,
-    Builtin,
     Call,
     Const,
     Expr,
@@ -34,6 +33,7 @@ from attngen.ir.nodes import (
     Unary,
     UnOp,
     strip_sugar,
+    walk,
 )
 
 F, B = ScalarType.FLOAT, ScalarType.BOOL
@@ -294,31 +294,10 @@ def compose_scores(scores: tuple[Expr, ...]) -> Expr:
 
 
 def float_loads(e: Expr) -> tuple[Load, ...]:
-    """The distinct float lookups in e, in first-appearance order (the learnable elements)."""
-    seen: dict[Load, None] = {}
-
-    def visit(x: Expr) -> None:
-        if isinstance(x, Load) and x.type == F:
-            seen.setdefault(x, None)
-        for c in _children(x):
-            visit(c)
-
-    visit(strip_sugar(e))
-    return tuple(seen)
-
-
-def _children(e: Expr) -> tuple[Expr, ...]:
-    if isinstance(e, Load):
-        return e.indices
-    if isinstance(e, Unary):
-        return (e.operand,)
-    if isinstance(e, Binary):
-        return (e.lhs, e.rhs)
-    if isinstance(e, Call):
-        return e.args
-    if isinstance(e, Builtin):
-        return (e.body,)
-    return ()
+    """The distinct float lookups in e, in first-appearance order (the learnable elements). Read
+    from the desugared expression: a builtin's arguments are its spelling, only its body computes
+    (the IR's `walk` would visit both)."""
+    return tuple(dict.fromkeys(x for x in walk(strip_sugar(e)) if isinstance(x, Load) and x.type == F))
 
 
 def score_derivative(scores: tuple[Expr, ...]) -> Expr:

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from attngen.ir.dtypes import by_numpy_name
 from attngen.ir.nodes import (
     ALIBI_SLOPES,
     BLOCK_TABLE,
@@ -67,14 +68,7 @@ def _torch():
 
 def torch_dtype(d: DType):
     """The torch dtype of an IR element type."""
-    torch = _torch()
-    return {
-        DType.FP32: torch.float32,
-        DType.FP16: torch.float16,
-        DType.BF16: torch.bfloat16,
-        DType.I32: torch.int32,
-        DType.U8: torch.uint8,
-    }[d]
+    return getattr(_torch(), d.info.torch)
 
 
 def standard_alibi_slopes(n_heads: int) -> list[float]:
@@ -365,8 +359,9 @@ def _as_torch(x: Any, device: Any = None):
     import numpy as np
 
     arr = np.asarray(x)
-    if arr.dtype.name == "bfloat16":
-        t = torch.from_numpy(np.ascontiguousarray(arr).view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+    row = by_numpy_name(arr.dtype.name)
+    if row is not None and row.foreign:
+        t = torch.from_numpy(np.ascontiguousarray(arr).view(row.bits)).view(getattr(torch, row.torch))
     else:
         t = torch.from_numpy(np.ascontiguousarray(arr))
     return t if device is None else t.to(device)

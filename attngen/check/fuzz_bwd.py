@@ -35,7 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from attngen.check import fuzz, tolerance
+from attngen.check import tolerance
+from attngen.check.fuzz_cases import Case, case_inputs, case_strategy
+from attngen.check.fuzz_device import synchronize, to_device, to_host
+from attngen.check.fuzz_driver import drive
+from attngen.check.fuzz_report import Outcome, Progress, fmt_exc
+from attngen.check.fuzz_run import split_inputs
+from attngen.check.fuzz_specs import spec_strategy
 from attngen.ir import abi
 from attngen.ir.nodes import DType, Layout, Variant, norm_bias_name, norm_weight_name
 
@@ -48,12 +54,12 @@ def wrt_names(v: Variant) -> tuple[str, ...]:
     return tuple(d.name for d in v.runtime_inputs() if d.name in names)
 
 
-def backward_inputs(v: Variant, case: fuzz.Case) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def backward_inputs(v: Variant, case: Case) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The case's arrays (norm weights and biases drawn away from 1 and 0, so their gradients and
     their effect are exercised) and a random dO in the output's shape and dtype."""
     from attngen.check import reference
 
-    arrays = fuzz.case_inputs(v, case)
+    arrays = case_inputs(v, case)
     rng = np.random.default_rng(case.seed + 1)
     for n in v.norms:
         for name, base in ((norm_weight_name(n.target), 1.0), (norm_bias_name(n.target), 0.0)):
@@ -70,14 +76,14 @@ def run_backward(kernel: Any, v: Variant, arrays: Mapping[str, np.ndarray], dO: 
     """The backward kernels on device copies; host gradients (float64) by name."""
     from attngen.runtime.bwd import backward
 
-    q, k, vv, rest = fuzz.split_inputs(arrays)
-    dev = {n: fuzz.to_device(a) for n, a in rest.items()}
-    res = backward(kernel, fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO),
+    q, k, vv, rest = split_inputs(arrays)
+    dev = {n: to_device(a) for n, a in rest.items()}
+    res = backward(kernel, to_device(q), to_device(k), to_device(vv), to_device(dO),
                    deterministic=deterministic, wrt=wrt, **dev)
-    fuzz.synchronize()
-    got = {n: fuzz.to_host(x, v.dtype).astype(np.float64) for n, x in zip(("dq", "dk", "dv"), res[:3])}
+    synchronize()
+    got = {n: to_host(x, v.dtype).astype(np.float64) for n, x in zip(("dq", "dk", "dv"), res[:3])}
     if wrt:
-        got.update({n: fuzz.to_host(res[3][n], DType.FP32).astype(np.float64) for n in wrt})
+        got.update({n: to_host(res[3][n], DType.FP32).astype(np.float64) for n in wrt})
     return got
 
 
@@ -86,7 +92,7 @@ def _masked_rows(v: Variant, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     [H, total_q]."""
     from attngen.check import reference
 
-    q, k, vv, rest = fuzz.split_inputs(arrays)
+    q, k, vv, rest = split_inputs(arrays)
     lse = reference.attention(dataclasses.replace(v, lse=True), q, k, vv, rest)[1]
     return np.isneginf(lse)
 
@@ -105,7 +111,7 @@ def compare_backward(v: Variant, arrays: Mapping[str, np.ndarray], dO: np.ndarra
     from attngen.check import reference_bwd
     from attngen.plan import bwd as plan_bwd
 
-    q, k, vv, rest = fuzz.split_inputs(arrays)
+    q, k, vv, rest = split_inputs(arrays)
     want = reference_bwd.attention_backward(v, q, k, vv, rest, dO.astype(np.float64), wrt=wrt)
     amax = lambda a: float(np.abs(np.asarray(a, dtype=np.float64)).max()) if np.size(a) else 0.0  # noqa: E731
     atol = tolerance.grad_atol(v.dtype, q_max=amax(q), k_max=amax(k), v_max=amax(vv), do_max=amax(dO.astype(np.float64)),
@@ -145,7 +151,7 @@ def reference_problems(v: Variant, arrays: Mapping[str, np.ndarray], dO: np.ndar
     variant's fp32 twin."""
     from attngen.check import reference, reference_bwd
 
-    q, k, vv, rest = fuzz.split_inputs(arrays)
+    q, k, vv, rest = split_inputs(arrays)
     probs: list[str] = []
     want = reference_bwd.attention_backward(v, q, k, vv, rest, dO.astype(np.float64), wrt=wrt)
     shapes = {"dq": q.shape, "dk": k.shape, "dv": vv.shape, **{n: rest[n].shape for n in wrt}}
@@ -246,12 +252,12 @@ def _refusal(v: Variant) -> str | None:
 
 
 def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, seconds: float | None, seed: int,
-                          out_dir: str, quiet: bool = False) -> fuzz.Outcome:
+                          out_dir: str, quiet: bool = False) -> Outcome:
     """Fuzz one variant's backward (see the module doc). A variant the backward kernels refuse is
     a failure that says why (the user asked for that pass)."""
     from hypothesis import strategies as st
 
-    outcome = fuzz.Outcome(f"{v.name} (backward)")
+    outcome = Outcome(f"{v.name} (backward)")
     why = _refusal(v)
     if why:
         outcome.failure = f"the backward kernels refuse this variant: {why}"
@@ -275,15 +281,15 @@ def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples
                     raise AssertionError("rendering is not deterministic: two renders of the backward differ")
             outcome.notes.append("rendered the backward source (both dQ modes)")
     except Exception as e:
-        outcome.failure = f"backward {'compile' if gpu else 'render'} failed: {fuzz.fmt_exc(e)}"
+        outcome.failure = f"backward {'compile' if gpu else 'render'} failed: {fmt_exc(e)}"
         outcome.reproducer = _write_repro(out_dir, spec_text, v, None, None, None, outcome.failure)
         return outcome
     # The float64 reference backward is the cost: smaller shapes than the forward's fuzzing.
-    cases = fuzz.case_strategy(v, max_len=700 if gpu else 40, max_work=(1 << 20) if gpu else (1 << 12))
+    cases = case_strategy(v, max_len=700 if gpu else 40, max_work=(1 << 20) if gpu else (1 << 12))
     strategy = st.tuples(cases, st.booleans())
     last: list[Any] = [None, None]
 
-    def body(example: tuple[fuzz.Case, bool]) -> None:
+    def body(example: tuple[Case, bool]) -> None:
         case, det = example
         arrays, dO = backward_inputs(v, case)
         last[:] = [arrays, dO]
@@ -297,15 +303,15 @@ def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples
         if probs:
             raise AssertionError(f"{v.name} reference backward at {case.describe()}: " + "; ".join(probs))
 
-    progress = fuzz.Progress(max_examples, outcome.label, quiet)
+    progress = Progress(max_examples, outcome.label, quiet)
     try:
-        n, exc, example = fuzz.drive(body, strategy, max_examples=max_examples, seconds=seconds, seed=seed,
+        n, exc, example = drive(body, strategy, max_examples=max_examples, seconds=seconds, seed=seed,
                                       progress=progress, first_failure_dir=out_dir)
     finally:
         progress.close()
     outcome.examples = n
     if exc is not None:
-        outcome.failure = fuzz.fmt_exc(exc)
+        outcome.failure = fmt_exc(exc)
         case = example[0] if isinstance(example, tuple) else None
         arrays, dO = backward_inputs(v, case) if case is not None else tuple(last)
         outcome.reproducer = _write_repro(out_dir, spec_text, v, arrays, dO, case, outcome.failure)
@@ -313,7 +319,7 @@ def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples
 
 
 def fuzz_specs_backward(*, gpu: bool, max_examples: int, seconds: float | None, seed: int, out_dir: str,
-                        quiet: bool = False, nvcc_jobs: int = 0) -> list[fuzz.Outcome]:
+                        quiet: bool = False, nvcc_jobs: int = 0) -> list[Outcome]:
     """Generated valid specs through the backward pass (see the module doc); `nvcc_jobs` > 0
     compiles each accepted backward source in the background (sm_90a atomics, sm_80 deterministic)."""
     from hypothesis import strategies as st
@@ -322,7 +328,7 @@ def fuzz_specs_backward(*, gpu: bool, max_examples: int, seconds: float | None, 
     from attngen.lang import frontend
     from attngen.plan.schedule import Arch
 
-    out = fuzz.Outcome("generated specs (backward)")
+    out = Outcome("generated specs (backward)")
     refused: dict[str, int] = {}
     kernels: dict[Variant, Any] = {}
     pool = ThreadPoolExecutor(max_workers=nvcc_jobs) if nvcc_jobs > 0 else None
@@ -353,7 +359,7 @@ def fuzz_specs_backward(*, gpu: bool, max_examples: int, seconds: float | None, 
 
         if v not in kernels:
             kernels[v] = runtime.compile(v, family="forward")
-        case = data.draw(fuzz.case_strategy(v, max_len=300, max_work=1 << 18))
+        case = data.draw(case_strategy(v, max_len=300, max_work=1 << 18))
         det = data.draw(st.booleans())
         arrays, dO = backward_inputs(v, case)
         wrt = wrt_names(v)
@@ -362,15 +368,15 @@ def fuzz_specs_backward(*, gpu: bool, max_examples: int, seconds: float | None, 
         if bad:
             raise AssertionError(f"backward (deterministic={det}) at {case.describe()}:\n" + "\n".join(bad) + f"\n--- spec ---\n{text}")
 
-    progress = fuzz.Progress(max_examples, out.label, quiet)
+    progress = Progress(max_examples, out.label, quiet)
     try:
-        n, exc, _example = fuzz.drive(body, st.tuples(fuzz.spec_strategy(), st.data()), max_examples=max_examples,
+        n, exc, _example = drive(body, st.tuples(spec_strategy(), st.data()), max_examples=max_examples,
                                        seconds=seconds, seed=seed, progress=progress, first_failure_dir=out_dir)
     finally:
         progress.close()
     out.examples = n
     if exc is not None:
-        out.failure = fuzz.fmt_exc(exc)
+        out.failure = fmt_exc(exc)
     if refused:
         out.notes.append("refused by the backward kernels: " + ", ".join(f"{k} x{c}" for k, c in sorted(refused.items())))
     if not gpu:

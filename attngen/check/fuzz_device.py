@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from attngen.ir import abi
+from attngen.ir.dtypes import by_numpy_name, by_torch_name, ml_dtype
 from attngen.ir.nodes import DType
 
 
@@ -46,50 +47,45 @@ def to_device(a: np.ndarray) -> Any:
     """A device copy of a host array: a torch CUDA tensor when torch has CUDA (the only way to hold
     bf16 with a real dtype), otherwise a CuPy array (bf16 as its uint16 bit pattern)."""
     a = np.ascontiguousarray(a)
+    row = by_numpy_name(a.dtype.name)
     torch = _torch_or_none()
     if torch is not None:
-        if a.dtype.name == "bfloat16":
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
+        if row is not None and row.foreign:
+            return torch.from_numpy(a.view(row.bits)).view(getattr(torch, row.torch)).cuda()
         return torch.from_numpy(a).cuda()
     import cupy
 
-    if a.dtype.name == "bfloat16":
-        return cupy.asarray(a.view(np.uint16))
+    if row is not None and row.foreign:
+        return cupy.asarray(a.view(row.storage))
     return cupy.asarray(a)
 
 
 def empty_device(shape: Sequence[int], dtype: DType | str, fill: float = math.nan) -> Any:
     """A device array filled with `fill` (NaN by default: poison, so unwritten elements fail)."""
     name = abi.DTYPE_NAMES[dtype] if isinstance(dtype, DType) else str(dtype)
+    row = by_numpy_name(name)
+    if row is None:
+        raise ValueError(f"no element type is named {name!r}")
     torch = _torch_or_none()
     if torch is not None:
-        tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-        return torch.full(tuple(shape), fill, dtype=tdt, device="cuda")
+        return torch.full(tuple(shape), fill, dtype=getattr(torch, row.torch), device="cuda")
     import cupy
 
-    if name == "bfloat16":
-        # 0x7FC0 is a bf16 quiet NaN; any other fill goes through float32's top half.
-        bits = np.array([fill], dtype=np.float32).view(np.uint32)[0] >> 16
-        return cupy.full(tuple(shape), int(bits), dtype=cupy.uint16)
+    if row.foreign:  # CuPy holds the bit pattern of the fill rounded to the type
+        bits = np.array([fill]).astype(ml_dtype(row.dtype)).view(row.storage)[0]
+        return cupy.full(tuple(shape), bits, dtype=row.storage)
     return cupy.full(tuple(shape), fill, dtype=name)
 
 
 def to_host(x: Any, dtype: DType | None = None) -> np.ndarray:
     """A host NumPy copy of a device array (bf16 comes back as ml_dtypes.bfloat16)."""
-    import ml_dtypes
-
     if hasattr(x, "detach"):  # torch
-        import torch
-
-        t = x.detach()
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
-        return t.cpu().numpy()
+        return to_host_cpu(x)
     import cupy
 
     a = cupy.asnumpy(x)
-    if dtype == DType.BF16 and a.dtype == np.uint16:
-        a = a.view(ml_dtypes.bfloat16)
+    if dtype is not None and dtype.info.foreign and a.dtype.name == dtype.info.storage:
+        a = a.view(ml_dtype(dtype))
     return a
 
 
@@ -100,11 +96,11 @@ def synchronize() -> None:
 
 
 def to_host_cpu(t: Any) -> np.ndarray:
-    """A CPU torch tensor as NumPy (bf16 as ml_dtypes.bfloat16)."""
-    import ml_dtypes
+    """A torch tensor as host NumPy (bf16 as ml_dtypes.bfloat16)."""
     import torch
 
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+    t = t.detach()
+    row = by_torch_name(str(t.dtype))
+    if row is not None and row.foreign:
+        return t.view(getattr(torch, row.bits)).cpu().numpy().view(ml_dtype(row.dtype))
+    return t.cpu().numpy()

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attngen.check.fuzz_cases import Case
+from attngen.ir.dtypes import by_numpy_name
 from attngen.ir.nodes import Variant
 
 
@@ -47,8 +48,8 @@ def _arrays():
     out = {{}}
     for name in meta["names"]:
         a = data[name]
-        if meta["dtypes"][name] == "bfloat16":
-            a = a.view(ml_dtypes.bfloat16)
+        if a.dtype.name != meta["dtypes"][name]:  # stored as its bit patterns (NumPy lacks the type)
+            a = a.view(getattr(ml_dtypes, meta["dtypes"][name]))
         out[name] = a
     return meta, out
 
@@ -92,7 +93,8 @@ def write_reproducer(out_dir: str | os.PathLike, spec_text: str, v: Variant, arr
         for n, a in arrays.items():
             a = np.ascontiguousarray(a)
             dtypes[n] = a.dtype.name
-            store[n] = a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+            row = by_numpy_name(a.dtype.name)
+            store[n] = a.view(row.storage) if row is not None and row.foreign else a
         meta = {"variant": v.name, "names": list(arrays), "dtypes": dtypes, "case": case.describe() if case else None}
         np.savez(d / "inputs.npz", __meta__=np.array(json.dumps(meta)), **store)
         test = REPRO_TEST.format(when=time.strftime("%Y-%m-%d %H:%M"), message=textwrap.indent(message, "    ").strip(),

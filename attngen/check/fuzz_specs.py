@@ -16,7 +16,7 @@ from attngen.check.fuzz_cases import case_inputs, case_strategy
 from attngen.check.fuzz_driver import drive
 from attngen.check.fuzz_report import Outcome, Progress, fmt_exc
 from attngen.check.fuzz_run import compare, reference_invariants, run_kernel
-from attngen.ir.nodes import DType
+from attngen.ir.nodes import ATTENTION_DTYPES, DType
 from attngen.lang.builtins import FuzzContext, fuzz_forms
 
 
@@ -31,7 +31,7 @@ def spec_strategy(name: str = "fuzzed"):
 
     @st.composite
     def build(draw) -> str:
-        dtype = draw(st.sampled_from(["fp32", "fp16", "bf16"]))
+        dtype = draw(st.sampled_from([d.value for d in ATTENTION_DTYPES]))
         D = draw(st.sampled_from(SUPPORTED_HEAD_DIMS))
         Dv = D
         if draw(st.integers(0, 5)) == 0:
@@ -127,7 +127,7 @@ def spec_strategy(name: str = "fuzzed"):
         if draw(st.booleans()):
             lines.append("output lse")
         if draw(st.booleans()):
-            dt = {"fp32": DType.FP32, "fp16": DType.FP16, "bf16": DType.BF16}[dtype]
+            dt = DType(dtype)
             bm = draw(st.sampled_from([16, 32, 64, 128]))
             bn = draw(st.sampled_from([16, 32, 64, 128]))
             warps = draw(st.sampled_from([1, 2, 4, 8]))
@@ -173,7 +173,7 @@ MUTATION_TOKENS = (
     "residual", "nan_check", "output", "tile", "auto", "block_m", "block_n", "warps", "stages", "value", "sorted",
     "scope", "affine", "causal", "window", "padding", "document", "prefix", "block_sparse", "softcap", "alibi",
     "bias", "rel_bias", "tanh", "exp", "log", "sqrt", "abs", "min", "max", "where", "s", "q", "kv", "b", "h",
-    "B", "H", "Hkv", "Lq", "Lk", "D", "Dv", "fp32", "fp16", "bf16", "i32", "u8", "bhsd", "bshd", "self", "cross",
+    "B", "H", "Hkv", "Lq", "Lk", "D", "Dv", *(d.value for d in DType), "bhsd", "bshd", "self", "cross",
     "layernorm", "rmsnorm", "head", "token", "lse", "true", "false", "{", "}", "(", ")", "[", "]", ";", ",", ":",
     "&&", "||", "!", "==", "!=", "<", "<=", ">", ">=", "+", "-", "*", "/", "%", "0", "-1", "1", "7", "16", "3.5",
     "1e999", "1e-999", "99999999999999999999999999", "2147483648", "0.0", "nan", "inf", "1.2.3", "12x8", "0x10",

@@ -34,7 +34,7 @@ from attngen.ir.nodes import (
     norm_bias_name,
     norm_weight_name,
 )
-from attngen.check.reference import (
+from attngen.check.reference_eval import (
     CHUNK_BYTES,
     Env,
     _as_bhsd,

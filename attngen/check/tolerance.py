@@ -51,10 +51,10 @@ class Tolerance:
     lse_rel: float
 
 
+# Each output dtype's bounds (their figures: attngen.ir.dtypes, the dtype's row).
 POLICY: dict[DType, Tolerance] = {
-    DType.FP32: Tolerance(rel_l2=1e-5, max_abs=1e-4, lse_abs=1e-5, lse_rel=1e-5),
-    DType.FP16: Tolerance(rel_l2=2e-3, max_abs=1e-2, lse_abs=1e-4, lse_rel=1e-4),
-    DType.BF16: Tolerance(rel_l2=1.6e-2, max_abs=6.25e-2, lse_abs=1e-4, lse_rel=1e-4),
+    d: Tolerance(rel_l2=t.rel_l2, max_abs=t.max_abs, lse_abs=t.lse_abs, lse_rel=t.lse_rel)
+    for d in DType if (t := d.info.tolerances) is not None
 }
 
 
@@ -62,7 +62,8 @@ def tolerance_for(dtype: DType | str) -> Tolerance:
     """The policy row for an IR dtype (or its spelling: 'fp32', 'fp16', 'bf16')."""
     d = dtype if isinstance(dtype, DType) else DType(str(dtype))
     if d not in POLICY:
-        raise ValueError(f"no tolerance policy for dtype {d.value}; expected fp32, fp16 or bf16")
+        names = [x.value for x in POLICY]
+        raise ValueError(f"no tolerance policy for dtype {d.value}; expected {', '.join(names[:-1])} or {names[-1]}")
     return POLICY[d]
 
 
@@ -261,8 +262,7 @@ def _check_lse(o: np.ndarray, r: np.ndarray, tol: Tolerance, dtype: DType | str,
 # max error over max|ref| per dtype -- fp32 sums in every engine, so half-precision inputs, the
 # rounded O that enters delta = rowsum(dO * O) and the rounded gradients dominate -- plus an
 # absolute floor `grad_atol` for gradients that cancel to ~0 (one visible key: dS = 0 exactly).
-GRAD_MAX_ABS: dict[DType, float] = {DType.FP32: 2e-3, DType.FP16: 1.5e-2, DType.BF16: 4e-2}
-_ULP = {DType.FP32: 2.0**-24, DType.FP16: 2.0**-11, DType.BF16: 2.0**-8}
+GRAD_MAX_ABS: dict[DType, float] = {d: t.grad_max_abs for d in DType if (t := d.info.tolerances) is not None}
 
 
 def grad_atol(dtype: DType | str, *, q_max: float, k_max: float, v_max: float, do_max: float, value_head_dim: int,
@@ -272,7 +272,7 @@ def grad_atol(dtype: DType | str, *, q_max: float, k_max: float, v_max: float, d
     |q|, |k| in dk, dq; plus fp32 roundoff of the same products."""
     d = dtype if isinstance(dtype, DType) else DType(str(dtype))
     o_max = v_max + (q_max if residual else 0.0)
-    return (1e-5 + 2 * _ULP[d] * math.sqrt(value_head_dim)) * do_max * (1 + o_max) * (1 + abs(scale) * (q_max + k_max))
+    return (1e-5 + 2 * d.info.unit_roundoff * math.sqrt(value_head_dim)) * do_max * (1 + o_max) * (1 + abs(scale) * (q_max + k_max))
 
 
 def param_grad_atol(*, do_max: float, o_max: float, contributions: float, dtype: DType | str = DType.FP32,
@@ -285,7 +285,7 @@ def param_grad_atol(*, do_max: float, o_max: float, contributions: float, dtype:
     fuzz found a bf16 bias gradient summed over 32 batch-heads 0.23 off under large inputs), summed
     like a random walk."""
     d = dtype if isinstance(dtype, DType) else DType(str(dtype))
-    ulp = {DType.FP32: 0.0, DType.FP16: 2.0**-11, DType.BF16: 2.0**-8}.get(d, 0.0)
+    ulp = d.info.rounding_beyond_fp32
     per_term = (1e-5 + ulp * math.sqrt(max(1, value_head_dim))) * do_max * (1 + o_max)
     return per_term * math.sqrt(max(1.0, contributions))
 

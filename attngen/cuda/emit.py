@@ -57,11 +57,9 @@ NEVER, MAYBE, ALWAYS = 0, 1, 2
 # Interval bounds for integers whose value is unknown. Far outside any index, well inside int64.
 INT_UNKNOWN = 1 << 40
 
-_CTYPE = {DType.I32: "int", DType.U8: "unsigned char", DType.FP32: "float", DType.FP16: "__half", DType.BF16: "__nv_bfloat16"}
-
-
 def tensor_ctype(d: DType) -> str:
-    return _CTYPE[d]
+    """The CUDA C++ element type (attngen.ir.dtypes)."""
+    return d.info.cuda
 
 
 def float_literal(x: float) -> str:

@@ -87,7 +87,7 @@ def _vec_ctx(v: Variant, bp: BwdPlan) -> dict:
     scalar loops). `pre_lanes`: lanes a row in the pre kernel's (delta and the dQ zeroing; 0: none);
     `tok_vecs`: vectors a lane in the token-scope q norm's prep and finish (the plan's; 0: none);
     `row_lanes`: lanes a row of D in the prep and finish kernels' head-scope paths (0: none)."""
-    half = v.dtype in (DType.FP16, DType.BF16)
+    half = v.dtype.info.vec_elems == VEC_ELEMS  # the vector paths are written for 16-bit elements
     dv8 = v.value_head_dim // VEC_ELEMS
     pre = half and v.value_head_dim % VEC_ELEMS == 0 and 32 % dv8 == 0 and v.head_dim % 4 == 0 and not bp.o_norm
     d8 = v.head_dim // VEC_ELEMS
@@ -160,7 +160,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
     classify_lines, classify_result = IntervalEmitter(consts, decls).classify(v.mask)
     ds = derivative.score_derivative(v.scores)
     ns = f"{bp.base_name}_impl"
-    tma_dtype = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}.get(v.dtype.value, "")
+    tma_dtype = v.dtype.info.tma if v.dtype.info.tensor_cores else ""  # TMA copies feed tensor-core engines only
     ctx = dict(
         header=_header(v, bp),
         ns=ns,
@@ -218,7 +218,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         prefetch_top=bp.wg_prefetch == WgPrefetch.TOP,
         dq_n=wg_dq_cols(v.head_dim, bp.tc_block_m) if bp.engine == BwdEngine.WGMMA else 0,
         has_score=bool(v.scores),
-        mma_type="bf16" if v.dtype == DType.BF16 else "f16",
+        mma_type=v.dtype.info.ptx or "none",
         mma_k16=arch.mma_k16,
         cp_async=arch.cp_async,
         kernels=[dict(name=k.name, func=k.func, threads=k.threads, smem=k.smem, grid_code=k.grid_code, doc=k.doc, min_blocks=k.min_blocks)
@@ -226,7 +226,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         launcher=bp.launcher,
         wg_tma=bp.wg_loads == WgmmaLoads.TMA,
         tma_maps=[dict(name=m.name, tensor=m.tensor, rows=m.rows, cols=m.cols, heads=m.heads, length=m.length, box_cols=m.box_cols,
-                       dtype="CU_TENSOR_MAP_DATA_TYPE_FLOAT32" if m.fp32 else tma_dtype, elem_bytes=4 if m.fp32 else v.dtype.itemsize,
+                       dtype=DType.FP32.info.tma if m.fp32 else tma_dtype, elem_bytes=DType.FP32.itemsize if m.fp32 else v.dtype.itemsize,
                        **_tma_strides(m, v))
                   for m in wg_tma_maps(bp, v)],
     )

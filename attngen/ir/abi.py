@@ -14,13 +14,7 @@ from attngen.ir.nodes import BLOCK_TABLE, INT32_MAX, AttnKind, DType, Layout, No
 Shape = tuple[int, ...]
 
 # numpy dtype names (as `np.dtype(x).name` and ml_dtypes spell them) for each IR element type.
-DTYPE_NAMES: dict[DType, str] = {
-    DType.FP32: "float32",
-    DType.FP16: "float16",
-    DType.BF16: "bfloat16",
-    DType.I32: "int32",
-    DType.U8: "uint8",
-}
+DTYPE_NAMES: dict[DType, str] = {d: d.info.numpy for d in DType}
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Union
 
+from attngen.ir.dtypes import ATTENTION_DTYPES, DType  # noqa: F401 (named here too, where the IR has always had them)
+
 
 # --------------------------------------------------------------------------------------------
 # Float literals
@@ -74,28 +76,7 @@ def _span() -> Span | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Closed sets
-
-
-class DType(enum.Enum):
-    """Element types: the first three for Q/K/V/O, all of them for declared runtime inputs."""
-
-    FP32 = "fp32"
-    FP16 = "fp16"
-    BF16 = "bf16"
-    I32 = "i32"
-    U8 = "u8"
-
-    @property
-    def is_float(self) -> bool:
-        return self in (DType.FP32, DType.FP16, DType.BF16)
-
-    @property
-    def itemsize(self) -> int:
-        return {"fp32": 4, "fp16": 2, "bf16": 2, "i32": 4, "u8": 1}[self.value]
-
-
-ATTENTION_DTYPES = (DType.FP32, DType.FP16, DType.BF16)
+# Closed sets (element types: attngen.ir.dtypes, their one table)
 
 
 class Layout(enum.Enum):

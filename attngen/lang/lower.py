@@ -153,7 +153,7 @@ class Target:
     name: str = "any target"  # e.g. "sm_90a", for messages
     head_dims: tuple[int, ...] | None = None  # None: any positive head dim
     max_heads: int | None = None  # None: no limit
-    bf16: bool = True  # whether bf16 is available
+    cc: int | None = None  # the compute capability, for the dtypes it takes (None: every dtype)
     wide_head_dims: tuple[tuple[int, int], ...] = ()  # (D, Dv) pairs beyond head_dims, for wide_dtypes only
     wide_dtypes: tuple[DType, ...] = ()
     head_dims_text: str | None = None  # the implemented dims in words, for messages
@@ -570,6 +570,19 @@ _REPEATABLE = frozenset({A.StmtKind.INPUT, A.StmtKind.SCORE, A.StmtKind.NORM})
 # Variants
 
 
+def _dtype_arch_error(lw: _Lowerer, dtype: DType, cc: int, span: Span | None) -> None:
+    """`dtype` needs a newer arch than the target's: name the dtypes this one takes, narrowest first."""
+    need = f"sm_{dtype.info.min_cc}"
+    ok = [d.value for d in sorted(ATTENTION_DTYPES, key=lambda d: d.itemsize) if d.info.min_cc <= cc]
+    lw.error(f"{dtype.value} needs {need} or newer; {lw.target.name} has no {dtype.value} tensor cores", span,
+             f"use {_either(ok)} on this arch, or compile for {need} or newer")
+
+
+def _either(words: list[str]) -> str:
+    """`a, b or c`."""
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+
+
 def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
     n_before = len(lw.diags)
     if lw.ident(v.name, "variant name"):
@@ -596,10 +609,9 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
 
     dtype = word_stmt(A.StmtKind.DTYPE, _ATTN_DTYPES, "attention dtype")
     if A.StmtKind.DTYPE not in seen:
-        lw.error(f"variant `{v.name.text}` has no `dtype`", v.name.span, "add e.g. `dtype bf16` (fp32, fp16 or bf16)")
-    elif dtype == DType.BF16 and not lw.target.bf16:
-        lw.error(f"bf16 needs sm_80 or newer; {lw.target.name} has no bf16 tensor cores", seen[A.StmtKind.DTYPE].span,
-                 "use fp16 or fp32 on this arch, or compile for sm_80 or newer")
+        lw.error(f"variant `{v.name.text}` has no `dtype`", v.name.span, f"add e.g. `dtype bf16` ({_either([d.value for d in ATTENTION_DTYPES])})")
+    elif isinstance(dtype, DType) and lw.target.cc is not None and dtype.info.min_cc > lw.target.cc:
+        _dtype_arch_error(lw, dtype, lw.target.cc, seen[A.StmtKind.DTYPE].span)
     layout = word_stmt(A.StmtKind.LAYOUT, _LAYOUTS, "layout") or Layout.BHSD
     kind = word_stmt(A.StmtKind.KIND, _KINDS, "kind") or AttnKind.SELF
     lse = word_stmt(A.StmtKind.OUTPUT, _OUTPUTS, "output") or False
@@ -849,7 +861,7 @@ def _head_dim_pair(lw: _Lowerer, st: A.PairStmt, dtype: DType | None, d: int, dv
                  f"the CUDA backend implements {t.describe_head_dims()}")
         return False
     if wide and dtype is not None and dtype not in t.wide_dtypes:
-        lw.error(f"head_dim {d}{'' if d == dv else f' value {dv}'} runs on the tensor-core engines (fp16/bf16), not {dtype.value}",
+        lw.error(f"head_dim {d}{'' if d == dv else f' value {dv}'} runs on the tensor-core engines ({'/'.join(x.value for x in t.wide_dtypes)}), not {dtype.value}",
                  st.span, "the fp32 FFMA engine keeps a whole block_m x Dv partial output a warp, which does not fit "
                  "its registers past Dv = 128: use bf16 or fp16")
         return False

@@ -33,9 +33,8 @@ import enum
 from dataclasses import dataclass
 
 from attngen.lang.diagnostics import Diagnostic
-from attngen.ir.nodes import DType, Layout, NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name, tensors_used
+from attngen.ir.nodes import Layout, NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name, tensors_used
 from attngen.cuda.render import Field, TmaMap, kernel_name
-from attngen.cuda.emit import tensor_ctype
 from attngen.plan.limits import MAX_PARAM_BYTES, param_bytes
 from attngen.plan.schedule import DEFAULT_ARCH, Arch, WgmmaLoads
 
@@ -337,8 +336,8 @@ def wgmma_fits(v: Variant, arch: Arch) -> str | None:
     """None when the wgmma engine can run the variant on the arch, else why not (explain's wording)."""
     if arch != Arch.SM90A:
         return f"{arch.value} has no wgmma (sm_90a only)"
-    if v.dtype == DType.FP32:
-        return "fp32 inputs"
+    if not v.dtype.info.has_mma("m64nNk16"):
+        return f"{v.dtype.value} inputs"
     if v.layout == Layout.VARLEN or v.page_size is not None:
         return "packed (varlen) or paged layouts"
     # Its kernel reads Q (ws_q under a q pre-norm of either scope: the prep kernel writes it [B, H,
@@ -374,8 +373,8 @@ def choose_engine(v: Variant, arch: Arch, prefer: BwdEngine | None = None) -> tu
 
 def _choose_engine_sm80(v: Variant, arch: Arch) -> tuple[BwdEngine, str]:
     """The mma.sync or FFMA engine of a variant, and why."""
-    if v.dtype == DType.FP32:
-        return BwdEngine.FFMA, "fp32 inputs: exact fp32 products"
+    if not v.dtype.info.has_mma("m16n8k16"):
+        return BwdEngine.FFMA, f"{v.dtype.value} inputs: exact fp32 products"
     if not (arch.mma_k16 and arch.cp_async):
         return BwdEngine.FFMA, f"{arch.value} has no m16n8k16 mma.sync / cp.async (sm_80 and newer)"
     for name, d in (("head_dim", v.head_dim), ("value head dim", v.value_head_dim)):
@@ -426,7 +425,7 @@ def _fields(v: Variant) -> tuple[Field, ...]:
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
             f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
     for d in v.runtime_inputs():
-        f.append(Field(f"const {tensor_ctype(d.dtype)}* __restrict__", f"in_{d.name}", f"runtime input {d.name}: {d.dtype.value}"))
+        f.append(Field(f"const {d.dtype.info.cuda}* __restrict__", f"in_{d.name}", f"runtime input {d.name}: {d.dtype.value}"))
         for i in range(len(d.shape)):
             f.append(Field("int", f"in_{d.name}_n{i}", f"{d.name} size of dim {i}"))
         for i in range(len(d.shape)):
@@ -464,7 +463,7 @@ def tok_vecs(v: Variant) -> int:
     a whole number of 256-element warp loads)."""
     qn = v.norm(NormTarget.Q)
     tok = v.heads * v.head_dim
-    if qn is None or qn.scope != NormScope.TOKEN or v.dtype not in (DType.FP16, DType.BF16) or v.head_dim % VEC_ELEMS:
+    if qn is None or qn.scope != NormScope.TOKEN or v.dtype.info.vec_elems != VEC_ELEMS or v.head_dim % VEC_ELEMS:
         return 0
     n, rem = divmod(tok, 32 * VEC_ELEMS)
     return n if rem == 0 and n <= TOK_MAX_VECS else 0
@@ -601,7 +600,7 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
         out.append(f"  on {arch.value}: tensor-core engine (mma.sync m16n8k16, {v.dtype.value} inputs, fp32 accumulators; {bp.engine_reason}) "
                    f"for {bp.base_name}_dkdv, tile {bp.tc_block_m} queries x {bp.tc_block_n} keys; FFMA for the other kernels; "
                    "P recomputed from the forward's LSE")
-    elif v.dtype == DType.FP32:
+    elif not v.dtype.info.tensor_cores:
         out.append(f"  on {arch.value}: FFMA engine (fp32 products for every dtype), tile {bp.block_m} x {bp.block_n}; P recomputed from the forward's LSE")
     else:
         out.append(f"  on {arch.value}: FFMA engine (fp32 products), tile {bp.block_m} x {bp.block_n}, not tensor cores: {bp.engine_reason}; "

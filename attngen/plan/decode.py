@@ -29,7 +29,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from attngen.ir.nodes import DType, Index, Layout, IndexVar, Variant, strip_sugar, walk
+from attngen.ir.dtypes import TENSOR_CORE_DTYPES
+from attngen.ir.nodes import Index, Layout, IndexVar, Variant, strip_sugar, walk
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
 # Query rows (per KV head: group x Lq) up to which `Family.AUTO` picks the decode family.
@@ -59,8 +60,9 @@ def decode_unsupported(v: Variant, arch: Arch | None = None) -> str | None:
     (cp.async and m16n8k16 tensor cores, and the head dim's ring in its shared memory)."""
     if v.layout == Layout.VARLEN:
         return "the decode family takes padded batches, not `layout varlen` (packed batches run on the forward family)"
-    if v.dtype not in (DType.FP16, DType.BF16):
-        return f"the decode family runs fp16/bf16 on tensor cores, not {v.dtype.value}"
+    if not v.dtype.info.has_mma("m16n8k16"):
+        takes = "/".join(d.value for d in TENSOR_CORE_DTYPES if d.info.has_mma("m16n8k16"))
+        return f"the decode family runs {takes} on tensor cores, not {v.dtype.value}"
     if v.head_dim != v.value_head_dim or v.head_dim not in DECODE_HEAD_DIMS:
         return (f"the decode family implements head dims {', '.join(map(str, DECODE_HEAD_DIMS))} with Dv == D, "
                 f"not D={v.head_dim}, Dv={v.value_head_dim}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from attngen.ir import names
 from attngen.ir.nodes import Span, Variant
+from attngen.plan.op_plan import OpPlan
 from attngen.plan.schedule import Arch
 
 # A __global__ function's arguments may take 32,764 bytes (CUDA 12.1+, Volta and later; the
@@ -51,14 +52,11 @@ def param_bytes(ctypes: list[str]) -> list[int]:
     return ends
 
 
-def check(v: Variant, arch: Arch) -> list[Problem]:
-    """Every backend limit `v` breaks on `arch` (empty when it can build and launch)."""
-    from attngen.cuda.render import plan  # the plan needs the renderer's ABI; imported late (layering)
-
-    try:
-        kp = plan(v, arch)
-    except ValueError:
-        return []  # a tile this arch cannot take: the tile check reports it (and `compile --arch`)
+def check(v: Variant, arch: Arch, kp: OpPlan | None) -> list[Problem]:
+    """Every backend limit `v` breaks on `arch` under its plan `kp` (empty when it can build and
+    launch). `kp` None: no plan for this arch (a tile it cannot take, which the tile check reports)."""
+    if kp is None:
+        return []
     out: list[Problem] = []
     ends = param_bytes([f.ctype for f in kp.fields])
     if ends and ends[-1] > MAX_PARAM_BYTES:

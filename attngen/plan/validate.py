@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 
-from attngen.ir.nodes import DType, Program, Variant
+from attngen.ir.dtypes import TENSOR_CORE_DTYPES
+from attngen.ir.nodes import Program, Variant
 from attngen.lang import frontend
 from attngen.lang.diagnostics import Diagnostic, SpecError
 from attngen.lang.lower import Target
@@ -26,8 +27,8 @@ from attngen.plan.schedule import (DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, WIDE_HEAD_
 
 def target(arch: Arch = DEFAULT_ARCH) -> Target:
     """The backend facts lowering checks in place, for `arch`."""
-    return Target(name=arch.value, head_dims=SUPPORTED_HEAD_DIMS, max_heads=limits.MAX_HEADS, bf16=arch.bf16,
-                  wide_head_dims=WIDE_HEAD_DIMS, wide_dtypes=(DType.FP16, DType.BF16), head_dims_text=describe_head_dims())
+    return Target(name=arch.value, head_dims=SUPPORTED_HEAD_DIMS, max_heads=limits.MAX_HEADS, cc=arch.cc,
+                  wide_head_dims=WIDE_HEAD_DIMS, wide_dtypes=TENSOR_CORE_DTYPES, head_dims_text=describe_head_dims())
 
 
 def variant_problems(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[Diagnostic]:
@@ -38,7 +39,13 @@ def variant_problems(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[Diagnostic]:
         bad = validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v))
         if bad:
             return [Diagnostic(f"bad tile: {p}", v.tile.span, None) for p in bad]
-    return [Diagnostic(p.message, p.span, p.help) for p in limits.check(v, arch)]
+    from attngen.cuda.render import plan  # the forward's plan is made beside its renderer (jinja2 loads late)
+
+    try:
+        kp = plan(v, arch)
+    except ValueError:
+        kp = None  # a tile this arch cannot take: the tile check reports it (and `compile --arch`)
+    return [Diagnostic(p.message, p.span, p.help) for p in limits.check(v, arch, kp)]
 
 
 def validate(program: Program, arch: Arch = DEFAULT_ARCH, source: str | None = None) -> Program:

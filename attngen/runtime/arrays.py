@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from attngen.ir import abi
+from attngen.ir.dtypes import DTYPES
 from attngen.ir.nodes import DType
 
 
@@ -36,8 +37,7 @@ def sm_count(device_id: int) -> int:
 
 
 
-_TORCH_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
-                "torch.int32": "int32", "torch.uint8": "uint8", "torch.int64": "int64", "torch.bool": "bool"}
+_TORCH_NAMES = {**{f"torch.{r.torch}": r.numpy for r in DTYPES.values()}, "torch.int64": "int64", "torch.bool": "bool"}
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,12 @@ def dtype_ok(a: ArrayView, want: DType) -> bool:
     name = abi.DTYPE_NAMES[want]
     if a.dtype == name:
         return True
-    return want == DType.BF16 and not a.is_torch and a.dtype == "uint16"
+    return want.info.foreign and not a.is_torch and a.dtype == want.info.storage
 
 
 def check_dtype(a: ArrayView, want: DType, name: str) -> None:
     if not dtype_ok(a, want):
-        extra = " (with CuPy, bf16 travels as uint16 bit patterns)" if want == DType.BF16 and not a.is_torch else ""
+        extra = f" (with CuPy, {want.value} travels as {want.info.storage} bit patterns)" if want.info.foreign and not a.is_torch else ""
         raise ValueError(f"{name}: expected dtype {abi.DTYPE_NAMES[want]}{extra}, got {a.dtype}")
 
 

@@ -19,13 +19,6 @@ CHECK_THREADS = 256
 CHECK_MAX_BLOCKS = 1024
 NO_ERROR = (1 << 63) - 1  # the initial value of a check's error word (LLONG_MAX; atomicMin lowers it)
 
-_TYPES = {
-    DType.I32: ("i32", "int"),
-    DType.U8: ("u8", "unsigned char"),
-    DType.FP32: ("f32", "float"),
-    DType.FP16: ("f16", "__half"),
-    DType.BF16: ("bf16", "__nv_bfloat16"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +33,14 @@ class SortedCheck:
 
 def check_kernel_name(dtype: DType) -> str:
     """The entry point checking a sorted input of element type `dtype`."""
-    return f"attngen_check_sorted_{_TYPES[dtype][0]}"
+    return f"attngen_check_sorted_{dtype.info.suffix}"
 
 
 def render_checks() -> str:
     """The check kernels' CUDA source (stable bytes)."""
     env = _environment()
-    types = [dict(suffix=s, ctype=c) for s, c in _TYPES.values()]
+    # Every element type a sorted input may have, the integer ones first (the source's stable order).
+    types = [dict(suffix=d.info.suffix, ctype=d.info.cuda) for d in sorted(DType, key=lambda d: d.is_float)]
     return env.get_template("common/checks.cu.j2").render(version=__version__, types=types, threads=CHECK_THREADS)
 
 

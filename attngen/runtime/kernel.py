@@ -309,7 +309,7 @@ def _check_function(arch: Arch, dtype: DType) -> Any:
     mod = _CHECK_MODULES.get((arch, dev))
     if mod is None:
         binary = compile_source(render_checks(), arch)
-        names = {check_kernel_name(d): 0 for d in (DType.I32, DType.U8, DType.FP32, DType.FP16, DType.BF16)}
+        names = {check_kernel_name(d): 0 for d in DType}
         mod = _CHECK_MODULES[(arch, dev)] = load_functions(binary.cubin, names)[0]
     return mod.get_function(check_kernel_name(dtype))
 

@@ -49,14 +49,14 @@ import torch
 
 from attngen.ir import abi
 from attngen.runtime import kernel as runtime
-from attngen.ir.nodes import DType, Layout, NormTarget, Variant, norm_bias_name, norm_weight_name
+from attngen.ir.nodes import ATTENTION_DTYPES, Layout, NormTarget, Variant, norm_bias_name, norm_weight_name
 from attngen.runtime.bwd import apply_o_norm, o_norm_inputs, training_variant
 
 _LOCK = threading.Lock()
 _OPS: dict[tuple[Variant, str], "AttnOp"] = {}
 _NAMES: dict[str, tuple[Variant, str]] = {}
 
-_TORCH_DTYPES = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
+_TORCH_DTYPES = {d: getattr(torch, d.info.torch) for d in ATTENTION_DTYPES}
 
 
 def _op_name(v: Variant, arch: str) -> str:

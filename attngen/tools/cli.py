@@ -204,7 +204,7 @@ def _delegate(module: str, what: str) -> Callable[[argparse.Namespace], int]:
 
 
 cmd_compile = _delegate("attngen.tools.cmd_compile", "compile")
-cmd_fuzz = _delegate("attngen.check.fuzz", "fuzz")
+cmd_fuzz = _delegate("attngen.tools.cmd_fuzz", "fuzz")
 cmd_bench = _delegate("attngen.tools.bench", "bench")
 
 
@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def fuzz_arguments(z: argparse.ArgumentParser) -> None:
-    """`attngen fuzz`'s arguments (their one definition: also attngen.check.fuzz's own parser)."""
+    """`attngen fuzz`'s arguments (their one definition: also attngen.tools.cmd_fuzz's own parser)."""
     z.add_argument("file", nargs="?", metavar="FILE")
     z.add_argument("--variant")
     z.add_argument("--specs", action="store_true", help="fuzz the compiler with generated and mutated specs")

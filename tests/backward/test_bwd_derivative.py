@@ -154,6 +154,21 @@ def test_learnable_alibi_slopes_and_rel_bias():
     assert dv.learnable_tensors((T.alibi(heads=H),)) == ()
 
 
+def test_float_loads_read_a_builtins_body_not_its_arguments():
+    # The IR's one children() walks a builtin's arguments and its body; the learnable lookups are
+    # those the body computes with (the arguments are its spelling only), in first-appearance order.
+    from attngen.ir.nodes import Binary, BinOp, Builtin, BuiltinName, Score
+
+    F = ScalarType.FLOAT
+    spelled = Load("only_in_args", (T.kv,), F)
+    used = Load("used", (T.kv,), F)
+    other = Load("other", (T.q,), F)
+    sugar = Builtin(BuiltinName.BIAS, (spelled,), Binary(BinOp.ADD, Score(), used, F))
+    e = Binary(BinOp.MUL, sugar, Binary(BinOp.ADD, other, used, F), F)
+    assert any(n == spelled for n in walk(e))  # the shared walk does reach the arguments
+    assert dv.float_loads(e) == (used, other)
+
+
 def test_simplifier_keeps_derivatives_lean():
     assert dv.diff(T.add(T.s, T.cf(1.0))) == dv.ONE
     assert dv.diff(T.mul(T.s, T.cf(2.0))) == T.cf(2.0)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 import _irb as T  # noqa: E402
 
 from attngen.lang import frontend  # noqa: E402
-from attngen.check import reference, reference_bwd, workload  # noqa: E402
+from attngen.check import reference, reference_bwd, reference_eval, workload  # noqa: E402
 from attngen.check.fuzz import spec_strategy  # noqa: E402
 from attngen.ir.nodes import AttnKind, DType, Layout, Norm, NormKind, NormScope, NormTarget  # noqa: E402
 
@@ -38,9 +38,10 @@ def exact(monkeypatch):
     def f64(d):
         return np.dtype(np.float64) if d.is_float else real_dtype_of(d)
 
-    for mod in (reference, reference_bwd):
+    for mod in (reference, reference_eval, reference_bwd):
         monkeypatch.setattr(mod, "round_to", no_round)
-    monkeypatch.setattr(reference, "dtype_of", f64)
+    for mod in (reference, reference_eval):
+        monkeypatch.setattr(mod, "dtype_of", f64)
 
 
 def _f64(arrays):

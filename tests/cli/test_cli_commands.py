@@ -411,7 +411,7 @@ def test_explain_missing_file(capsys, tmp_path):
 
 @pytest.mark.parametrize(
     "command,module,extra",
-    [("compile", "attngen.tools.cmd_compile", ["-o", "x.cu"]), ("fuzz", "attngen.check.fuzz", []), ("bench", "attngen.tools.bench", [])],
+    [("compile", "attngen.tools.cmd_compile", ["-o", "x.cu"]), ("fuzz", "attngen.tools.cmd_fuzz", []), ("bench", "attngen.tools.bench", [])],
 )
 def test_delegating_commands(capsys, monkeypatch, command, module, extra):
     seen = {}
@@ -427,7 +427,7 @@ def test_delegating_commands(capsys, monkeypatch, command, module, extra):
     assert seen["args"].file == "examples/llama3_gqa_causal.attn"
 
 
-@pytest.mark.parametrize("command,module", [("compile", "attngen.tools.cmd_compile"), ("fuzz", "attngen.check.fuzz"), ("bench", "attngen.tools.bench")])
+@pytest.mark.parametrize("command,module", [("compile", "attngen.tools.cmd_compile"), ("fuzz", "attngen.tools.cmd_fuzz"), ("bench", "attngen.tools.bench")])
 def test_delegating_commands_when_missing(capsys, monkeypatch, command, module):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail as if absent
     rc, _, err = run(capsys, command, "examples/llama3_gqa_causal.attn")

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from attngen.lang import frontend
 from attngen.check import fuzz, fuzz_specs
+from attngen.tools import cmd_fuzz
 from attngen.lang.diagnostics import SpecError
 from attngen.ir.nodes import PADDING_KV_LENS, PADDING_Q_LENS
 
@@ -133,7 +134,7 @@ def test_failures_shrink_and_write_a_reproducer(tmp_path, monkeypatch, capsys) -
 
 
 def test_fuzz_command_on_cpu(tmp_path, capsys) -> None:
-    rc = fuzz.main([str(EXAMPLES / "paligemma_prefix_lm.attn"), "--max-examples", "6", "--seed", "2",
+    rc = cmd_fuzz.main([str(EXAMPLES / "paligemma_prefix_lm.attn"), "--max-examples", "6", "--seed", "2",
                     "--out", str(tmp_path)])
     assert rc == 0
     assert "paligemma_prefix_lm: 6" in capsys.readouterr().out
@@ -142,14 +143,14 @@ def test_fuzz_command_on_cpu(tmp_path, capsys) -> None:
 def test_fuzz_command_summary_says_cpu_only(tmp_path, capsys) -> None:
     if fuzz.gpu_status()[0]:
         pytest.skip("a GPU is present: the CPU-only message does not apply")
-    rc = fuzz.main([str(EXAMPLES / "gpt2_causal_fp16.attn"), "--max-examples", "4", "--seed", "2", "--out", str(tmp_path)])
+    rc = cmd_fuzz.main([str(EXAMPLES / "gpt2_causal_fp16.attn"), "--max-examples", "4", "--seed", "2", "--out", str(tmp_path)])
     cap = capsys.readouterr()
     assert rc == 0
     assert "no GPU" in cap.err and "CPU only (no kernels ran)" in cap.out and "0 failing" in cap.out
 
 
 def test_fuzz_specs_command(tmp_path, capsys) -> None:
-    rc = fuzz.main(["--specs", "--max-examples", "15", "--seed", "4", "--out", str(tmp_path), "--no-nvcc"])
+    rc = cmd_fuzz.main(["--specs", "--max-examples", "15", "--seed", "4", "--out", str(tmp_path), "--no-nvcc"])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "generated specs: " in cap.out and "mutated specs: " in cap.out and "nvcc" not in cap.out
@@ -157,7 +158,7 @@ def test_fuzz_specs_command(tmp_path, capsys) -> None:
 
 @pytest.mark.nvcc
 def test_fuzz_specs_nvcc_step(tmp_path, capsys) -> None:
-    rc = fuzz.main(["--specs", "--max-examples", "2", "--seed", "4", "--out", str(tmp_path), "--nvcc", "--jobs", "2"])
+    rc = cmd_fuzz.main(["--specs", "--max-examples", "2", "--seed", "4", "--out", str(tmp_path), "--nvcc", "--jobs", "2"])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "nvcc (sm_90a and sm_80): " in cap.out and " 0 failed" in cap.out
@@ -178,11 +179,11 @@ def test_fuzz_specs_nvcc_failure_is_reported(tmp_path, monkeypatch) -> None:
 
 
 def test_fuzz_usage_errors(tmp_path, capsys) -> None:
-    assert fuzz.main([]) == 2
-    assert fuzz.main([str(EXAMPLES / "gpt2_causal_fp16.attn"), "--specs"]) == 2
-    assert fuzz.main([str(tmp_path / "missing.attn")]) == 2
-    assert fuzz.main([str(EXAMPLES / "gemma2_alternating.attn"), "--variant", "nope"]) == 2
+    assert cmd_fuzz.main([]) == 2
+    assert cmd_fuzz.main([str(EXAMPLES / "gpt2_causal_fp16.attn"), "--specs"]) == 2
+    assert cmd_fuzz.main([str(tmp_path / "missing.attn")]) == 2
+    assert cmd_fuzz.main([str(EXAMPLES / "gemma2_alternating.attn"), "--variant", "nope"]) == 2
     bad = tmp_path / "bad.attn"
     bad.write_text("attention x { dtype fp99 }")
-    assert fuzz.main([str(bad)]) == 1
+    assert cmd_fuzz.main([str(bad)]) == 1
     assert "fp99" in capsys.readouterr().err

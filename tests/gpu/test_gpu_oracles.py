@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from attngen.tools import bench
+from attngen.tools import bench, cmd_fuzz
 from attngen.check import flex, fuzz, reference, tolerance
 from gpu_helpers import kernel_for, spec_text, variant_of
 
@@ -68,6 +68,6 @@ def test_fuzz_command_passes_on_an_example(tmp_path) -> None:
     from pathlib import Path
 
     ex = Path(__file__).resolve().parents[2] / "examples" / "seed_padded_fp32.attn"
-    rc = fuzz.main([str(ex), "--max-examples", "8", "--seed", "3", "--out", str(tmp_path / "fails")])
+    rc = cmd_fuzz.main([str(ex), "--max-examples", "8", "--seed", "3", "--out", str(tmp_path / "fails")])
     assert rc == 0
     assert not (tmp_path / "fails").exists()
