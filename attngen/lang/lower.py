@@ -120,6 +120,15 @@ def _first_at(first: Span | None, again: Span) -> str:
     return f"line {first.line}" if first.line != again.line else f"column {first.col}"
 
 
+def _declare_hint(name: str, type_text: str) -> str:
+    """The help for an undeclared tensor: declare it, under another name where `name` is reserved
+    (a hint to declare `input bias` would only lead to the reserved-name error)."""
+    if name in RESERVED_TENSOR_NAMES:
+        return (f"`{name}` is a reserved name, so an input cannot take it: declare it under another name, "
+                f"`input {name}_t: {type_text}`, and write `{name}_t` here")
+    return f"declare it: `input {name}: {type_text}`"
+
+
 def _did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
     return f"did you mean `{close[0]}`?" if close else None
@@ -356,7 +365,7 @@ class _Lowerer:
                 self.error(f"`{n}` is not a tensor", e.tensor.span, "only declared inputs can be looked up")
             else:
                 hint = _did_you_mean(n, sc.tensors)
-                extra = "declare it: `input " + n + ": fp32[...]`"
+                extra = _declare_hint(n, "fp32[...]")
                 self.error(f"unknown tensor `{n}`", e.tensor.span, f"{hint} {extra}" if hint else extra)
             return None
         decl = sc.tensors[n]
@@ -486,7 +495,7 @@ class _Lowerer:
             return None
         if a.name not in sc.tensors:
             hint = _did_you_mean(a.name, sc.tensors)
-            extra = f"declare it: `input {a.name}: ...`"
+            extra = _declare_hint(a.name, "...")
             self.error(f"unknown tensor `{a.name}`", a.span, f"{hint} {extra}" if hint else extra)
             return None
         decl = sc.tensors[a.name]

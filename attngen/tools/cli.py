@@ -109,6 +109,9 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     from attngen.lang import frontend as fe
     from attngen.lang.diagnostics import SpecError
 
+    if args.diff and args.write:
+        raise UsageError("--diff shows what --write would change; give it with --check (or alone), not with --write")
+    check = args.check or args.diff
     status = EXIT_OK
     unformatted: list[str] = []
     for path in args.files:
@@ -119,10 +122,12 @@ def cmd_fmt(args: argparse.Namespace) -> int:
             print(e.render(), file=sys.stderr)
             status = EXIT_SPEC
             continue
-        if args.check:
+        if check:
             if formatted != text:
                 unformatted.append(path)
                 print(f"{path}: not formatted (run `attngen fmt --write {path}`)", file=sys.stderr)
+                if args.diff:
+                    sys.stdout.writelines(_unified_diff(text, formatted, path))
             continue
         if args.write:
             if formatted != text:
@@ -137,6 +142,16 @@ def cmd_fmt(args: argparse.Namespace) -> int:
         # --check is a lint: "would change" is the spec-level failure, exit 1.
         status = EXIT_SPEC
     return status
+
+
+def _unified_diff(before: str, after: str, path: str) -> list[str]:
+    """`fmt --check --diff`: what `fmt --write` would change, as a unified diff (a last line
+    without a newline gets one, so the diff stays line-structured)."""
+    import difflib
+
+    a = before.splitlines(keepends=True)
+    lines = list(difflib.unified_diff(a, after.splitlines(keepends=True), f"{path}", f"{path} (formatted)"))
+    return [ln if ln.endswith("\n") else ln + "\n" for ln in lines]
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = f.add_mutually_exclusive_group()
     g.add_argument("--check", action="store_true", help="exit 1 if a file is not canonically formatted")
     g.add_argument("--write", "-w", action="store_true", help="rewrite files in place")
+    f.add_argument("--diff", action="store_true", help="print a unified diff of what formatting would change (implies --check)")
     f.set_defaults(func=cmd_fmt)
 
     e = sub.add_parser("explain", help="describe in plain words what a spec computes and how")
