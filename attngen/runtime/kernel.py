@@ -28,15 +28,37 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.ir.nodes import DType, Layout, NormScope, NormTarget, Program, TileConfig, TileHint, Variant, norm_bias_name, norm_weight_name
 from attngen.runtime.binder import CALL_SCALARS, MAX_BINDINGS, ArgBuffer, Binding, Launch, TmaSlot, cu_function, driver, launch_cupy, launch_driver, slot_kind
+from attngen.runtime.extras import require_cupy
+from attngen.runtime.inputs import positional_inputs_message
 from attngen.runtime.checks import CHECK_THREADS, NO_ERROR, check_args, check_grid, check_kernel_name, flat_to_index, render_checks
 from attngen.cuda.render import OpPlan, TmaMap, render_with_plan, tma_maps
 from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, short_tile, uses_tensor_cores
+
+
+if TYPE_CHECKING:
+    from attngen.runtime.decode import DecodeKernel, Dispatch
+
+__all__ = [
+    "COUNTER_BLOCK", "CallResult", "DeviceArray", "InputCheckError", "Kernel", "NaNCheckError", "compile",
+    "device_arch", "raise_pending",
+]
+
+
+class DeviceArray(Protocol):
+    """What a kernel takes and returns: a CuPy array or a torch CUDA tensor (checked at the call)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+# `o`, or `(o, lse)` when the spec declares `output lse`
+CallResult = Union[DeviceArray, tuple[DeviceArray, DeviceArray]]
 
 
 class NaNCheckError(FloatingPointError):
@@ -244,10 +266,14 @@ class Kernel:
     def tile(self) -> TileConfig:
         return self.plan.tile
 
-    def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None,
-                 check_inputs: bool = True, q_offset: int = 0, kv_offset: int = 0, Lq_total: int | None = None,
-                 Lk_total: int | None = None, **inputs: Any) -> Any:
+    def __call__(self, q: DeviceArray, k: DeviceArray, v: DeviceArray, *positional: object, out: DeviceArray | None = None,
+                 lse: DeviceArray | None = None, stream: object = None, check_inputs: bool = True, q_offset: int = 0,
+                 kv_offset: int = 0, Lq_total: int | None = None, Lk_total: int | None = None,
+                 **inputs: DeviceArray) -> CallResult:
         """Runs the kernel; returns `o`, or `(o, lse)` when the spec asks for the LSE.
+
+        Runtime inputs go by name (`q_lens=..., kv_lens=...`); positional ones are refused (a
+        TypeError naming the inputs), since two inputs of one shape and dtype would swap silently.
 
         `check_inputs` (default True): before the launch, a small device kernel checks every
         promise the kernel trusts (the `sorted` inputs); a broken one raises InputCheckError (a
@@ -261,6 +287,8 @@ class Kernel:
         (`abi.Positions`: a context-parallel shard, a prefill chunk): masks and scores see global
         positions and lengths, and runtime inputs sized Lq or Lk hold the whole sequence. Each
         distinct placement is its own binding (validated once)."""
+        if positional:
+            raise TypeError(positional_inputs_message(f"kernel {self.variant.name}", self._input_names, len(positional)))
         pos = (q_offset, kv_offset, Lq_total, Lk_total)
         return self._run(q, k, v, out, lse, stream, check_inputs, inputs, False, None if pos == (0, 0, None, None) else pos)
 
@@ -370,7 +398,7 @@ class Kernel:
 
     def backward(self, q: Any, k: Any, v: Any, dO: Any, **kwargs: Any) -> Any:
         """Gradients of sum(dO * O) (dq, dk, dv, and the inputs named in `wrt=`), with the same
-        argument checks as a call; see `attngen.runtime_bwd.backward`."""
+        argument checks as a call; see `attngen.runtime.bwd.backward`."""
         from attngen.runtime.bwd import backward
 
         return backward(self, q, k, v, dO, **kwargs)
@@ -764,16 +792,18 @@ def _resolve(spec: Any, variant: str | None) -> Variant:
     return loads(str(spec)).get(variant)
 
 
-def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = None, verbose: bool = False,
-            family: str = "auto", softmax: WgmmaSoftmax | None = None) -> Any:
+def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | None = None, *,
+            arch: str | Arch | None = None, verbose: bool = False, family: str = "auto",
+            softmax: WgmmaSoftmax | None = None) -> Kernel | DecodeKernel | Dispatch:
     """Parse (if needed), render, compile and load one variant for the current CUDA device.
 
     `spec` is a Variant, a Program, a path to a `.attn` file, or `.attn` source text. `family`:
     "forward" gives the forward `Kernel`; "decode" forces the split-KV decode family
     (`runtime_decode.DecodeKernel`); "auto" (default) gives the forward kernel, wrapped so that
     calls with small Lq run the decode family where the variant supports it. `softmax` replaces
-    the wgmma softmax schedule the plan picks (`render.plan`; benchmarks time the two side by side)."""
-    import cupy
+    the wgmma softmax schedule the plan picks (`render.plan`; benchmarks time the two side by side).
+    Without CuPy, a MissingExtra (a ModuleNotFoundError) naming `pip install 'attngen[cuda]'`."""
+    cupy = require_cupy("attngen.compile")
 
     from attngen.plan import decode as plan_decode
     from attngen.runtime import decode as runtime_decode

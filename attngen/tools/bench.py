@@ -101,8 +101,8 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     if args is None or not isinstance(args, argparse.Namespace):
         args = build_parser().parse_args(list(args) if args is not None else None)
     from attngen.plan import validate
-    from attngen.check import fuzz
     from attngen.lang.diagnostics import SpecError
+    from attngen.runtime.extras import gpu_check
 
     def err(msg: str, code: int = EXIT_USAGE) -> int:
         print(f"attngen bench: error: {msg}", file=sys.stderr)
@@ -130,9 +130,9 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             shapes_by_variant[v.name] = [parse_shape(s, v) for s in args.shape] if args.shape else default_shapes(v)
         except ValueError as e:
             return err(str(e))
-    ok, why = fuzz.gpu_status()
-    if not ok:
-        return err(f"no GPU: {why}; `attngen bench` times kernels on a CUDA device")
+    gpu = gpu_check()
+    if not gpu.ok:
+        return err(gpu.message("`attngen bench`"))
     if args.repeats < MIN_REPEATS:
         return err(f"--repeats must be at least {MIN_REPEATS}")
     from attngen.runtime import kernel as runtime

@@ -210,7 +210,7 @@ def _delegate(module: str, what: str) -> Callable[[argparse.Namespace], int]:
         try:
             mod = importlib.import_module(module)  # lazily: `attngen check` never loads CuPy or hypothesis
         except ModuleNotFoundError as e:
-            raise UsageError(f"`attngen {what}` needs a package that is not installed: {e.name}") from None
+            raise UsageError(_missing(e, f"`attngen {what}`")) from None
         rc = mod.main(args)
         return EXIT_OK if rc is None else int(rc)
 
@@ -221,6 +221,17 @@ def _delegate(module: str, what: str) -> Callable[[argparse.Namespace], int]:
 cmd_compile = _delegate("attngen.tools.cmd_compile", "compile")
 cmd_fuzz = _delegate("attngen.check.fuzz", "fuzz")
 cmd_bench = _delegate("attngen.tools.bench", "bench")
+
+
+def _missing(e: ModuleNotFoundError, needed_by: str) -> str:
+    """One line for a module that is not installed: the extra that brings it and its install line."""
+    from attngen.runtime.extras import MissingExtra, extra_for_module, install_line
+
+    if isinstance(e, MissingExtra):
+        return str(e)
+    extra = extra_for_module(e.name)
+    how = f": {install_line(extra)}" if extra is not None else ""
+    return f"{needed_by} needs a package that is not installed: {e.name}{how}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,6 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `attngen explain x | head`: the reader went away; nothing to report.
         return EXIT_OK
     except Exception as e:
+        from attngen.runtime.extras import extra_for_module
+
+        if isinstance(e, ModuleNotFoundError) and extra_for_module(e.name) is not None:
+            # An extra a command reached for only while it ran (CuPy at compile, torch for a peer).
+            _err(_missing(e, f"`attngen {args.command}`"))
+            return EXIT_USAGE
         # Whatever the input, the user sees one line, not a traceback; developers opt back in.
         if os.environ.get("ATTNGEN_TRACEBACK"):
             raise
