@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from attngen import __version__
 
 from attngen.tools.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_SPEC, EXIT_USAGE
+from attngen.tools.shape import SHAPE_HELP
 
 
 class UsageError(Exception):
@@ -158,28 +159,19 @@ def _unified_diff(before: str, after: str, path: str) -> list[str]:
 # explain
 
 
-def _parse_shape(text: str) -> tuple[int, int, int]:
-    """`B,Lq,Lk` or `B,L` (self attention) as three positive ints."""
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        nums = [int(p) for p in parts]
-    except ValueError:
-        raise UsageError(f"--shape {text!r}: expected B,Lq,Lk (or B,L), e.g. 1,4096,4096") from None
-    if len(nums) == 2:
-        nums.append(nums[1])
-    if len(nums) != 3 or any(n < 1 for n in nums):
-        raise UsageError(f"--shape {text!r}: expected three positive integers B,Lq,Lk (or B,L)")
-    return nums[0], nums[1], nums[2]
-
-
 def cmd_explain(args: argparse.Namespace) -> int:
     """Describe a variant in plain words (every variant of the file without --variant)."""
     from attngen.tools import explain
     from attngen.lang.diagnostics import SpecError
     from attngen.plan import validate
 
+    from attngen.tools.shape import ShapeError, parse_shape
+
     arch = _parse_arch(args.arch)
-    shape = _parse_shape(args.shape) if args.shape is not None else None
+    try:
+        shape = parse_shape(args.shape) if args.shape is not None else None
+    except ShapeError as e:
+        raise UsageError(str(e)) from None
     text = _read(args.file)
     try:
         program = validate.loads(text, args.file, arch)
@@ -191,12 +183,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except KeyError as e:
         raise UsageError(str(e.args[0]) if e.args else str(e)) from None
     for v in variants:
-        if shape is not None and v.kind.value == "self" and shape[1] != shape[2]:
-            raise UsageError(
-                f"--shape {args.shape}: {v.name} is self attention, which needs Lq == Lk "
-                f"(give B,L or make both lengths equal)"
-            )
-    chunks = [explain.explain(v, shape=shape, arch=arch, seed=args.seed) for v in variants]
+        if shape is not None:
+            try:
+                shape.check(v.name, v.kind.value == "self", v.heads, v.head_dim)
+            except ShapeError as e:
+                raise UsageError(str(e)) from None
+    sizes = None if shape is None else (shape.B, shape.Lq, shape.Lk)
+    chunks = [explain.explain(v, shape=sizes, arch=arch, seed=args.seed) for v in variants]
     print("\n\n".join(chunks))
     return EXIT_OK
 
@@ -278,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", help="describe in plain words what a spec computes and how")
     e.add_argument("file", metavar="FILE")
     e.add_argument("--variant", help="the variant to explain (default: every variant)")
-    e.add_argument("--shape", help="sample sizes B,Lq,Lk (or B,L) for shapes and mask density (default 1,4096,4096)")
+    e.add_argument("--shape", help=f"sample sizes for shapes and mask density (default B=1,L=4096): {SHAPE_HELP}; "
+                   "self attention with Lq < Lk shows a decode step")
     e.add_argument("--arch", help=ARCH_HELP)
     e.add_argument("--seed", type=int, default=0, help="seed of the random runtime inputs used for density")
     e.set_defaults(func=cmd_explain)
@@ -334,7 +328,7 @@ def bench_arguments(b: argparse.ArgumentParser) -> None:
 
     b.add_argument("file", metavar="FILE")
     b.add_argument("--variant")
-    b.add_argument("--shape", action="append", default=None, help="B,H,L,D or B,H,Lq,Lk,D (repeatable)")
+    b.add_argument("--shape", action="append", default=None, help=f"{SHAPE_HELP} (repeatable)")
     b.add_argument("--json", default=None, help="write results as JSON here")
     b.add_argument("--plot", default=None, help="write a TFLOP/s plot here (needs matplotlib)")
     b.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="time torch peers too")

@@ -58,3 +58,78 @@ def test_fmt_diff_with_write_is_a_usage_error(capsys, tmp_path):
     rc, _, err = run(capsys, "fmt", "--write", "--diff", path)
     assert rc == 2 and "--diff" in err
     assert Path(path).read_text() == MESSY
+
+
+# --------------------------------------------------------------------------------------------
+# --shape: one named form for explain, bench and fuzz
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("text, want", [
+    ("B=2,Lq=1,Lk=4096", (2, 1, 4096, None, None)),
+    ("Lk=4096, Lq=1", (1, 1, 4096, None, None)),  # any order, spaces, B defaults to 1
+    ("B=8,L=4096,H=16,D=128", (8, 4096, 4096, 16, 128)),
+])
+def test_parse_shape_named_form(text, want):
+    from attngen.tools.shape import parse_shape
+
+    s = parse_shape(text)
+    assert (s.B, s.Lq, s.Lk, s.H, s.D) == want
+    assert parse_shape(s.text) == s  # the canonical text reads back
+
+
+@pytest.mark.parametrize("text, words", [
+    ("2,1,4096", "sizes go by name, e.g. B=2,Lq=1,Lk=4096"),
+    ("2,16,4096,128", "e.g. B=2,H=16,L=4096,D=128"),
+    ("B=2,Lq=1", "the lengths are missing"),
+    ("B=2,L=8,Lk=8", "not both"),
+    ("B=2,L=8,B=3", "B given twice"),
+    ("B=2,L=8,W=3", "unknown size 'W'"),
+    ("B=0,L=8", "must be >= 1"),
+    ("B=x,L=8", "expected sizes by name"),
+])
+def test_parse_shape_errors_show_the_form(text, words):
+    from attngen.tools.shape import ShapeError, parse_shape
+
+    with pytest.raises(ShapeError) as e:
+        parse_shape(text)
+    assert words in str(e.value)
+
+
+def test_explain_shows_a_self_attention_decode_step(capsys):
+    rc, out, err = run(capsys, "explain", str(ROOT / "examples/gpt2_causal_fp16.attn"), "--shape", "B=2,Lq=1,Lk=4096")
+    assert rc == 0, err
+    assert "Inputs and outputs (shapes at B=2, Lq=1, Lk=4096)" in out
+    assert "[2, 12, 1, 64]" in out and "[2, 12, 4096, 64]" in out  # q one row, k the whole sequence
+    assert "Decode step (self attention, Lq=1 < Lk=4096): the query is the last position" in out
+    assert "q_offset=4095" in out
+    # The causal mask over the whole sequence keeps about half of it (its last row sees every key).
+    assert "Mask density at B=2, Lq = Lk = 4096 (the whole sequence; this step computes its last 1 row)" in out
+    assert "visible fraction: 50.01%" in out
+
+
+def test_explain_decode_step_of_a_variant_the_decode_family_cannot_run(capsys):
+    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/seed_padded_fp32.attn"), "--shape", "B=2,Lq=4,Lk=512")
+    assert rc == 0
+    assert "the 4 queries are the last 4 positions of the 512-long sequence" in out and "q_offset=508" in out
+
+
+def test_explain_whole_sequence_output_is_unchanged_by_the_named_form(capsys):
+    path = str(ROOT / "examples/gpt2_causal_fp16.attn")
+    _, by_l, _ = run(capsys, "explain", path, "--shape", "B=1,L=4096")
+    _, default, _ = run(capsys, "explain", path)
+    assert by_l == default and "Decode step" not in default
+
+
+def test_explain_and_bench_take_the_same_form(capsys):
+    from attngen.lang import frontend
+    from attngen.tools import bench
+
+    path = ROOT / "examples/mqa_decode_cross.attn"
+    v = frontend.load(path).get()
+    assert bench.parse_shape("B=2,Lq=4,Lk=1024", v) == (2, 4, 1024)
+    rc, out, _ = run(capsys, "explain", str(path), "--shape", "B=2,Lq=4,Lk=1024")
+    assert rc == 0 and "shapes at B=2, Lq=4, Lk=1024" in out
+    rc, _, err = run(capsys, "explain", str(path), "--shape", f"B=2,Lq=4,Lk=1024,H={v.heads + 1}")
+    assert rc == 2 and f"has heads {v.heads}" in err
