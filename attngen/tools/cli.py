@@ -66,6 +66,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from attngen.tools import explain
     from attngen.lang.diagnostics import Diagnostic, SpecError
     from attngen.plan import validate
+    from attngen.plan.tile_advice import tile_warning
 
     arch = _parse_arch(args.arch)
     status = EXIT_OK
@@ -86,6 +87,9 @@ def cmd_check(args: argparse.Namespace) -> int:
                                  "kernels with contiguous K/V").render(text), file=sys.stderr)
                 status = EXIT_SPEC
                 continue
+            warning = tile_warning(v, arch)
+            if warning is not None:  # a valid tile, so still "ok" and exit 0
+                print(warning.render(text), file=sys.stderr)
             print(f"{path}: ok: {explain.summary(v, arch)}")
     return status
 

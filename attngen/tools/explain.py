@@ -35,6 +35,7 @@ from attngen.analysis import intervals
 from attngen.check import workload
 from attngen.lang.builtins import BUILTINS
 from attngen.lang.printer import print_expr
+from attngen.plan.tile_advice import engine_move, tile_statement
 from attngen.plan.schedule import (
     DEFAULT_ARCH,
     Arch,
@@ -603,6 +604,10 @@ def _tile_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, tile: Til
         f"{', with the producer warpgroup' if eng == Engine.WGMMA else ''}), stages {tile.stages}"
     )
     out.append(f"  engine: {eng.describe(tile, kp is not None and kp.attention.tma)}")
+    move = engine_move(v, arch)
+    if move is not None:
+        out.append(f"  warning: this explicit tile moves the kernel from {move.auto_engine.value} to {move.engine.value}: "
+                   f"{move.why}; `tile auto` picks `{tile_statement(move.auto_tile)}` ({move.auto_engine.value}) here")
     st = short_tile(v, arch)
     if st is not None:
         t = st.tile

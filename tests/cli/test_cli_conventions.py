@@ -133,3 +133,69 @@ def test_explain_and_bench_take_the_same_form(capsys):
     assert rc == 0 and "shapes at B=2, Lq=4, Lk=1024" in out
     rc, _, err = run(capsys, "explain", str(path), "--shape", f"B=2,Lq=4,Lk=1024,H={v.heads + 1}")
     assert rc == 2 and f"has heads {v.heads}" in err
+
+
+# --------------------------------------------------------------------------------------------
+# An explicit tile that moves a variant off the engine `tile auto` picks
+
+HEADLINE_OLD = """\
+attention gemma_local {
+  dtype bf16
+  head_dim 128
+  heads 16 kv 8
+  layout bshd
+  mask causal && window(4096, 0)
+  score softcap(50.0)
+  tile block_m 128 block_n 64 warps 4 stages 2
+}
+"""
+
+
+def test_check_warns_at_the_tile_that_leaves_wgmma(capsys, tmp_path):
+    path = write(tmp_path, "g.attn", HEADLINE_OLD)
+    rc, out, err = run(capsys, "check", path)
+    assert rc == 0 and f"{path}: ok: " in out  # a valid tile: a warning, not an error
+    lines = err.splitlines()
+    assert lines[0] == (f"{path}:8:3: warning: this tile moves `gemma_local` from wgmma to mma.sync on sm_90a: "
+                        "wgmma runs block_m 128 with warps 8; this tile has block_m 128 with warps 4")
+    assert lines[1] == "   8 |   tile block_m 128 block_n 64 warps 4 stages 2"
+    assert lines[2] == "     |   " + "^" * len("tile block_m 128 block_n 64 warps 4 stages 2")
+    assert "`tile auto` picks `tile block_m 128 block_n 128 warps 8 stages 3` (wgmma)" in lines[3]
+
+
+@pytest.mark.parametrize("tile", ["tile auto", "tile block_m 128 block_n 128 warps 8 stages 3", "tile block_n 64"])
+def test_no_warning_on_the_auto_engine(capsys, tmp_path, tile):
+    path = write(tmp_path, "g.attn", HEADLINE_OLD.replace("tile block_m 128 block_n 64 warps 4 stages 2", tile))
+    rc, _, err = run(capsys, "check", path)
+    assert rc == 0 and err == ""
+
+
+def test_no_warning_where_the_target_has_no_wgmma(capsys, tmp_path):
+    path = write(tmp_path, "g.attn", HEADLINE_OLD)
+    rc, _, err = run(capsys, "check", "--arch", "sm_80", path)
+    assert rc == 0 and err == ""
+
+
+def test_one_stage_tile_names_the_stage_rule(capsys, tmp_path):
+    path = write(tmp_path, "g.attn", HEADLINE_OLD.replace("block_n 64 warps 4 stages 2", "block_n 64 warps 8 stages 1"))
+    rc, _, err = run(capsys, "check", path)
+    assert rc == 0 and "wgmma needs at least 2 stages" in err
+
+
+def test_explain_says_why_the_engine_moved(capsys, tmp_path):
+    path = write(tmp_path, "g.attn", HEADLINE_OLD)
+    rc, out, _ = run(capsys, "explain", path)
+    assert rc == 0
+    assert ("  warning: this explicit tile moves the kernel from wgmma to mma.sync: wgmma runs block_m 128 with warps 8; "
+            "this tile has block_m 128 with warps 4; `tile auto` picks `tile block_m 128 block_n 128 warps 8 stages 3` "
+            "(wgmma) here") in out.splitlines()
+
+
+def test_language_guide_headline_example_is_canonical_and_on_the_auto_engine(capsys, tmp_path):
+    text = (ROOT / "docs" / "LANGUAGE.md").read_text(encoding="utf-8")
+    example = text.split("```\n", 2)[1]  # the first fenced block
+    path = write(tmp_path, "headline.attn", example)
+    rc, out, err = run(capsys, "fmt", "--check", "--diff", path)
+    assert rc == 0, out + err
+    rc, _, err = run(capsys, "check", path)
+    assert rc == 0 and err == "", err
