@@ -62,36 +62,55 @@ def _parse_arch(value: str | None):
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate each file; one summary line per variant; exit 1 if any file has errors."""
-    from attngen.tools import explain
+    """Validate each file; one summary line per variant (or, with --json, one JSON document on
+    stdout); exit 1 if any file has errors."""
+    from attngen.tools import explain, json_out
+
+    arch = _parse_arch(args.arch)
+    status = EXIT_OK
+    files = []
+    for path in args.files:
+        text = _read(path)
+        diagnostics, variants = _check_text(text, path, arch)
+        if any(d.severity == "error" for d in diagnostics):
+            status = EXIT_SPEC
+        if args.json:
+            files.append(json_out.check_file(path, diagnostics, variants, arch))
+            continue
+        for d in diagnostics:
+            print(d.render(text), file=sys.stderr)
+        for v in variants:
+            print(f"{path}: ok: {explain.summary(v, arch)}")
+    if args.json:
+        sys.stdout.write(json_out.dump(json_out.document("check", arch, files=files)))
+    return status
+
+
+def _check_text(text: str, path: str, arch) -> tuple[list, list]:
+    """(diagnostics in order, the variants that check out) of one file: its spec errors, or per
+    variant a no-kernel error or a tile warning (a warned variant still checks out)."""
     from attngen.lang.diagnostics import Diagnostic, SpecError
     from attngen.plan import validate
     from attngen.plan.tile_advice import tile_warning
 
-    arch = _parse_arch(args.arch)
-    status = EXIT_OK
-    for path in args.files:
-        text = _read(path)
-        try:
-            # The plan stage checks tiles and limits against the target arch (after lowering).
-            program = validate.loads(text, path, arch)
-        except SpecError as e:
-            print(e.render(), file=sys.stderr)
-            status = EXIT_SPEC
+    try:
+        # The plan stage checks tiles and limits against the target arch (after lowering).
+        program = validate.loads(text, path, arch)
+    except SpecError as e:
+        return list(e.diagnostics), []
+    diagnostics, ok = [], []
+    for v in program.variants:
+        why = _no_kernel(v)
+        if why is not None:
+            diagnostics.append(Diagnostic(f"variant `{v.name}` has no kernel: {why}", v.span,
+                                          "the NumPy reference runs it; drop `kv_cache paged` to run it on the forward "
+                                          "kernels with contiguous K/V"))
             continue
-        for v in program.variants:
-            why = _no_kernel(v)
-            if why is not None:
-                print(Diagnostic(f"variant `{v.name}` has no kernel: {why}", v.span,
-                                 "the NumPy reference runs it; drop `kv_cache paged` to run it on the forward "
-                                 "kernels with contiguous K/V").render(text), file=sys.stderr)
-                status = EXIT_SPEC
-                continue
-            warning = tile_warning(v, arch)
-            if warning is not None:  # a valid tile, so still "ok" and exit 0
-                print(warning.render(text), file=sys.stderr)
-            print(f"{path}: ok: {explain.summary(v, arch)}")
-    return status
+        warning = tile_warning(v, arch)
+        if warning is not None:  # a valid tile, so still "ok" and exit 0
+            diagnostics.append(warning)
+        ok.append(v)
+    return diagnostics, ok
 
 
 def _no_kernel(v) -> str | None:
@@ -180,7 +199,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     try:
         program = validate.loads(text, args.file, arch)
     except SpecError as e:
-        print(e.render(), file=sys.stderr)
+        if args.json:
+            from attngen.tools import json_out
+
+            diags = [json_out.diagnostic(d, args.file) for d in e.diagnostics]
+            sys.stdout.write(json_out.dump(json_out.document("explain", arch, diagnostics=diags, variants=[])))
+        else:
+            print(e.render(), file=sys.stderr)
         return EXIT_SPEC
     try:
         variants = list(program.select(args.variant))
@@ -194,6 +219,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 raise UsageError(str(e)) from None
     sizes = None if shape is None else (shape.B, shape.Lq, shape.Lk)
     chunks = [explain.explain(v, shape=sizes, arch=arch, seed=args.seed) for v in variants]
+    if args.json:
+        from attngen.tools import json_out
+
+        at = sizes or explain.DEFAULT_SHAPE
+        docs = [json_out.explain_variant(v, arch, at, c) for v, c in zip(variants, chunks)]
+        sys.stdout.write(json_out.dump(json_out.document("explain", arch, diagnostics=[], variants=docs)))
+        return EXIT_OK
     print("\n\n".join(chunks))
     return EXIT_OK
 
@@ -262,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="validate specs; print a summary line per variant")
     c.add_argument("files", nargs="+", metavar="FILE")
     c.add_argument("--arch", help=ARCH_HELP)
+    c.add_argument("--json", action="store_true", help="one JSON document on stdout instead of text (docs/JSON.md)")
     c.set_defaults(func=cmd_check)
 
     f = sub.add_parser("fmt", help="print specs in canonical form")
@@ -279,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "self attention with Lq < Lk shows a decode step")
     e.add_argument("--arch", help=ARCH_HELP)
     e.add_argument("--seed", type=int, default=0, help="seed of the random runtime inputs used for density")
+    e.add_argument("--json", action="store_true", help="one JSON document on stdout instead of text (docs/JSON.md)")
     e.set_defaults(func=cmd_explain)
 
     k = sub.add_parser("compile", help="render CUDA for a variant (and build it)")
