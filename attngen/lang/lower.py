@@ -120,6 +120,15 @@ def _first_at(first: Span | None, again: Span) -> str:
     return f"line {first.line}" if first.line != again.line else f"column {first.col}"
 
 
+# The index that walks a dimension of a declared size, for hints that show a lookup (`ids[b, kv]`).
+_DIM_INDEX = {SizeSym.B: "b", SizeSym.H: "h", SizeSym.HKV: "h", SizeSym.LQ: "q", SizeSym.LK: "kv"}
+
+
+def _index_for(dim: object, position: int) -> str:
+    """The index a hint writes for a dimension: the one that walks its size, else `i`, `j`, ..."""
+    return _DIM_INDEX.get(dim, "ijlmn"[position % 5]) if isinstance(dim, SizeSym) else "ijlmn"[position % 5]
+
+
 def _declare_hint(name: str, type_text: str) -> str:
     """The help for an undeclared tensor: declare it, under another name where `name` is reserved
     (a hint to declare `input bias` would only lead to the reserved-name error)."""
@@ -300,7 +309,7 @@ class _Lowerer:
             return None
         if n in sc.tensors:
             rank = len(sc.tensors[n].shape)
-            idx = ", ".join(["i", "j", "k", "l"][:rank] if rank <= 4 else ["i"] * rank)
+            idx = ", ".join(_index_for(d, i) for i, d in enumerate(sc.tensors[n].shape))
             self.error(f"tensor `{n}` must be indexed", e.span, f"look it up with {rank} {'indices' if rank != 1 else 'index'}: `{n}[{idx}]`")
             return None
         self.error(f"unknown name `{n}`", e.span, _did_you_mean(n, self.names_in_scope(sc)))
@@ -682,7 +691,7 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
                 continue
             if in_score:
                 if e.type not in _NUMERIC:
-                    lw.error(f"a score must be a number, got {e.type.value}", st.expr.span, "a `score` rewrites `s`, e.g. `score s + bias[q, kv]`; visibility goes in `mask`")
+                    lw.error(f"a score must be a number, got {e.type.value}", st.expr.span, "a `score` rewrites `s`, e.g. `score softcap(30.0)` or `score s * 0.5`; visibility goes in `mask`")
                 else:
                     scores.append(e)
             elif e.type != ScalarType.BOOL:
