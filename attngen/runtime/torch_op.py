@@ -52,7 +52,9 @@ from typing import Any
 
 from attngen.runtime.extras import require_torch
 
-torch = require_torch("attngen.torch")  # a missing extra names its install line, not a bare "No module named 'torch'"
+require_torch("attngen.torch")  # a missing extra names its install line, not a bare "No module named 'torch'"
+
+import torch  # noqa: E402
 
 from attngen.ir import abi  # noqa: E402
 from attngen.runtime import kernel as runtime
