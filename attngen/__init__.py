@@ -4,46 +4,49 @@ Public API (imported lazily, so `import attngen` is cheap and works without a GP
 
     attngen.load(path) -> Program             parse and validate a .attn file
     attngen.loads(text, path) -> Program      the same from text
-    attngen.compile(spec_or_path, variant=None, arch=None) -> Kernel   (needs CuPy and a GPU)
+    attngen.compile(spec_or_path, variant=None, arch=None) -> Kernel   (needs the `attngen[cuda]` extra and a GPU)
     attngen.raise_pending()                   raise an error deferred calls left on the device
+    attngen.SpecError                         what load/loads raise for a bad spec (file:line:col diagnostics)
     attngen.torch                             variants as torch.library custom ops (import attngen.torch)
     attngen.reference                         the NumPy reference (attngen.reference.attention)
+    attngen.distributed                       context-parallel ring attention (attngen.distributed.ring_attention)
     attngen.__version__
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
-# name -> (module, attribute or None for the module itself)
-_LAZY: dict[str, tuple[str, str | None]] = {
+# name -> (module, attribute or None for the module itself); unannotated, so that the module has
+# no __annotations__ to show in dir()
+_LAZY = {
     "load": ("attngen.plan.validate", "load"),
     "loads": ("attngen.plan.validate", "loads"),
     "compile": ("attngen.runtime.kernel", "compile"),
     "raise_pending": ("attngen.runtime.kernel", "raise_pending"),
-    "reference": ("attngen.check.reference", None),
     "SpecError": ("attngen.lang.diagnostics", "SpecError"),
-    "derivative": ("attngen.analysis.derivative", None),
-    "distributed": ("attngen.runtime.distributed", None),
-    "intervals": ("attngen.analysis.intervals", None),
-    "runtime_bwd": ("attngen.runtime.bwd", None),
-    "torch": ("attngen.runtime.torch", None),
-    "workload": ("attngen.check.workload", None),
+    "reference": ("attngen.reference", None),
+    "distributed": ("attngen.distributed", None),
+    "torch": ("attngen.torch", None),
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", "SpecError", "compile", "distributed", "load", "loads", "raise_pending", "reference", "torch"]
+
+if _typing.TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from attngen import distributed, reference, torch
+    from attngen.lang.diagnostics import SpecError
+    from attngen.plan.validate import load, loads
+    from attngen.runtime.kernel import compile, raise_pending
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # Lazy so that the parser's lark, the runtime's CuPy and NumPy load only when asked for.
     try:
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'attngen' has no attribute {name!r}") from None
-    mod = importlib.import_module(module)
+    mod = _importlib.import_module(module)
     value = mod if attr is None else getattr(mod, attr)
     if attr is not None:
         globals()[name] = value  # cache; a submodule binds itself on import
@@ -51,4 +54,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # The public names and the loaded submodules; not this module's own helpers.
+    return sorted(set(__all__) | {n for n in globals() if not n.startswith("_") or n.startswith("__")})

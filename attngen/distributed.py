@@ -1,8 +1,8 @@
-"""`attngen.distributed`, the path the documentation uses; the module is `attngen.runtime.distributed`."""
+"""`attngen.distributed`: context-parallel ring attention over torch.distributed
+(`attngen.distributed.ring_attention`, `shard`, `unshard`); implemented in
+`attngen.runtime.distributed`, whose public names this module carries."""
 
-# relayout: alias of attngen.runtime.distributed
-import sys
+from attngen.runtime import distributed as _impl
+from attngen.runtime.distributed import *  # noqa: F403 (the public names, listed once in _impl.__all__)
 
-from attngen.runtime import distributed as _module
-
-sys.modules[__name__] = _module
+__all__ = list(_impl.__all__)

@@ -1,8 +1,8 @@
-"""`attngen.reference`, the path the documentation uses; the module is `attngen.check.reference`."""
+"""`attngen.reference`: the NumPy float64 reference every kernel is checked against
+(`attngen.reference.attention(variant, q, k, v, inputs)`); implemented in `attngen.check.reference`,
+whose public names this module carries."""
 
-# relayout: alias of attngen.check.reference
-import sys
+from attngen.check import reference as _impl
+from attngen.check.reference import *  # noqa: F403 (the public names, listed once in _impl.__all__)
 
-from attngen.check import reference as _module
-
-sys.modules[__name__] = _module
+__all__ = list(_impl.__all__)

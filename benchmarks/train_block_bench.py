@@ -118,7 +118,7 @@ def _row(name: str, iters: int, profile_kernels: bool = False) -> dict:
     torch_args = [leaves[n] for n in ("q", "k", "v")] + [leaves[n] for n in leaves if n not in ("q", "k", "v")]
 
     def step_attngen():
-        return torch.autograd.grad(op(*args), args, dY)
+        return torch.autograd.grad(op(*args[:3], **dict(zip(op.input_names, args[3:]))), args, dY)
 
     compiled = torch.compile(block)
 

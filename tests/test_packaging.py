@@ -68,7 +68,7 @@ def test_wheel_contains_grammar_and_templates(wheel):
     tdir = ROOT / "backends" / "cuda"
     for t in tdir.rglob("*.cu.j2"):
         assert f"attngen/backends/cuda/{t.relative_to(tdir).as_posix()}" in names
-    for mod in ("attngen/__init__.py", "attngen/tools/cli.py", "attngen/ir/nodes.py"):
+    for mod in ("attngen/__init__.py", "attngen/tools/cli.py", "attngen/ir/nodes.py", "attngen/py.typed"):
         assert mod in names
 
 

@@ -7,7 +7,7 @@ composition in float64 does. Per (batch, kv head, query chunk):
     P      = exp(s - LSE) on visible keys (s the final score), 0 elsewhere
     dO'    = the gradient at the attention output, after the o post-norm's backward (if any)
     D      = rowsum(dO' * O')                              O' = the attention output before the norm
-    dS     = P * (dO' V^T - D) * d(score)/ds0              the derivative from attngen.derivative
+    dS     = P * (dO' V^T - D) * d(score)/ds0              the derivative from attngen.analysis.derivative
     dQ'    = scale * dS K'          dK' += scale * dS^T Q'   dV += P^T dO'   (summed over each group)
 
 then the pre-norms' backward gives dq and dk (and dgamma/dbeta), the residual adds dO to dq, and

@@ -3,7 +3,7 @@
 
 The mask, its tile classification and the score hook are emitted by the same emitters as the
 forward's (`attngen.cuda.emit`), so the backward skips exactly the tiles the forward skips; the
-derivative hook is `attngen.derivative.score_derivative` through the same element emitter. Same
+derivative hook is `attngen.analysis.derivative.score_derivative` through the same element emitter. Same
 variant, arch and options → same bytes.
 """
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from attngen.ir.nodes import Span
 
+__all__ = ["Diagnostic", "SpecError", "normalize_newlines", "split_lines"]
+
 # The one line-break rule of the tool chain, what editors count: LF, CRLF and a lone CR. Python's
 # str.splitlines also breaks at form feed, vertical tab, U+001C-U+001E, U+0085, U+2028 and U+2029,
 # which editors and the lexer (it counts LFs after `normalize_newlines`) do not.

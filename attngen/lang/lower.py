@@ -120,6 +120,24 @@ def _first_at(first: Span | None, again: Span) -> str:
     return f"line {first.line}" if first.line != again.line else f"column {first.col}"
 
 
+# The index that walks a dimension of a declared size, for hints that show a lookup (`ids[b, kv]`).
+_DIM_INDEX = {SizeSym.B: "b", SizeSym.H: "h", SizeSym.HKV: "h", SizeSym.LQ: "q", SizeSym.LK: "kv"}
+
+
+def _index_for(dim: object, position: int) -> str:
+    """The index a hint writes for a dimension: the one that walks its size, else `i`, `j`, ..."""
+    return _DIM_INDEX.get(dim, "ijlmn"[position % 5]) if isinstance(dim, SizeSym) else "ijlmn"[position % 5]
+
+
+def _declare_hint(name: str, type_text: str) -> str:
+    """The help for an undeclared tensor: declare it, under another name where `name` is reserved
+    (a hint to declare `input bias` would only lead to the reserved-name error)."""
+    if name in RESERVED_TENSOR_NAMES:
+        return (f"`{name}` is a reserved name, so an input cannot take it: declare it under another name, "
+                f"`input {name}_t: {type_text}`, and write `{name}_t` here")
+    return f"declare it: `input {name}: {type_text}`"
+
+
 def _did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
     return f"did you mean `{close[0]}`?" if close else None
@@ -291,7 +309,7 @@ class _Lowerer:
             return None
         if n in sc.tensors:
             rank = len(sc.tensors[n].shape)
-            idx = ", ".join(["i", "j", "k", "l"][:rank] if rank <= 4 else ["i"] * rank)
+            idx = ", ".join(_index_for(d, i) for i, d in enumerate(sc.tensors[n].shape))
             self.error(f"tensor `{n}` must be indexed", e.span, f"look it up with {rank} {'indices' if rank != 1 else 'index'}: `{n}[{idx}]`")
             return None
         self.error(f"unknown name `{n}`", e.span, _did_you_mean(n, self.names_in_scope(sc)))
@@ -356,7 +374,7 @@ class _Lowerer:
                 self.error(f"`{n}` is not a tensor", e.tensor.span, "only declared inputs can be looked up")
             else:
                 hint = _did_you_mean(n, sc.tensors)
-                extra = "declare it: `input " + n + ": fp32[...]`"
+                extra = _declare_hint(n, "fp32[...]")
                 self.error(f"unknown tensor `{n}`", e.tensor.span, f"{hint} {extra}" if hint else extra)
             return None
         decl = sc.tensors[n]
@@ -486,7 +504,7 @@ class _Lowerer:
             return None
         if a.name not in sc.tensors:
             hint = _did_you_mean(a.name, sc.tensors)
-            extra = f"declare it: `input {a.name}: ...`"
+            extra = _declare_hint(a.name, "...")
             self.error(f"unknown tensor `{a.name}`", a.span, f"{hint} {extra}" if hint else extra)
             return None
         decl = sc.tensors[a.name]
@@ -685,7 +703,7 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
                 continue
             if in_score:
                 if e.type not in _NUMERIC:
-                    lw.error(f"a score must be a number, got {e.type.value}", st.expr.span, "a `score` rewrites `s`, e.g. `score s + bias[q, kv]`; visibility goes in `mask`")
+                    lw.error(f"a score must be a number, got {e.type.value}", st.expr.span, "a `score` rewrites `s`, e.g. `score softcap(30.0)` or `score s * 0.5`; visibility goes in `mask`")
                 else:
                     scores.append(e)
             elif e.type != ScalarType.BOOL:

@@ -24,6 +24,8 @@ from attngen.plan import limits
 from attngen.plan.schedule import (DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, WIDE_HEAD_DIMS, Arch, describe_head_dims, q_token_norm,
                                    validate_tile, variant_tile)
 
+__all__ = ["load", "loads", "target", "validate", "variant_problems"]
+
 
 def target(arch: Arch = DEFAULT_ARCH) -> Target:
     """The backend facts lowering checks in place, for `arch`."""

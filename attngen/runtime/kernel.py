@@ -22,16 +22,38 @@ import time
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from attngen.cuda.compile import compile_source
 from attngen.ir.nodes import DType, Layout, Program, TileConfig, TileHint, Variant
 from attngen.runtime.binder import (CALL_SCALARS, MAX_BINDINGS, POOL, SIG_FNS, Binding, InputCheckError, NaNCheckError, bind_forward,
                                     capturing, driver, launch_driver, load_functions, sig_fn,
                                     stream_ptr, torch_current_stream, torch_sig)
+from attngen.runtime.extras import require_cupy
+from attngen.runtime.inputs import positional_inputs_message
 from attngen.runtime.checks import NO_ERROR, check_kernel_name, flat_to_index, render_checks
 from attngen.cuda.render import OpPlan, render_with_plan
 from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, short_tile
+
+
+if TYPE_CHECKING:
+    from attngen.runtime.decode import DecodeKernel, Dispatch
+
+__all__ = [
+    "COUNTER_BLOCK", "CallResult", "DeviceArray", "InputCheckError", "Kernel", "NaNCheckError", "compile",
+    "device_arch", "raise_pending",
+]
+
+
+class DeviceArray(Protocol):
+    """What a kernel takes and returns: a CuPy array or a torch CUDA tensor (checked at the call)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+# `o`, or `(o, lse)` when the spec declares `output lse`
+CallResult = Union[DeviceArray, tuple[DeviceArray, DeviceArray]]
 
 
 
@@ -98,10 +120,14 @@ class Kernel:
     def tile(self) -> TileConfig:
         return self.plan.tile
 
-    def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None,
-                 check_inputs: bool = True, q_offset: int = 0, kv_offset: int = 0, Lq_total: int | None = None,
-                 Lk_total: int | None = None, **inputs: Any) -> Any:
+    def __call__(self, q: DeviceArray, k: DeviceArray, v: DeviceArray, *positional: object, out: DeviceArray | None = None,
+                 lse: DeviceArray | None = None, stream: object = None, check_inputs: bool = True, q_offset: int = 0,
+                 kv_offset: int = 0, Lq_total: int | None = None, Lk_total: int | None = None,
+                 **inputs: DeviceArray) -> CallResult:
         """Runs the kernel; returns `o`, or `(o, lse)` when the spec asks for the LSE.
+
+        Runtime inputs go by name (`q_lens=..., kv_lens=...`); positional ones are refused (a
+        TypeError naming the inputs), since two inputs of one shape and dtype would swap silently.
 
         `check_inputs` (default True): before the launch, a small device kernel checks every
         promise the kernel trusts (the `sorted` inputs); a broken one raises InputCheckError (a
@@ -115,6 +141,8 @@ class Kernel:
         (`abi.Positions`: a context-parallel shard, a prefill chunk): masks and scores see global
         positions and lengths, and runtime inputs sized Lq or Lk hold the whole sequence. Each
         distinct placement is its own binding (validated once)."""
+        if positional:
+            raise TypeError(positional_inputs_message(f"kernel {self.variant.name}", self._input_names, len(positional)))
         pos = (q_offset, kv_offset, Lq_total, Lk_total)
         return self._run(q, k, v, out, lse, stream, check_inputs, inputs, False, None if pos == (0, 0, None, None) else pos)
 
@@ -223,7 +251,7 @@ class Kernel:
 
     def backward(self, q: Any, k: Any, v: Any, dO: Any, **kwargs: Any) -> Any:
         """Gradients of sum(dO * O) (dq, dk, dv, and the inputs named in `wrt=`), with the same
-        argument checks as a call; see `attngen.runtime_bwd.backward`."""
+        argument checks as a call; see `attngen.runtime.bwd.backward`."""
         from attngen.runtime.bwd import backward
 
         return backward(self, q, k, v, dO, **kwargs)
@@ -351,16 +379,18 @@ def _resolve(spec: Any, variant: str | None) -> Variant:
     return loads(str(spec)).get(variant)
 
 
-def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = None, verbose: bool = False,
-            family: str = "auto", softmax: WgmmaSoftmax | None = None) -> Any:
+def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | None = None, *,
+            arch: str | Arch | None = None, verbose: bool = False, family: str = "auto",
+            softmax: WgmmaSoftmax | None = None) -> Kernel | DecodeKernel | Dispatch:
     """Parse (if needed), render, compile and load one variant for the current CUDA device.
 
     `spec` is a Variant, a Program, a path to a `.attn` file, or `.attn` source text. `family`:
     "forward" gives the forward `Kernel`; "decode" forces the split-KV decode family
     (`runtime_decode.DecodeKernel`); "auto" (default) gives the forward kernel, wrapped so that
     calls with small Lq run the decode family where the variant supports it. `softmax` replaces
-    the wgmma softmax schedule the plan picks (`render.plan`; benchmarks time the two side by side)."""
-    import cupy
+    the wgmma softmax schedule the plan picks (`render.plan`; benchmarks time the two side by side).
+    Without CuPy, a MissingExtra (a ModuleNotFoundError) naming `pip install 'attngen[cuda]'`."""
+    cupy = require_cupy("attngen.compile")
 
     from attngen.plan import decode as plan_decode
     from attngen.runtime import decode as runtime_decode

@@ -1,9 +1,14 @@
 """attngen variants as PyTorch operators (`attngen.torch`; needs the `attngen[torch]` extra).
 
     op = attngen.torch.register("examples/seed_padded_fp32.attn")   # torch.ops.attngen.seed_padded_fp32
-    o = op(q, k, v, q_lens, kv_lens)                                   # runtime inputs in ABI order
+    o = op(q, k, v, q_lens=q_lens, kv_lens=kv_lens)                   # runtime inputs by name
     attn = attngen.torch.Attention("examples/seed_padded_fp32.attn")  # an nn.Module
     o = attn(q, k, v, q_lens=q_lens, kv_lens=kv_lens)
+
+The callable and the module take runtime inputs by keyword only (`attngen.runtime.inputs`): two
+inputs of one shape and dtype (`q_lens`, `kv_lens`) cannot swap unnoticed. The registered op
+itself, `torch.ops.attngen.<name>`, follows its schema (runtime inputs after v in ABI order,
+`input_names`; the dispatcher also accepts them by their schema names).
 
 Each variant registers once as `torch.library.custom_op("attngen::<name>")` with a fake (meta)
 implementation computed from the plan, so `torch.compile(fullgraph=True)` traces it without a graph
@@ -45,11 +50,16 @@ import hashlib
 import threading
 from typing import Any
 
-import torch
+from attngen.runtime.extras import require_torch
 
-from attngen.ir import abi
+require_torch("attngen.torch")  # a missing extra names its install line, not a bare "No module named 'torch'"
+
+import torch  # noqa: E402
+
+from attngen.ir import abi  # noqa: E402
 from attngen.runtime import kernel as runtime
-from attngen.ir.nodes import ATTENTION_DTYPES, Layout, NormTarget, Variant, norm_bias_name, norm_weight_name
+from attngen.ir.nodes import ATTENTION_DTYPES, Layout, NormTarget, Variant, norm_bias_name, norm_weight_name  # noqa: E402
+from attngen.runtime.inputs import match_inputs  # noqa: E402
 from attngen.runtime.bwd import apply_o_norm, o_norm_inputs, training_variant
 
 _LOCK = threading.Lock()
@@ -99,8 +109,8 @@ def _trailing(rest: tuple[Any, ...], kw: dict[str, Any], n: int, defaults: dict[
 
 
 class AttnOp:
-    """One variant registered as `torch.ops.attngen.<name>`; call it like the op:
-    `op(q, k, v, *runtime_inputs, check_inputs=True)` (runtime inputs in ABI order, `input_names`).
+    """One variant registered as `torch.ops.attngen.<name>`; call it as
+    `op(q, k, v, check_inputs=True, **runtime_inputs)` (runtime inputs by name, `input_names`).
     Returns o, or (o, lse) when the spec asks for the LSE; differentiable (see the module doc)."""
 
     def __init__(self, v: Variant, arch: str | None) -> None:
@@ -335,10 +345,12 @@ class AttnOp:
 
     # ------------------------------------------------------------------------------------------
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *inputs: torch.Tensor,
-                 check_inputs: bool = True, deterministic: bool = False) -> Any:
-        """o (or (o, lse)); with an input that requires grad (and grad mode on), through the
-        LSE-saving forward, so that the backward reads the saved LSE."""
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *positional: torch.Tensor,
+                 check_inputs: bool = True, deterministic: bool = False, **named: torch.Tensor) -> Any:
+        """o (or (o, lse)); runtime inputs by name (positional ones are refused: InputNameError, a
+        TypeError). With an input that requires grad (and grad mode on), through the LSE-saving
+        forward, so that the backward reads the saved LSE."""
+        inputs = match_inputs(f"attngen::{self.name}", self.input_names, positional, named)
         if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *inputs)):
             self._refuse((q, k, v, *inputs))
             o, lse = self.fwd_op(q, k, v, *inputs, check_inputs=check_inputs, deterministic=deterministic)[:2]
@@ -374,14 +386,7 @@ class Attention(torch.nn.Module):
         self.deterministic = deterministic
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **inputs: torch.Tensor) -> Any:
-        names = self.op.input_names
-        if sorted(inputs) != sorted(names):
-            missing = [n for n in names if n not in inputs]
-            extra = sorted(n for n in inputs if n not in names)
-            raise ValueError(f"runtime inputs: expected {', '.join(names) or 'none'}; got"
-                             + (f" missing {', '.join(missing)}" if missing else "")
-                             + (f" unexpected {', '.join(extra)}" if extra else ""))
-        return self.op(q, k, v, *(inputs[n] for n in names), check_inputs=self.check_inputs, deterministic=self.deterministic)
+        return self.op(q, k, v, check_inputs=self.check_inputs, deterministic=self.deterministic, **inputs)
 
 
 def raise_pending(stream: Any = None) -> None:

@@ -1,6 +1,6 @@
 """`attngen bench`: time a generated kernel on the GPU, side by side with torch's kernels.
 
-    attngen bench FILE [--variant NAME] [--shape B,H,L,D ...] [--json out.json] [--plot out.png]
+    attngen bench FILE [--variant NAME] [--shape B=8,L=4096 ...] [--json out.json] [--plot out.png]
                   [--peers/--no-peers] [--repeats N]
 
 Timing: CUDA events around every launch, after warm-up, at least 20 repeats, the median reported;
@@ -18,8 +18,9 @@ norm + SDPA + residual for fused-norm variants, and FlexAttention compiled with 
 `attngen.check.flex` (norms and residual applied in torch around it). Every peer's output is checked
 against ours under the tolerance policy before it is timed; rows say whether they agreed.
 
-`--shape` takes B,H,L,D (self attention, or Lq = Lk = L) or B,H,Lq,Lk,D; H must be the spec's heads
-and D its head_dim (an error otherwise: one compiled kernel serves every B and L, not other heads).
+`--shape` names sizes (attngen.tools.shape): B=8,L=4096 (Lq = Lk) or B=2,Lq=1,Lk=4096 (cross
+attention); H and D, when given, must be the spec's heads and head_dim (one compiled kernel serves
+every B and L, not other heads).
 
 The work lives in focused modules: bench_timing (clocks), bench_peers (torch peers), bench_rows
 (work, device inputs, one row set a shape), bench_report (table, plot, environment). This module
@@ -42,6 +43,7 @@ from attngen.tools.bench_rows import Row, bench_shape, dense_flops, device_qkv, 
 from attngen.tools.bench_timing import (
     GRAPH_BELOW_MS, L2_BYTES, MIN_REPEATS, Timing, gemm_rate, rotation_sets, time_gpu, time_graph, time_launches,
 )
+from attngen.tools import shape as shape_arg
 from attngen.tools.exit_codes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 
 __all__ = [
@@ -53,28 +55,14 @@ __all__ = [
 
 
 def parse_shape(text: str, v: Variant) -> tuple[int, int, int]:
-    """B,H,L,D or B,H,Lq,Lk,D → (B, Lq, Lk), checking H and D against the spec (ValueError)."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    try:
-        nums = [int(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"--shape {text!r}: expected integers B,H,L,D or B,H,Lq,Lk,D") from None
-    if len(nums) == 4:
-        B, H, Lq, D = nums
-        Lk = Lq
-    elif len(nums) == 5:
-        B, H, Lq, Lk, D = nums
-    else:
-        raise ValueError(f"--shape {text!r}: expected B,H,L,D or B,H,Lq,Lk,D, got {len(nums)} numbers")
-    if min(nums) < 1:
-        raise ValueError(f"--shape {text!r}: every size must be >= 1")
-    if H != v.heads:
-        raise ValueError(f"--shape {text!r}: H={H} but {v.name} has heads {v.heads} (H is fixed by the spec)")
-    if D != v.head_dim:
-        raise ValueError(f"--shape {text!r}: D={D} but {v.name} has head_dim {v.head_dim}")
-    if v.kind == AttnKind.SELF and Lq != Lk:
-        raise ValueError(f"--shape {text!r}: {v.name} is self attention, so Lq must equal Lk (got {Lq}, {Lk})")
-    return B, Lq, Lk
+    """A `--shape` value (attngen.tools.shape: B=..,Lq=..,Lk=.. or B=..,L=..; H, D checked against the
+    spec) as (B, Lq, Lk); ValueError (a ShapeError) for a bad form or sizes `v` cannot take."""
+    s = shape_arg.parse_shape(text)
+    s.check(v.name, v.kind == AttnKind.SELF, v.heads, v.head_dim)
+    if v.kind == AttnKind.SELF and s.Lq != s.Lk:
+        raise shape_arg.ShapeError(f"--shape {text!r}: {v.name} is self attention, and `attngen bench` times whole "
+                                   f"sequences, so Lq must equal Lk (give L=..)")
+    return s.B, s.Lq, s.Lk
 
 
 def default_shapes(v: Variant) -> list[tuple[int, int, int]]:
@@ -101,8 +89,8 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     if args is None or not isinstance(args, argparse.Namespace):
         args = build_parser().parse_args(list(args) if args is not None else None)
     from attngen.plan import validate
-    from attngen.check import fuzz
     from attngen.lang.diagnostics import SpecError
+    from attngen.runtime.extras import gpu_check
 
     def err(msg: str, code: int = EXIT_USAGE) -> int:
         print(f"attngen bench: error: {msg}", file=sys.stderr)
@@ -130,9 +118,9 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             shapes_by_variant[v.name] = [parse_shape(s, v) for s in args.shape] if args.shape else default_shapes(v)
         except ValueError as e:
             return err(str(e))
-    ok, why = fuzz.gpu_status()
-    if not ok:
-        return err(f"no GPU: {why}; `attngen bench` times kernels on a CUDA device")
+    gpu = gpu_check()
+    if not gpu.ok:
+        return err(gpu.message("`attngen bench`"))
     if args.repeats < MIN_REPEATS:
         return err(f"--repeats must be at least {MIN_REPEATS}")
     from attngen.runtime import kernel as runtime

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from attngen import __version__
 
 from attngen.tools.exit_codes import EXIT_INTERNAL, EXIT_OK, EXIT_SPEC, EXIT_USAGE
+from attngen.tools.shape import SHAPE_HELP
 
 
 class UsageError(Exception):
@@ -61,32 +62,55 @@ def _parse_arch(value: str | None):
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate each file; one summary line per variant; exit 1 if any file has errors."""
-    from attngen.tools import explain
-    from attngen.lang.diagnostics import Diagnostic, SpecError
-    from attngen.plan import validate
+    """Validate each file; one summary line per variant (or, with --json, one JSON document on
+    stdout); exit 1 if any file has errors."""
+    from attngen.tools import explain, json_out
 
     arch = _parse_arch(args.arch)
     status = EXIT_OK
+    files = []
     for path in args.files:
         text = _read(path)
-        try:
-            # The plan stage checks tiles and limits against the target arch (after lowering).
-            program = validate.loads(text, path, arch)
-        except SpecError as e:
-            print(e.render(), file=sys.stderr)
+        diagnostics, variants = _check_text(text, path, arch)
+        if any(d.severity == "error" for d in diagnostics):
             status = EXIT_SPEC
+        if args.json:
+            files.append(json_out.check_file(path, diagnostics, variants, arch))
             continue
-        for v in program.variants:
-            why = _no_kernel(v)
-            if why is not None:
-                print(Diagnostic(f"variant `{v.name}` has no kernel: {why}", v.span,
-                                 "the NumPy reference runs it; drop `kv_cache paged` to run it on the forward "
-                                 "kernels with contiguous K/V").render(text), file=sys.stderr)
-                status = EXIT_SPEC
-                continue
+        for d in diagnostics:
+            print(d.render(text), file=sys.stderr)
+        for v in variants:
             print(f"{path}: ok: {explain.summary(v, arch)}")
+    if args.json:
+        sys.stdout.write(json_out.dump(json_out.document("check", arch, files=files)))
     return status
+
+
+def _check_text(text: str, path: str, arch) -> tuple[list, list]:
+    """(diagnostics in order, the variants that check out) of one file: its spec errors, or per
+    variant a no-kernel error or a tile warning (a warned variant still checks out)."""
+    from attngen.lang.diagnostics import Diagnostic, SpecError
+    from attngen.plan import validate
+    from attngen.plan.tile_advice import tile_warning
+
+    try:
+        # The plan stage checks tiles and limits against the target arch (after lowering).
+        program = validate.loads(text, path, arch)
+    except SpecError as e:
+        return list(e.diagnostics), []
+    diagnostics, ok = [], []
+    for v in program.variants:
+        why = _no_kernel(v)
+        if why is not None:
+            diagnostics.append(Diagnostic(f"variant `{v.name}` has no kernel: {why}", v.span,
+                                          "the NumPy reference runs it; drop `kv_cache paged` to run it on the forward "
+                                          "kernels with contiguous K/V"))
+            continue
+        warning = tile_warning(v, arch)
+        if warning is not None:  # a valid tile, so still "ok" and exit 0
+            diagnostics.append(warning)
+        ok.append(v)
+    return diagnostics, ok
 
 
 def _no_kernel(v) -> str | None:
@@ -109,6 +133,9 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     from attngen.lang import frontend as fe
     from attngen.lang.diagnostics import SpecError
 
+    if args.diff and args.write:
+        raise UsageError("--diff shows what --write would change; give it with --check (or alone), not with --write")
+    check = args.check or args.diff
     status = EXIT_OK
     unformatted: list[str] = []
     for path in args.files:
@@ -119,10 +146,12 @@ def cmd_fmt(args: argparse.Namespace) -> int:
             print(e.render(), file=sys.stderr)
             status = EXIT_SPEC
             continue
-        if args.check:
+        if check:
             if formatted != text:
                 unformatted.append(path)
                 print(f"{path}: not formatted (run `attngen fmt --write {path}`)", file=sys.stderr)
+                if args.diff:
+                    sys.stdout.writelines(_unified_diff(text, formatted, path))
             continue
         if args.write:
             if formatted != text:
@@ -139,22 +168,18 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     return status
 
 
+def _unified_diff(before: str, after: str, path: str) -> list[str]:
+    """`fmt --check --diff`: what `fmt --write` would change, as a unified diff (a last line
+    without a newline gets one, so the diff stays line-structured)."""
+    import difflib
+
+    a = before.splitlines(keepends=True)
+    lines = list(difflib.unified_diff(a, after.splitlines(keepends=True), f"{path}", f"{path} (formatted)"))
+    return [ln if ln.endswith("\n") else ln + "\n" for ln in lines]
+
+
 # --------------------------------------------------------------------------------------------
 # explain
-
-
-def _parse_shape(text: str) -> tuple[int, int, int]:
-    """`B,Lq,Lk` or `B,L` (self attention) as three positive ints."""
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        nums = [int(p) for p in parts]
-    except ValueError:
-        raise UsageError(f"--shape {text!r}: expected B,Lq,Lk (or B,L), e.g. 1,4096,4096") from None
-    if len(nums) == 2:
-        nums.append(nums[1])
-    if len(nums) != 3 or any(n < 1 for n in nums):
-        raise UsageError(f"--shape {text!r}: expected three positive integers B,Lq,Lk (or B,L)")
-    return nums[0], nums[1], nums[2]
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -163,25 +188,44 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from attngen.lang.diagnostics import SpecError
     from attngen.plan import validate
 
+    from attngen.tools.shape import ShapeError, parse_shape
+
     arch = _parse_arch(args.arch)
-    shape = _parse_shape(args.shape) if args.shape is not None else None
+    try:
+        shape = parse_shape(args.shape) if args.shape is not None else None
+    except ShapeError as e:
+        raise UsageError(str(e)) from None
     text = _read(args.file)
     try:
         program = validate.loads(text, args.file, arch)
     except SpecError as e:
-        print(e.render(), file=sys.stderr)
+        if args.json:
+            from attngen.tools import json_out
+
+            diags = [json_out.diagnostic(d, args.file) for d in e.diagnostics]
+            sys.stdout.write(json_out.dump(json_out.document("explain", arch, diagnostics=diags, variants=[])))
+        else:
+            print(e.render(), file=sys.stderr)
         return EXIT_SPEC
     try:
         variants = list(program.select(args.variant))
     except KeyError as e:
         raise UsageError(str(e.args[0]) if e.args else str(e)) from None
     for v in variants:
-        if shape is not None and v.kind.value == "self" and shape[1] != shape[2]:
-            raise UsageError(
-                f"--shape {args.shape}: {v.name} is self attention, which needs Lq == Lk "
-                f"(give B,L or make both lengths equal)"
-            )
-    chunks = [explain.explain(v, shape=shape, arch=arch, seed=args.seed) for v in variants]
+        if shape is not None:
+            try:
+                shape.check(v.name, v.kind.value == "self", v.heads, v.head_dim)
+            except ShapeError as e:
+                raise UsageError(str(e)) from None
+    sizes = None if shape is None else (shape.B, shape.Lq, shape.Lk)
+    chunks = [explain.explain(v, shape=sizes, arch=arch, seed=args.seed) for v in variants]
+    if args.json:
+        from attngen.tools import json_out
+
+        at = sizes or explain.DEFAULT_SHAPE
+        docs = [json_out.explain_variant(v, arch, at, c) for v, c in zip(variants, chunks)]
+        sys.stdout.write(json_out.dump(json_out.document("explain", arch, diagnostics=[], variants=docs)))
+        return EXIT_OK
     print("\n\n".join(chunks))
     return EXIT_OK
 
@@ -195,7 +239,7 @@ def _delegate(module: str, what: str) -> Callable[[argparse.Namespace], int]:
         try:
             mod = importlib.import_module(module)  # lazily: `attngen check` never loads CuPy or hypothesis
         except ModuleNotFoundError as e:
-            raise UsageError(f"`attngen {what}` needs a package that is not installed: {e.name}") from None
+            raise UsageError(_missing(e, f"`attngen {what}`")) from None
         rc = mod.main(args)
         return EXIT_OK if rc is None else int(rc)
 
@@ -206,6 +250,17 @@ def _delegate(module: str, what: str) -> Callable[[argparse.Namespace], int]:
 cmd_compile = _delegate("attngen.tools.cmd_compile", "compile")
 cmd_fuzz = _delegate("attngen.tools.cmd_fuzz", "fuzz")
 cmd_bench = _delegate("attngen.tools.bench", "bench")
+
+
+def _missing(e: ModuleNotFoundError, needed_by: str) -> str:
+    """One line for a module that is not installed: the extra that brings it and its install line."""
+    from attngen.runtime.extras import MissingExtra, extra_for_module, install_line
+
+    if isinstance(e, MissingExtra):
+        return str(e)
+    extra = extra_for_module(e.name)
+    how = f": {install_line(extra)}" if extra is not None else ""
+    return f"{needed_by} needs a package that is not installed: {e.name}{how}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="validate specs; print a summary line per variant")
     c.add_argument("files", nargs="+", metavar="FILE")
     c.add_argument("--arch", help=ARCH_HELP)
+    c.add_argument("--json", action="store_true", help="one JSON document on stdout instead of text (docs/JSON.md)")
     c.set_defaults(func=cmd_check)
 
     f = sub.add_parser("fmt", help="print specs in canonical form")
@@ -246,14 +302,17 @@ def build_parser() -> argparse.ArgumentParser:
     g = f.add_mutually_exclusive_group()
     g.add_argument("--check", action="store_true", help="exit 1 if a file is not canonically formatted")
     g.add_argument("--write", "-w", action="store_true", help="rewrite files in place")
+    f.add_argument("--diff", action="store_true", help="print a unified diff of what formatting would change (implies --check)")
     f.set_defaults(func=cmd_fmt)
 
     e = sub.add_parser("explain", help="describe in plain words what a spec computes and how")
     e.add_argument("file", metavar="FILE")
     e.add_argument("--variant", help="the variant to explain (default: every variant)")
-    e.add_argument("--shape", help="sample sizes B,Lq,Lk (or B,L) for shapes and mask density (default 1,4096,4096)")
+    e.add_argument("--shape", help=f"sample sizes for shapes and mask density (default B=1,L=4096): {SHAPE_HELP}; "
+                   "self attention with Lq < Lk shows a decode step")
     e.add_argument("--arch", help=ARCH_HELP)
     e.add_argument("--seed", type=int, default=0, help="seed of the random runtime inputs used for density")
+    e.add_argument("--json", action="store_true", help="one JSON document on stdout instead of text (docs/JSON.md)")
     e.set_defaults(func=cmd_explain)
 
     k = sub.add_parser("compile", help="render CUDA for a variant (and build it)")
@@ -307,7 +366,7 @@ def bench_arguments(b: argparse.ArgumentParser) -> None:
 
     b.add_argument("file", metavar="FILE")
     b.add_argument("--variant")
-    b.add_argument("--shape", action="append", default=None, help="B,H,L,D or B,H,Lq,Lk,D (repeatable)")
+    b.add_argument("--shape", action="append", default=None, help=f"{SHAPE_HELP} (repeatable)")
     b.add_argument("--json", default=None, help="write results as JSON here")
     b.add_argument("--plot", default=None, help="write a TFLOP/s plot here (needs matplotlib)")
     b.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="time torch peers too")
@@ -333,6 +392,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `attngen explain x | head`: the reader went away; nothing to report.
         return EXIT_OK
     except Exception as e:
+        from attngen.runtime.extras import extra_for_module
+
+        if isinstance(e, ModuleNotFoundError) and extra_for_module(e.name) is not None:
+            # An extra a command reached for only while it ran (CuPy at compile, torch for a peer).
+            _err(_missing(e, f"`attngen {args.command}`"))
+            return EXIT_USAGE
         # Whatever the input, the user sees one line, not a traceback; developers opt back in.
         if os.environ.get("ATTNGEN_TRACEBACK"):
             raise

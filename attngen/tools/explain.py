@@ -35,6 +35,7 @@ from attngen.analysis import intervals
 from attngen.check import workload
 from attngen.lang.builtins import BUILTINS
 from attngen.lang.printer import print_expr
+from attngen.plan.tile_advice import engine_move, tile_statement
 from attngen.plan.schedule import (
     DEFAULT_ARCH,
     Arch,
@@ -415,8 +416,12 @@ def explain(
 ) -> str:
     """A multi-line plain-words description of `v`; `shape` = (B, Lq, Lk) for sample shapes."""
     B, Lq, Lk = shape or DEFAULT_SHAPE
-    if v.kind == AttnKind.SELF and Lq != Lk:
-        Lk = Lq  # self attention requires Lq == Lk: keep the sample meaningful
+    if v.kind == AttnKind.SELF and Lq > Lk:
+        Lq = Lk  # (the command line refuses it) a self-attention call has at most as many queries as keys
+    # Self attention with Lq < Lk is a decode (or extend) step: its Lq queries are the last Lq
+    # positions of the Lk-long sequence, which the mask and the inputs sized Lq see whole.
+    step_of = Lk if v.kind == AttnKind.SELF and Lq < Lk else None
+    Lseq = Lq if step_of is None else Lk
     out: list[str] = []
     kind = "self attention (Lq == Lk)" if v.kind == AttnKind.SELF else "cross attention (Lq and Lk independent)"
     out.append(f"attention {v.name}: {kind}")
@@ -486,8 +491,8 @@ def explain(
 
     decode_only = plan_decode.forward_unsupported(v)
     tile, auto = resolved_tile(v, arch)
-    dens_lines = _density_lines(v, (B, Lq, Lk), tile, seed, tiles=decode_only is None)
-    sizes = sample_sizes(v, B, Lq, Lk)
+    dens_lines = _density_lines(v, (B, Lseq, Lk), tile, seed, tiles=decode_only is None)
+    sizes = sample_sizes(v, B, Lseq, Lk)
     for d in v.runtime_inputs():
         try:
             concrete = _dims_text(abi.input_shape(v, d, sizes))
@@ -510,15 +515,21 @@ def explain(
             # The runtime's default family ("auto") sends small-Lq calls to the decode family: a
             # real decode step (one query, a long cache) only where Lq and Lk are independent.
             out.append("")
-            if v.kind == AttnKind.SELF:
+            if step_of is not None:
+                out += _self_step_lines(v, Lq, Lk)
+            elif v.kind == AttnKind.SELF:
                 out.append(f"Decode family: calls with Lq = Lk <= {plan_decode.DECODE_MAX_LQ} and no offsets run on it under the "
                            "runtime's default family=\"auto\" (a decode step against a long cache is `kind cross`, or a "
                            "forward call placed by q_offset / kv_offset)")
             else:
                 out += _decode_plan_lines(v, arch, B, 1, Lk, also=True)
+        elif step_of is not None:
+            out += [""] + _self_step_lines(v, Lq, Lk)
 
     out.append("")
-    out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:")
+    out.append(f"Mask density at B={B}, Lq={Lq}, Lk={Lk}:" if step_of is None else
+               f"Mask density at B={B}, Lq = Lk = {Lk} (the whole sequence; this step computes its last {Lq} row"
+               f"{'s' if Lq != 1 else ''}):")
     out += dens_lines
 
     from attngen.plan.bwd import describe as describe_backward
@@ -527,6 +538,14 @@ def explain(
     out += describe_backward(v, arch)
     out += _bwd_partial_tile_lines(v, arch)
     return "\n".join(out)
+
+
+def _self_step_lines(v: Variant, Lq: int, Lk: int) -> list[str]:
+    """How a self-attention decode (or extend) step of Lq new queries against Lk keys runs."""
+    rows = "the query is the last position" if Lq == 1 else f"the {Lq} queries are the last {Lq} positions"
+    return [f"Decode step (self attention, Lq={Lq} < Lk={Lk}): {rows} of the {Lk}-long sequence. Call",
+            f"  kernel(q, k, v, q_offset={Lk - Lq}, ...) with k and v the whole sequence (Lq_total defaults to q_offset + Lq = Lk):",
+            "  masks and scores see global positions. A call placed by q_offset runs on the forward family, at the tiles above."]
 
 
 # An H200's SMs: the sample shape's split count is shown for it (the runtime reads the device's).
@@ -585,6 +604,10 @@ def _tile_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, tile: Til
         f"{', with the producer warpgroup' if eng == Engine.WGMMA else ''}), stages {tile.stages}"
     )
     out.append(f"  engine: {eng.describe(tile, kp is not None and kp.attention.tma)}")
+    move = engine_move(v, arch)
+    if move is not None:
+        out.append(f"  warning: this explicit tile moves the kernel from {move.auto_engine.value} to {move.engine.value}: "
+                   f"{move.why}; `tile auto` picks `{tile_statement(move.auto_tile)}` ({move.auto_engine.value}) here")
     st = short_tile(v, arch)
     if st is not None:
         t = st.tile

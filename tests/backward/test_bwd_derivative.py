@@ -1,4 +1,4 @@
-"""Symbolic score derivatives (attngen.derivative) against central finite differences in float64.
+"""Symbolic score derivatives (attngen.analysis.derivative) against central finite differences in float64.
 
 The derivative is evaluated with the reference's own expression evaluator, so these tests pin the
 rule table to what the forward computes: d(score)/d(s) for random expression trees and for every

@@ -243,7 +243,7 @@ def test_explain_every_example(capsys, path):
     from attngen.lang.frontend import load
 
     program = load(str(path))
-    rc, out, err = run(capsys, "explain", str(path), "--shape", "1,512,512")
+    rc, out, err = run(capsys, "explain", str(path), "--shape", "B=1,L=512")
     assert rc == 0, err
     for v in program.variants:
         assert f"attention {v.name}:" in out
@@ -262,7 +262,7 @@ def test_explain_every_example(capsys, path):
 def test_explain_paged_decode_describes_what_runs(capsys):
     # A paged cache runs on the decode family at every Lq: explain describes that plan, the page
     # pool's shape and the implied block table, not a forward tile it never launches.
-    rc, out, err = run(capsys, "explain", str(ROOT / "examples/paged_decode_llama3.attn"), "--shape", "4,1,8192")
+    rc, out, err = run(capsys, "explain", str(ROOT / "examples/paged_decode_llama3.attn"), "--shape", "B=4,Lq=1,Lk=8192")
     assert rc == 0, err
     assert re.search(r"^\s*k\s+bf16\s+\[num_pages, 16, 8, 128\]\s+\[2048, 16, 8, 128\]", out, re.M), out
     row = next(ln for ln in out.splitlines() if ln.strip().startswith("block_table "))
@@ -291,7 +291,7 @@ def test_explain_forward_variant_also_names_its_decode_plan(capsys, tmp_path):
     # decode family: for cross attention explain gives that plan at Lq 1 of the sample shape; for
     # self attention (Lq = Lk, so only tiny calls) one line; nothing where decode cannot run.
     spec = str(ROOT / "examples/mqa_decode_cross.attn")
-    rc, out, err = run(capsys, "explain", spec, "--shape", "2,64,8192")
+    rc, out, err = run(capsys, "explain", spec, "--shape", "B=2,Lq=64,Lk=8192")
     assert rc == 0, err
     assert "Tile plan on sm_90a" in out
     assert 'Decode plan on sm_90a (the runtime\'s default family="auto" runs calls with Lq <= 16' in out
@@ -313,7 +313,7 @@ def test_explain_forward_variant_also_names_its_decode_plan(capsys, tmp_path):
 
 
 def test_explain_shapes_and_tile(capsys):
-    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/llama3_gqa_causal.attn"), "--shape", "2,1024,1024")
+    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/llama3_gqa_causal.attn"), "--shape", "B=2,L=1024")
     assert rc == 0
     assert "GQA" in out and "32 query heads" in out and "8 key/value heads" in out
     # q is [B, H, Lq, D] in bhsd; k has Hkv heads.
@@ -343,10 +343,10 @@ def test_explain_names_the_ffma_warp_slices(capsys):
 
 
 def test_explain_data_dependent_mask_is_flagged(capsys):
-    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/packed_documents.attn"), "--shape", "1,1024,1024")
+    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/packed_documents.attn"), "--shape", "B=1,L=1024")
     assert rc == 0
     assert "depends on runtime inputs" in out and "doc_ids" in out
-    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/gpt2_causal_fp16.attn"), "--shape", "1,1024,1024")
+    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/gpt2_causal_fp16.attn"), "--shape", "B=1,L=1024")
     assert rc == 0
     assert "depends on runtime inputs" not in out
 
@@ -355,7 +355,7 @@ def test_explain_causal_density(capsys):
     # A causal mask at L=1024 sees (L+1)/(2L) of the matrix; with 64x32 fp32 tiles or larger
     # bf16 ones, some tiles are skipped and some are partial.
     pytest.importorskip("attngen.analysis.intervals")
-    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/gpt2_causal_fp16.attn"), "--shape", "1,1024,1024")
+    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/gpt2_causal_fp16.attn"), "--shape", "B=1,L=1024")
     assert rc == 0
     m = re.search(r"visible fraction: ([0-9.]+)%", out)
     assert m, out
@@ -368,10 +368,10 @@ def test_explain_causal_density(capsys):
 
 def test_explain_multi_variant(capsys, tmp_path):
     path = write(tmp_path, "two.attn", TWO)
-    rc, out, _ = run(capsys, "explain", path, "--shape", "1,256,256")
+    rc, out, _ = run(capsys, "explain", path, "--shape", "B=1,L=256")
     assert rc == 0
     assert "attention first:" in out and "attention second:" in out
-    rc, out, _ = run(capsys, "explain", path, "--variant", "second", "--shape", "1,256,256")
+    rc, out, _ = run(capsys, "explain", path, "--variant", "second", "--shape", "B=1,L=256")
     assert rc == 0
     assert "attention second:" in out and "attention first:" not in out
 
@@ -384,7 +384,8 @@ def test_explain_unknown_variant_lists_variants(capsys, tmp_path):
     assert out == ""
 
 
-@pytest.mark.parametrize("shape", ["1,x,4", "0,4,4", "1,2,3,4", "", "-1,4,4"])
+@pytest.mark.parametrize("shape", ["1,x,4", "0,4,4", "1,2,3,4", "", "-1,4,4", "B=1", "B=0,L=4", "B=1,L=4,Lq=2", "B=1,X=3,L=4",
+                                   "B=1,B=2,L=4", "B=1,Lq=4", "B=1,L=4,H=5"])
 def test_explain_bad_shape(capsys, tmp_path, shape):
     rc, _, err = run(capsys, "explain", write(tmp_path, "a.attn", GOOD), "--shape", shape)
     assert rc == 2
@@ -457,18 +458,18 @@ def test_python_dash_m_spec_error(tmp_path):
     assert f"{path}:2:" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_explain_self_attention_needs_equal_lengths(capsys, tmp_path):
+def test_explain_self_attention_needs_lq_at_most_lk(capsys, tmp_path):
     path = write(tmp_path, "a.attn", GOOD)
-    rc, _, err = run(capsys, "explain", path, "--shape", "1,256,512")
+    rc, _, err = run(capsys, "explain", path, "--shape", "B=1,Lq=512,Lk=256")
     assert rc == 2
-    assert "Lq == Lk" in err
-    rc, out, _ = run(capsys, "explain", path, "--shape", "2,256")  # B,L means Lq = Lk = L
+    assert "Lq <= Lk" in err
+    rc, out, _ = run(capsys, "explain", path, "--shape", "B=2,L=256")  # L means Lq = Lk = L
     assert rc == 0
     assert "B=2, Lq=256, Lk=256" in out
 
 
 def test_explain_cross_attention_takes_two_lengths(capsys):
-    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/mqa_decode_cross.attn"), "--shape", "2,4,1024")
+    rc, out, _ = run(capsys, "explain", str(ROOT / "examples/mqa_decode_cross.attn"), "--shape", "B=2,Lq=4,Lk=1024")
     assert rc == 0
     assert re.search(r"^\s*q\s+bf16\s+\[B, 71, Lq, 64\]\s+\[2, 71, 4, 64\]", out, re.M), out
     assert re.search(r"^\s*k\s+bf16\s+\[B, 1, Lk, 64\]\s+\[2, 1, 1024, 64\]", out, re.M), out

@@ -29,17 +29,18 @@ def _suite():
 
 def test_parse_shape_checks_heads_and_head_dim() -> None:
     v = frontend.load(EXAMPLES / "llama3_gqa_causal.attn").get()  # 32 heads of 128, self
-    assert bench.parse_shape("2,32,1024,128", v) == (2, 1024, 1024)
+    assert bench.parse_shape("B=2,H=32,L=1024,D=128", v) == (2, 1024, 1024)
+    assert bench.parse_shape("L=1024,B=2", v) == (2, 1024, 1024)  # H and D default to the spec's
     with pytest.raises(ValueError, match="heads 32"):
-        bench.parse_shape("2,16,1024,128", v)
+        bench.parse_shape("B=2,H=16,L=1024,D=128", v)
     with pytest.raises(ValueError, match="head_dim 128"):
-        bench.parse_shape("2,32,1024,64", v)
+        bench.parse_shape("B=2,H=32,L=1024,D=64", v)
     with pytest.raises(ValueError, match="Lq must equal Lk"):
-        bench.parse_shape("2,32,1024,512,128", v)
-    with pytest.raises(ValueError, match="B,H,L,D"):
+        bench.parse_shape("B=2,Lq=512,Lk=1024", v)
+    with pytest.raises(ValueError, match="sizes go by name, e.g. B=2,Lq=32,Lk=1024"):
         bench.parse_shape("2,32,1024", v)
     cross = frontend.load(EXAMPLES / "whisper_preln_cross.attn").get()
-    assert bench.parse_shape("32,16,2048,512,64", cross) == (32, 2048, 512)
+    assert bench.parse_shape("B=32,H=16,Lq=2048,Lk=512,D=64", cross) == (32, 2048, 512)
 
 
 @pytest.mark.parametrize("name", ["gpt2_causal_fp16", "packed_documents", "mistral_sliding_window",
@@ -100,14 +101,20 @@ def test_format_table_lists_every_row() -> None:
 
 
 def test_bench_without_gpu_is_a_usage_error(capsys) -> None:
-    if fuzz.gpu_status()[0]:
+    from attngen.runtime.extras import GpuStatus, gpu_check
+
+    gpu = gpu_check()
+    if gpu.ok:
         pytest.skip("a GPU is present")
-    assert bench.main([str(EXAMPLES / "gpt2_causal_fp16.attn"), "--shape", "1,12,128,64"]) == 2
-    assert "no GPU" in capsys.readouterr().err
+    assert bench.main([str(EXAMPLES / "gpt2_causal_fp16.attn"), "--shape", "B=1,H=12,L=128,D=64"]) == 2
+    err = capsys.readouterr().err
+    # "no GPU" only where CuPy is there and the device is not; without CuPy, the extra's install line
+    assert ("no GPU" in err) == (gpu.status is GpuStatus.NO_DEVICE), err
+    assert ("pip install 'attngen[cuda]'" in err) == (gpu.status is GpuStatus.NO_CUPY), err
 
 
 def test_bench_shape_errors_come_before_the_gpu(capsys) -> None:
-    assert bench.main([str(EXAMPLES / "gpt2_causal_fp16.attn"), "--shape", "1,8,128,64"]) == 2
+    assert bench.main([str(EXAMPLES / "gpt2_causal_fp16.attn"), "--shape", "B=1,H=8,L=128,D=64"]) == 2
     assert "heads 12" in capsys.readouterr().err
 
 

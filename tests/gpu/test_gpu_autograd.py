@@ -61,7 +61,7 @@ def _train(name, arrays, dO, *, deterministic=False, direct=False):
     op = _op(name)
     ts = {n: _leaf(a, True) for n, a in arrays.items()}
     args = [ts["q"], ts["k"], ts["v"], *(ts[n] for n in op.input_names)]
-    out = op.op(*args) if direct else op(*args, deterministic=deterministic)
+    out = op.op(*args) if direct else op(*args[:3], deterministic=deterministic, **dict(zip(op.input_names, args[3:])))
     o = out[0] if isinstance(out, tuple) else out
     (o.float() * fuzz.to_device(dO).float()).sum().backward()
     return {n: t.grad for n, t in ts.items() if t.requires_grad}
@@ -145,7 +145,7 @@ def test_compile_fullgraph_forward_and_backward():
     do = fuzz.to_device(dO).float()
 
     def step(*args):
-        return (op(*args).float() * do).sum()
+        return (op(*args[:3], **dict(zip(op.input_names, args[3:]))).float() * do).sum()
 
     def run(fn):
         ts = {n: _leaf(a, True) for n, a in arrays.items()}
@@ -190,7 +190,7 @@ def test_cuda_graph_of_forward_and_backward():
     def step():
         for t in ts.values():
             t.grad = None
-        (op(*args).float() * do.float()).sum().backward()
+        (op(*args[:3], **dict(zip(op.input_names, args[3:]))).float() * do.float()).sum().backward()
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -203,7 +203,7 @@ def test_cuda_graph_of_forward_and_backward():
     for t in ts.values():
         t.grad = None
     with torch.cuda.graph(g):
-        (op(*args).float() * do.float()).sum().backward()
+        (op(*args[:3], **dict(zip(op.input_names, args[3:]))).float() * do.float()).sum().backward()
     grads = {n: t.grad for n, t in ts.items() if t.grad is not None}
     for _ in range(2):
         g.replay()

@@ -105,7 +105,7 @@ def test_varlen_autograd_through_the_torch_op():
     ts = {n: fuzz.to_device(a).clone() for n, a in arrays.items()}
     for n in ("q", "k", "v"):
         ts[n].requires_grad_(True)
-    o, lse = op(ts["q"], ts["k"], ts["v"], *(ts[n] for n in op.input_names))
+    o, lse = op(ts["q"], ts["k"], ts["v"], **{n: ts[n] for n in op.input_names})
     assert lse.shape == (v.heads, case.Lq)
     (o.float() * fuzz.to_device(dO).float()).sum().backward()
     got = {f"d{n}": fuzz.to_host(ts[n].grad).astype(np.float64) for n in ("q", "k", "v")}
@@ -165,9 +165,9 @@ def test_norm_autograd_through_the_torch_op(name):
     for n in ("q", "k", "v", *op.grad_names):
         ts[n].requires_grad_(True)
     args = [ts["q"], ts["k"], ts["v"], *(ts[n] for n in op.input_names)]
-    y = op(*args)
+    y = op(*args[:3], **dict(zip(op.input_names, args[3:])))
     with torch.no_grad():
-        y_inf = op(*(a.detach() for a in args))  # the fused kernel (inference path)
+        y_inf = op(*(a.detach() for a in args[:3]), **{n: a.detach() for n, a in zip(op.input_names, args[3:])})  # the fused kernel (inference path)
     tol = 2e-2 if v.dtype.value != "fp32" else 1e-5
     assert float((y.detach().float() - y_inf.float()).abs().max()) <= tol * max(1.0, float(y_inf.float().abs().max()))
     (y.float() * fuzz.to_device(dO).float()).sum().backward()

@@ -119,15 +119,15 @@ def test_torch_op_opcheck_compile_and_module():
     op = at.register(DOC)
     q, k, v, doc = _doc_inputs(seed=4)
     torch.library.opcheck(op.op, (q, k, v, doc), {"check_inputs": True})
-    eager = op(q, k, v, doc)
+    eager = op(q, k, v, doc=doc)
     assert _rel(eager, _doc_reference(q, k, v, doc)) < 2e-3
     torch._dynamo.reset()
-    f = torch.compile(lambda q, k, v, d: op(q, k, v, d) + 1, fullgraph=True)
+    f = torch.compile(lambda q, k, v, d: op(q, k, v, doc=d) + 1, fullgraph=True)
     assert torch.allclose(f(q, k, v, doc), eager + 1)
     m = at.Attention(DOC)
     assert torch.equal(m(q, k, v, doc=doc), eager)
     # Trainable now (tests/gpu/test_gpu_autograd.py checks the gradients): a finite dq comes back.
-    op(q.requires_grad_(), k, v, doc).float().sum().backward()
+    op(q.requires_grad_(), k, v, doc=doc).float().sum().backward()
     assert q.grad is not None and q.grad.shape == q.shape and bool(torch.isfinite(q.grad).all())
 
 

@@ -45,7 +45,7 @@ def test_bench_command_writes_rows(tmp_path) -> None:
     spec = tmp_path / "b.attn"
     spec.write_text(spec_text("bench_smoke", dtype="bf16", D=64, H=4, mask="causal"))
     out = tmp_path / "b.json"
-    rc = bench.main([str(spec), "--shape", "2,4,512,64", "--shape", "1,4,1000,64", "--json", str(out), "--repeats", "20"])
+    rc = bench.main([str(spec), "--shape", "B=2,H=4,L=512,D=64", "--shape", "B=1,H=4,L=1000,D=64", "--json", str(out), "--repeats", "20"])
     assert rc == 0
     data = json.loads(out.read_text())
     ours = [r for r in data["rows"] if r["impl"] == "attngen"]
@@ -59,7 +59,7 @@ def test_bench_command_writes_rows(tmp_path) -> None:
 def test_bench_rejects_wrong_heads(tmp_path, capsys) -> None:
     spec = tmp_path / "b.attn"
     spec.write_text(spec_text("bench_heads", dtype="bf16", D=64, H=4))
-    assert bench.main([str(spec), "--shape", "2,8,512,64"]) == 2
+    assert bench.main([str(spec), "--shape", "B=2,H=8,L=512,D=64"]) == 2
     assert "heads 4" in capsys.readouterr().err
 
 

@@ -179,7 +179,7 @@ def test_torch_op_takes_varlen_batches() -> None:
     dev = _call_inputs(v, [70, 1, 0, 300])
     q, kk, vv = dev.pop("q"), dev.pop("k"), dev.pop("v")
     op = torch_op.register(v)
-    o, lse = op(q, kk, vv, dev["cu_seqlens"])
+    o, lse = op(q, kk, vv, cu_seqlens=dev["cu_seqlens"])
     o_k, lse_k = kernel_for(v)(q, kk, vv, **dev)
     torch.cuda.synchronize()
     assert torch.equal(o, o_k) and torch.equal(lse, lse_k)

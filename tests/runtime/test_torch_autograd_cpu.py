@@ -62,7 +62,7 @@ def test_gradients_only_for_inputs_that_require_grad(monkeypatch):
     k, v = meta(2, 2, 33, 64), meta(2, 2, 33, 64, grad=True)
     bb, sl, rel = meta(4, 33, 33, dtype=torch.float32), meta(4, grad=True), meta(4, 17, dtype=torch.float32, grad=True)
     lens = torch.empty(2, dtype=torch.int32, device="meta")
-    o = op(q, k, v, bb, sl, lens, rel, deterministic=True)
+    o = op(q, k, v, bb=bb, sl=sl, lens=lens, rel=rel, deterministic=True)
     assert o.shape == (2, 4, 33, 64) and o.dtype == torch.float16
     o.float().sum().backward()
     (args, kw), = spy.calls
@@ -95,7 +95,7 @@ def test_sink_gradient_is_computed_from_the_saved_lse(monkeypatch):
     q = meta(1, 64, 9, 64, dtype=torch.bfloat16, grad=True)
     kv = meta(1, 8, 9, 64, dtype=torch.bfloat16)
     sinks = meta(64, dtype=torch.float32, grad=True)
-    o, lse = op(q, kv, kv, sinks)
+    o, lse = op(q, kv, kv, sinks=sinks)
     o.float().sum().backward()
     (_, kw), = spy.calls
     assert kw["wrt"] == 0  # not a kernel gradient: computed in torch from LSE, O and dO
@@ -136,11 +136,11 @@ def test_unsupported_constructs_are_refused_at_the_forward(spec, variant, match)
     k = torch.empty(*shp(v.kv_heads, v.head_dim), dtype=dt, device="meta")
     vv = torch.empty(*shp(v.kv_heads, v.value_head_dim), dtype=dt, device="meta")
     with pytest.raises(ValueError, match=r"q requires grad, but the backward kernels do not support this variant: " + match):
-        op(q, k, vv, *args)
+        op(q, k, vv, **dict(zip(op.input_names, args)))
     with pytest.raises(ValueError, match=match):  # the raw op too, at its autograd setup
         op.op(q, k, vv, *args)
     with torch.no_grad():  # inference is unaffected
-        op(q, k, vv, *args)
+        op(q, k, vv, **dict(zip(op.input_names, args)))
 
 
 def test_compile_fullgraph_traces_forward_and_backward():
@@ -160,7 +160,7 @@ def test_compile_fullgraph_traces_forward_and_backward():
     from torch._dynamo.backends.common import aot_autograd
 
     def step(q, k, v, bb, sl, lens, rel):
-        return (op(q, k, v, bb, sl, lens, rel).float() ** 2).sum()
+        return (op(q, k, v, bb=bb, sl=sl, lens=lens, rel=rel).float() ** 2).sum()
 
     q = meta(2, 4, 40, 64, grad=True)
     k, v = meta(2, 2, 40, 64, grad=True), meta(2, 2, 40, 64, grad=True)
@@ -243,7 +243,7 @@ def test_real_implementations_on_cpu_with_stub_kernels(monkeypatch):
     lens = torch.full((1,), 12, dtype=torch.int32)
     for det in (False, True):
         q.grad = k.grad = sl.grad = None
-        o = op(q, k, v, bb, sl, lens, rel, deterministic=det)
+        o = op(q, k, v, bb=bb, sl=sl, lens=lens, rel=rel, deterministic=det)
         assert o.shape == q.shape and o.dtype == torch.float16
         o.float().sum().backward()
         kernel, kw = calls[-1]
@@ -310,7 +310,7 @@ def test_o_post_norm_trains_from_the_pre_norm_output(monkeypatch):
     k = meta(2, 33, 2, 64, dtype=torch.bfloat16, grad=True)
     w, b = meta(64, dtype=torch.float32, grad=True), meta(64, dtype=torch.float32)
     assert op.input_names == ("o_norm_bias", "o_norm_weight")
-    y = op(q, k, k, b, w)
+    y = op(q, k, k, o_norm_bias=b, o_norm_weight=w)
     assert y.shape == (2, 33, 4, 64) and y.dtype == torch.bfloat16
     y.float().sum().backward()
     (args, kw), = spy.calls
@@ -352,7 +352,7 @@ def test_token_scope_q_norm_flat_hidden_state_trains(monkeypatch):
     kv = meta(2, 13, 16, 64, dtype=torch.bfloat16, grad=True)
     w, b = meta(1024, dtype=torch.float32, grad=True), meta(1024, dtype=torch.float32, grad=True)
     assert op.input_names == ("q_norm_bias", "q_norm_weight")
-    y = op(x, kv, kv, b, w)
+    y = op(x, kv, kv, q_norm_bias=b, q_norm_weight=w)
     assert y.shape == (2, 9, 16, 64)
     y.float().sum().backward()
     (_, kw), = spy.calls
@@ -366,7 +366,7 @@ def test_varlen_trains_with_the_packed_lse(monkeypatch):
     spy = Spy(op, "bwd_op", monkeypatch)
     q = meta(300, 16, 128, dtype=torch.bfloat16, grad=True)
     cu = torch.empty(4, dtype=torch.int32, device="meta")
-    o, lse = op(q, q, q, cu)
+    o, lse = op(q, q, q, cu_seqlens=cu)
     assert o.shape == (300, 16, 128) and lse.shape == (16, 300)
     (o.float().sum() + lse.sum()).backward()
     (args, _), = spy.calls
@@ -392,7 +392,7 @@ def test_compile_fullgraph_traces_the_o_post_norm_step():
         return make_boxed_func(gm.forward)
 
     def step(q, k, b, w):
-        return (op(q, k, k, b, w).float() ** 2).sum()
+        return (op(q, k, k, o_norm_bias=b, o_norm_weight=w).float() ** 2).sum()
 
     q = meta(2, 40, 4, 64, dtype=torch.bfloat16, grad=True)
     k = meta(2, 40, 2, 64, dtype=torch.bfloat16, grad=True)

@@ -34,7 +34,8 @@ def test_registers_as_attngen_op_with_schema():
 
 def test_fake_shapes_from_the_plan():
     op = at.register(SEED)
-    o = op(*_seed_args(B=3, L=96))
+    q, k, v, kl, ql = _seed_args(B=3, L=96)
+    o = op(q, k, v, kv_lens=kl, q_lens=ql)
     assert o.shape == (3, 8, 96, 64) and o.dtype == torch.float32 and o.device.type == "meta"
     lse_op = at.register("attention withlse { dtype bf16; head_dim 64; heads 4 kv 2; layout bshd; output lse }")
     q = torch.empty(2, 33, 4, 64, dtype=torch.bfloat16, device="meta")
@@ -59,7 +60,7 @@ def test_compile_fullgraph_traces_the_op():
         return gm.forward
 
     def f(q, k, v, kl, ql):
-        return op(q, k, v, kl, ql) * 2
+        return op(q, k, v, kv_lens=kl, q_lens=ql) * 2
 
     torch._dynamo.reset()
     out = torch.compile(f, fullgraph=True, backend=backend)(*_seed_args())
@@ -72,10 +73,10 @@ def test_compile_fullgraph_traces_the_op():
 def test_requires_grad_goes_through_the_lse_saving_forward():
     op = at.register(SEED)
     q, k, v, kl, ql = _seed_args()
-    o = op(q.requires_grad_(), k, v.requires_grad_(), kl, ql)
+    o = op(q.requires_grad_(), k, v.requires_grad_(), kv_lens=kl, q_lens=ql)
     assert o.shape == (4, 8, 128, 64) and "seed_padded_fp32_fwd" in type(o.grad_fn).__name__
     with torch.no_grad():  # no grad: the plain op, as before
-        assert op(q, k, v, kl, ql).grad_fn is None
+        assert op(q, k, v, kv_lens=kl, q_lens=ql).grad_fn is None
 
 
 def test_module_checks_input_names():
