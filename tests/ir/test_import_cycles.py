@@ -48,6 +48,15 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_pkg: bool, known
     return sorted(set(out))
 
 
+def _type_checking_only(node: ast.AST) -> bool:
+    """An `if TYPE_CHECKING:` block (plain or module-qualified) with no else: read by type checkers only."""
+    if not isinstance(node, ast.If) or node.orelse:
+        return False
+    test = node.test
+    name = test.attr if isinstance(test, ast.Attribute) else test.id if isinstance(test, ast.Name) else None
+    return name == "TYPE_CHECKING"
+
+
 def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """(module-level edges, function-local edges) between attngen modules."""
     mods = _modules()
@@ -57,6 +66,8 @@ def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
 
     def visit(node: ast.AST, module: str, is_pkg: bool, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
+            if _type_checking_only(child):
+                continue  # `if TYPE_CHECKING:` imports never run
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 for t in _targets(child, module, is_pkg, known):
                     if t != module:
