@@ -8,6 +8,7 @@ Work proceeds per (batch, kv head, query chunk) so memory stays bounded for long
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from attngen.ir.abi import Sizes
 from attngen.ir.nodes import (
     COMPARE_OPS,
     BLOCK_TABLE,
+    CACHE_LENS,
     Binary,
     BinOp,
     Builtin,
@@ -44,6 +46,7 @@ from attngen.ir.nodes import (
     Unary,
     UnOp,
     Variant,
+    cache_lens_decl,
     norm_bias_name,
     norm_weight_name,
     uses_score,
@@ -288,6 +291,17 @@ def _unpage(x: np.ndarray, table: np.ndarray) -> np.ndarray:
     return g.reshape(B, P * N, *x.shape[2:]).transpose(0, 2, 1, 3)
 
 
+def unpaged(v: Variant) -> Variant:
+    """The same attention over the gathered (contiguous) cache [B, Hkv, max_pages * N, D]: the
+    paged cache's length bound joins the mask, and cache_lens becomes a declared input (builtin
+    bodies already read it). `v` itself when it is not paged."""
+    if v.page_size is None:
+        return v
+    declared = any(d.name == CACHE_LENS for d in v.inputs)
+    inputs = v.inputs if declared else (*v.inputs, cache_lens_decl())
+    return dataclasses.replace(v, page_size=None, mask=v.visibility(), inputs=inputs)
+
+
 def _check_mask(v: Variant) -> None:
     if uses_score(v.mask):
         raise ValueError("mask: expected an expression of indices and inputs, got one that reads the score `s`")
@@ -319,7 +333,7 @@ def mask_matrix(
             env_sizes,
             tensors,
         )
-        m = np.broadcast_to(evaluate(v.mask, env), (len(hs), sizes.Lq, sizes.Lk))
+        m = np.broadcast_to(evaluate(v.visibility(), env), (len(hs), sizes.Lq, sizes.Lk))
         rows.append(np.asarray(m, dtype=bool))
     out = np.stack(rows)
     if h is not None:
@@ -336,7 +350,7 @@ def count_visible(v: Variant, sizes: Sizes, inputs: Mapping[str, np.ndarray] | N
     tensors = prepare_tensors(v, inputs)
     # Batch rows and heads the mask does not index look alike: count one and multiply (a causal
     # mask at 4096 heads costs what it costs at one).
-    uses = {n.var for n in walk(v.mask) if isinstance(n, Index)}
+    uses = {n.var for n in walk(v.visibility()) if isinstance(n, Index)}
     nb = sizes.B if IndexVar.B in uses else 1
     nh = v.heads if IndexVar.H in uses else 1
     cq = max(1, min(sizes.Lq, CHUNK_BYTES // max(1, nh * sizes.Lk * 8)))
@@ -355,7 +369,7 @@ def count_visible(v: Variant, sizes: Sizes, inputs: Mapping[str, np.ndarray] | N
                 env_sizes,
                 tensors,
             )
-            m = np.broadcast_to(evaluate(v.mask, env), (nh, q1 - q0, sizes.Lk))
+            m = np.broadcast_to(evaluate(v.visibility(), env), (nh, q1 - q0, sizes.Lk))
             total += int(np.count_nonzero(m))
     return total * (sizes.B // nb) * (v.heads // nh)
 
@@ -426,7 +440,15 @@ def attention(
 
     q4 = _as_bhsd(q, v.layout, H)
     if v.page_size is not None:
+        lens = tensors[CACHE_LENS]
+        if lens.size:
+            abi.check_cache_lens(int(lens.min()), int(lens.max()), Lq, Lk)
         k4, v4 = _unpage(k, tensors[BLOCK_TABLE]), _unpage(v_, tensors[BLOCK_TABLE])
+        # Slots past a row's length are never read (the kernels zero-fill them): stale contents,
+        # NaN included, must not reach P @ V through a zero weight.
+        past = np.arange(Lk)[None, :] >= lens.reshape(-1, 1)  # [B, Lk]
+        k4 = np.where(past[:, None, :, None], np.zeros((), k4.dtype), k4)
+        v4 = np.where(past[:, None, :, None], np.zeros((), v4.dtype), v4)
     else:
         k4 = _as_bhsd(k, v.layout, Hkv)
         v4 = _as_bhsd(v_, v.layout, Hkv)
@@ -534,7 +556,7 @@ def _attend_row(v: Variant, b: int, b_index: int, q4: np.ndarray, k4: np.ndarray
                 s = np.broadcast_to(
                     evaluate(sc, Env(env.index, env.sizes, env.tensors, s)), s.shape
                 ).astype(np.float64)
-            vis = np.broadcast_to(evaluate(v.mask, env), s.shape)
+            vis = np.broadcast_to(evaluate(v.visibility(), env), s.shape)
             # A score of -inf on a visible key counts as invisible, so a row whose visible
             # scores are all -inf is empty (O = 0, LSE = -inf) rather than 0/0 = NaN.
             s = np.where(vis, s, -np.inf)
