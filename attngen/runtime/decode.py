@@ -19,7 +19,7 @@ from typing import Any
 
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
-from attngen.ir.nodes import BLOCK_TABLE, DType, Layout, Variant
+from attngen.ir.nodes import BLOCK_TABLE, CACHE_LENS, DType, Layout, Variant
 from attngen.plan.decode import MAX_UNITS_TIMES_CTAS, DecodePlan, Family, choose_family
 from attngen.cuda.render_decode import render_decode
 from attngen.runtime.kernel import (
@@ -58,12 +58,14 @@ def _strides(var: Variant, a: _Arr, name: str, paged: bool = False) -> tuple[int
     return sb, sh, ss
 
 
-def _check_pages(table: Any, num_pages: int) -> None:
-    """Refuse a block table with a page id outside [0, num_pages) (one small device reduction and
-    a synchronisation: the price of never reading outside the cache)."""
+def _check_pages(table: Any, num_pages: int, lens: Any, Lq: int, Lk: int) -> None:
+    """Refuse a block table with a page id outside [0, num_pages), and cache lengths outside
+    [Lq, Lk] (small device reductions and a synchronisation: the price of never reading outside
+    the cache and of rows that hold their new tokens)."""
     lo, hi = int(table.min()), int(table.max())
     if lo < 0 or hi >= num_pages:
         raise ValueError(f"block_table: expected page ids in [0, {num_pages}), got values from {lo} to {hi}")
+    abi.check_cache_lens(int(lens.min()), int(lens.max()), Lq, Lk)
 
 
 @dataclass
@@ -118,9 +120,10 @@ class DecodeKernel:
         block, `ctas` with that many equal shares of the call's units (tests and benchmarks use
         them to cover other schedules). `fused=True` merges split partials in the split kernel's
         last CTA a row block instead of a combine launch (`fused_default`; benchmarks compare).
-        `check_pages=False` skips the paged cache's page-id check, which synchronises the stream
-        (for callers that validated their block table once; the kernel still reads an
-        out-of-range page as zeros, never outside the cache)."""
+        `check_pages=False` skips the paged cache's checks of page ids and cache_lens, which
+        synchronise the stream (for callers that validated their block table once; the kernel
+        still reads an out-of-range page as zeros, never outside the cache, and clamps cache_lens
+        to the capacity; a length below Lq is then the caller's contract)."""
         import cupy
         import numpy as np
 
@@ -142,7 +145,7 @@ class DecodeKernel:
         paged = var.page_size is not None
         qs, ks, vs = _strides(var, aq, "q"), _strides(var, ak, "k", paged), _strides(var, av, "v", paged)
         if paged and check_pages:
-            _check_pages(given[BLOCK_TABLE].obj, ak.shape[0])
+            _check_pages(given[BLOCK_TABLE].obj, ak.shape[0], given[CACHE_LENS].obj, Lq, Lk)
         xp_torch = aq.is_torch
         o_shape = abi.o_shape(var, B, Lq)
         if out is None:

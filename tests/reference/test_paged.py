@@ -244,6 +244,27 @@ def test_workload_lengths_lie_in_lq_to_capacity_with_both_edges() -> None:
         reference.attention(v, a["q"], a["k"], a["v"], {n: a[n] for n in ("cache_lens", "block_table")})
 
 
+def test_the_regression_case_holds_a_draft_only_row() -> None:
+    """tests/gpu/regressions/paged_causal_aligns_to_cache_lens.attn: its case gives a full row and
+    a row of only the 4 draft tokens, whose mask is the 4 x 4 lower triangle."""
+    from pathlib import Path
+
+    from attngen.check import fuzz
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "regressions" / "paged_causal_aligns_to_cache_lens.attn"
+    v = frontend.load(path).get()
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    kw = dict(item.split("=", 1) for item in first.removeprefix("# case:").split())
+    case = fuzz.Case(B=int(kw["B"]), Lq=int(kw["Lq"]), Lk=int(kw["Lk"]), dist=kw["dist"], seed=int(kw["seed"]))
+    a = fuzz.case_inputs(v, case)
+    lens = a["cache_lens"]
+    assert lens[0] == 112 and lens[-1] == 4
+    m = reference.mask_matrix(v, abi.Sizes(3, 4, 112, (("max_pages", 7),)), {n: a[n] for n in ("block_table", "cache_lens")}, h=0)
+    np.testing.assert_array_equal(m[2, :, :4], np.tri(4, dtype=bool))
+    assert not m[2, :, 4:].any()
+    np.testing.assert_array_equal(m[0, :, 108:], np.tri(4, dtype=bool))
+
+
 def test_visibility_adds_the_length_bound_once() -> None:
     """`Variant.visibility`: the mask the kernels and the reference apply. A paged cache bounds
     keys by cache_lens[b], once (a mask that already says so is kept as it is); a contiguous
