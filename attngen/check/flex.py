@@ -318,8 +318,9 @@ def to_flex(
     comp = _Compiler(variant, _size_values(variant, B, Lq, Lk), tensors, device)
 
     mask_mod = None
-    if not (isinstance(variant.mask, Const) and variant.mask.value is True):
-        mf = comp.compile(variant.mask)
+    mask = variant.visibility()  # a paged cache's lengths bound it too
+    if not (isinstance(mask, Const) and mask.value is True):
+        mf = comp.compile(mask)
 
         def mask_mod(b, h, q_idx, kv_idx):
             env = {IndexVar.B: b.to(torch.int64) if hasattr(b, "to") else b,
@@ -369,7 +370,8 @@ def _as_torch(x: Any, device: Any = None):
 
 def mask_uses(variant: Variant) -> tuple[bool, bool]:
     """Whether the mask reads b and h (so the block mask must be built per batch / head)."""
-    return _uses(variant.mask, IndexVar.B), _uses(variant.mask, IndexVar.H)
+    mask = variant.visibility()
+    return _uses(mask, IndexVar.B), _uses(mask, IndexVar.H)
 
 
 def not_in_flex(variant: Variant) -> list[str]:

@@ -106,18 +106,17 @@ def flex_crosscheck(v: Variant, arrays: Mapping[str, np.ndarray]) -> tolerance.R
     if v.layout == Layout.VARLEN:
         return None  # flex.run_flex takes padded batches; the reference's varlen path is tested against its dense one
     if v.page_size is not None:
-        # Flex reads a contiguous cache: gather the pages (as the reference does) first.
-        import dataclasses
-
+        # Flex reads a contiguous cache: gather the pages (as the reference does) first; the
+        # lengths then bound the mask (`reference.unpaged`).
         from attngen.ir.nodes import BLOCK_TABLE
-        from attngen.check.reference import _unpage
+        from attngen.check.reference import _unpage, unpaged
 
         table = np.asarray(rest[BLOCK_TABLE]).astype(np.int64)
         k, vv = _unpage(k, table), _unpage(vv, table)
         if v.layout == Layout.BSHD:
             k, vv = k.transpose(0, 2, 1, 3), vv.transpose(0, 2, 1, 3)
         rest = {n: a for n, a in rest.items() if n != BLOCK_TABLE}
-        v = dataclasses.replace(v, page_size=None)
+        v = unpaged(v)
     o_ref, _ = _last_ref[0] if _last_ref[0] is not None else (None, None)
     if o_ref is None:
         from attngen.check import reference

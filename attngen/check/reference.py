@@ -8,6 +8,7 @@ Work proceeds per (batch, kv head, query chunk) so memory stays bounded for long
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 
@@ -18,6 +19,7 @@ from attngen.check import tolerance
 from attngen.ir.abi import Sizes
 from attngen.ir.nodes import (
     BLOCK_TABLE,
+    CACHE_LENS,
     Index,
     IndexVar,
     Layout,
@@ -25,6 +27,7 @@ from attngen.ir.nodes import (
     NormTarget,
     SizeSym,
     Variant,
+    cache_lens_decl,
     fp32_literal,
     walk,
 )
@@ -67,6 +70,17 @@ def standard_alibi_slopes(heads: int) -> tuple[float, ...]:
 # Masks
 
 
+def unpaged(v: Variant) -> Variant:
+    """The same attention over the gathered (contiguous) cache [B, Hkv, max_pages * N, D]: the
+    paged cache's length bound joins the mask, and cache_lens becomes a declared input (builtin
+    bodies already read it). `v` itself when it is not paged."""
+    if v.page_size is None:
+        return v
+    declared = any(d.name == CACHE_LENS for d in v.inputs)
+    inputs = v.inputs if declared else (*v.inputs, cache_lens_decl())
+    return dataclasses.replace(v, page_size=None, mask=v.visibility(), inputs=inputs)
+
+
 def mask_matrix(
     v: Variant,
     sizes: Sizes,
@@ -93,7 +107,7 @@ def mask_matrix(
             env_sizes,
             tensors,
         )
-        m = np.broadcast_to(evaluate(v.mask, env), (len(hs), sizes.Lq, sizes.Lk))
+        m = np.broadcast_to(evaluate(v.visibility(), env), (len(hs), sizes.Lq, sizes.Lk))
         rows.append(np.asarray(m, dtype=bool))
     out = np.stack(rows)
     if h is not None:
@@ -110,7 +124,7 @@ def count_visible(v: Variant, sizes: Sizes, inputs: Mapping[str, np.ndarray] | N
     tensors = prepare_tensors(v, inputs)
     # Batch rows and heads the mask does not index look alike: count one and multiply (a causal
     # mask at 4096 heads costs what it costs at one).
-    uses = {n.var for n in walk(v.mask) if isinstance(n, Index)}
+    uses = {n.var for n in walk(v.visibility()) if isinstance(n, Index)}
     nb = sizes.B if IndexVar.B in uses else 1
     nh = v.heads if IndexVar.H in uses else 1
     cq = max(1, min(sizes.Lq, CHUNK_BYTES // max(1, nh * sizes.Lk * 8)))
@@ -129,7 +143,7 @@ def count_visible(v: Variant, sizes: Sizes, inputs: Mapping[str, np.ndarray] | N
                 env_sizes,
                 tensors,
             )
-            m = np.broadcast_to(evaluate(v.mask, env), (nh, q1 - q0, sizes.Lk))
+            m = np.broadcast_to(evaluate(v.visibility(), env), (nh, q1 - q0, sizes.Lk))
             total += int(np.count_nonzero(m))
     return total * (sizes.B // nb) * (v.heads // nh)
 
@@ -173,7 +187,15 @@ def attention(
 
     q4 = _as_bhsd(q, v.layout, H)
     if v.page_size is not None:
+        lens = tensors[CACHE_LENS]
+        if lens.size:
+            abi.check_cache_lens(int(lens.min()), int(lens.max()), Lq, Lk)
         k4, v4 = _unpage(k, tensors[BLOCK_TABLE]), _unpage(v_, tensors[BLOCK_TABLE])
+        # Slots past a row's length are never read (the kernels zero-fill them): stale contents,
+        # NaN included, must not reach P @ V through a zero weight.
+        past = np.arange(Lk)[None, :] >= lens.reshape(-1, 1)  # [B, Lk]
+        k4 = np.where(past[:, None, :, None], np.zeros((), k4.dtype), k4)
+        v4 = np.where(past[:, None, :, None], np.zeros((), v4.dtype), v4)
     else:
         k4 = _as_bhsd(k, v.layout, Hkv)
         v4 = _as_bhsd(v_, v.layout, Hkv)
@@ -263,7 +285,7 @@ def _attend_row(v: Variant, b: int, b_index: int, q4: np.ndarray, k4: np.ndarray
                 s = np.broadcast_to(
                     evaluate(sc, Env(env.index, env.sizes, env.tensors, s)), s.shape
                 ).astype(np.float64)
-            vis = np.broadcast_to(evaluate(v.mask, env), s.shape)
+            vis = np.broadcast_to(evaluate(v.visibility(), env), s.shape)
             # A score of -inf on a visible key counts as invisible, so a row whose visible
             # scores are all -inf is empty (O = 0, LSE = -inf) rather than 0/0 = NaN.
             s = np.where(vis, s, -np.inf)

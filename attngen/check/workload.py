@@ -1,9 +1,10 @@
 """Valid random inputs for a variant: q, k, v and every runtime input with meaningful contents.
 
 "Valid" follows what each input is for, read off the IR: padding lengths lie in [0, L] and include
-the edge cases 0 and L, document ids are sorted with few documents, block-sparse masks are about half
-full, norm weights sit near 1, ALiBi slopes are positive. GPU tests, the fuzzer and the benchmarks
-all draw from here so that they agree on what a sensible call looks like.
+the edge cases 0 and L, a paged cache's lengths lie in [Lq, capacity] and include both, document
+ids are sorted with few documents, block-sparse masks are about half full, norm weights sit near
+1, ALiBi slopes are positive. GPU tests, the fuzzer and the benchmarks all draw from here so that
+they agree on what a sensible call looks like.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from attngen.ir.abi import Sizes
 from attngen.ir.nodes import (
     BLOCK_TABLE,
     BLOCK_TABLE_PAGES,
+    CACHE_LENS,
     CU_SEQLENS_DIM,
     PADDING_KV_LENS,
     PADDING_Q_LENS,
@@ -77,6 +79,16 @@ def _lengths(rng: np.random.Generator, B: int, L: int) -> np.ndarray:
         x[-1] = 0 if B >= 3 else x[-1]
     else:
         x[0] = L if rng.random() < 0.5 else x[0]
+    return x.astype(np.int32)
+
+
+def cache_lengths(rng: np.random.Generator, B: int, Lq: int, capacity: int) -> np.ndarray:
+    """A paged cache's lengths (i32[B]) in [Lq, capacity], each row's Lq new tokens included: a
+    full row and (for B >= 3) a row of only the new tokens among them."""
+    x = rng.integers(Lq, capacity + 1, size=B)
+    if B >= 2:
+        x[0] = capacity
+        x[-1] = Lq if B >= 3 else x[-1]
     return x.astype(np.int32)
 
 
@@ -144,9 +156,10 @@ def make_inputs(
     syms.update(symbols or {})
     num_pages = None
     if v.page_size is not None:
-        # Paged K/V: Lk rounds up to whole pages; the pages of all rows, plus a few spare ones
-        # no row uses, are shuffled so that no row's pages are adjacent or in order.
-        pages = -(-Lk // v.page_size)
+        # Paged K/V: Lk rounds up to whole pages (at least the Lq new tokens: they are the last Lq
+        # of a row's cache); the pages of all rows, plus a few spare ones no row uses, are
+        # shuffled so that no row's pages are adjacent or in order.
+        pages = -(-max(Lk, Lq) // v.page_size)
         Lk = pages * v.page_size
         syms[BLOCK_TABLE_PAGES] = pages
         num_pages = B * pages + 3
@@ -160,6 +173,7 @@ def make_inputs(
     }
     if num_pages is not None:
         out[BLOCK_TABLE] = rng.permutation(num_pages)[: B * syms[BLOCK_TABLE_PAGES]].reshape(B, -1).astype(np.int32)
+        out[CACHE_LENS] = cache_lengths(rng, B, Lq, Lk)
     roles = _role_of_tensors(v)
     lengths = {"q": Lq, "kv": Lk}
     for decl in v.runtime_inputs():

@@ -8,7 +8,8 @@ tile classification and score mods are the same C++ the forward kernel gets (`El
 from __future__ import annotations
 
 from attngen import __version__
-from attngen.ir.nodes import SizeSym, Variant, tensors_used
+from attngen.ir import names
+from attngen.ir.nodes import CACHE_LENS, SizeSym, Variant, tensors_used
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan.decode import COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, DecodePlan, mask_uses_head, plan
 from attngen.cuda.render import Field, _environment, input_fields, _expr_text, _spec_text, _tensor_ctx
@@ -100,7 +101,10 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
     elem = ElementEmitter(consts, fast_math=True)
-    classify_lines, classify_result = IntervalEmitter(consts, decls).classify(v.mask)
+    # A paged cache's length bound joins the mask: chunks past a row's cache_lens classify as
+    # invisible, its last chunk as partial.
+    mask = v.visibility()
+    classify_lines, classify_result = IntervalEmitter(consts, decls).classify(mask)
     ns = f"{dp.kernel_name}_impl"
     ctx = dict(
         header=_header(v, dp, fields),
@@ -123,8 +127,8 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
         smem_bytes=dp.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{ns}::elem_t"), name=f.name) for f in fields],
         tensors=_tensor_ctx(v),
-        mask_text=_expr_text(v.mask),
-        mask_code=elem.emit(v.mask),
+        mask_text=_expr_text(mask),
+        mask_code=elem.emit(mask),
         mask_uses_head=mask_uses_head(v),
         classify_lines=classify_lines,
         classify_result=classify_result,
@@ -141,6 +145,7 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
         sink_tensor=v.sink or "",
         paged=v.page_size is not None,
         page_size=v.page_size or 0,
+        cache_len_loader=names.input_loader(CACHE_LENS),
         # Block-table entries a chunk ahead where a thread's rows of a chunk (64 keys over the
         # block's 16-byte columns) take at most 8 registers: D64 and D128, not D256.
         prefetch_pages=dp.chunk * v.head_dim // (8 * dp.threads) <= 8,
@@ -149,7 +154,7 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
         # The windowed chunk walker pays where classifying a chunk reads memory (a mask over
         # runtime inputs: cache_lens, block tables); index-only masks keep the per-chunk scan,
         # which measured 2-3% faster on the mask-free rows of decode_bench.
-        walk_window=bool(tensors_used(v.mask)) or v.page_size is not None,
+        walk_window=bool(tensors_used(mask)),
     )
     src = _environment().get_template("decode/decode.cu.j2").render(**ctx)
     return src, dp

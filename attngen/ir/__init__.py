@@ -21,6 +21,7 @@ _FORWARDED = frozenset((
     "Binary",
     "Builtin",
     "BuiltinName",
+    "CACHE_LENS",
     "COMPARE_OPS",
     "CU_SEQLENS",
     "CU_SEQLENS_DIM",

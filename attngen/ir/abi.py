@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from attngen.ir.nodes import BLOCK_TABLE, INT32_MAX, AttnKind, DType, Layout, NormScope, NormTarget, SizeSym, TensorDecl, Variant
+from attngen.ir.nodes import BLOCK_TABLE, CACHE_LENS, INT32_MAX, AttnKind, DType, Layout, NormScope, NormTarget, SizeSym, TensorDecl, Variant
 
 Shape = tuple[int, ...]
 
@@ -149,6 +149,15 @@ def check_dtype(name: str, expected: DType, got: str) -> None:
     want = DTYPE_NAMES[expected]
     if got != want:
         raise ValueError(f"{name}: expected dtype {want} ({expected.value}), got {got}")
+
+
+def check_cache_lens(lo: int, hi: int, Lq: int, capacity: int) -> None:
+    """Refuse a paged cache's lengths, given as their least and greatest value, outside
+    [Lq, capacity]: each row's cache holds its Lq new tokens and at most max_pages * page_size
+    tokens (ValueError saying so; the reference and the decode runtime ask the same)."""
+    if lo < Lq or hi > capacity:
+        raise ValueError(f"{CACHE_LENS}: expected each row's cached tokens, the Lq = {Lq} new ones included, in "
+                         f"[{Lq}, {capacity}] (max_pages * page_size), got values from {lo} to {hi}")
 
 
 def _fmt_shape(s: Sequence[int]) -> str:

@@ -215,6 +215,11 @@ PADDING_Q_LENS = "q_lens"
 PADDING_KV_LENS = "kv_lens"
 BLOCK_TABLE = "block_table"  # implied by `kv_cache paged(N)`: i32[B, BLOCK_TABLE_PAGES]
 BLOCK_TABLE_PAGES = "max_pages"
+# Implied by `kv_cache paged(N)` too: i32[B], each row's valid cached tokens, the Lq new ones
+# included (the last Lq of them). Keys at or past cache_lens[b] are invisible, and the builtins'
+# aligned query position is q + (cache_lens[b] - Lq) (see `Variant.visibility`). A spec may also
+# declare it, as `input cache_lens: i32[B]`: the same input.
+CACHE_LENS = "cache_lens"
 # Implied by `layout varlen`: prefix sums of the sequence lengths, i32[B+1] (sorted; 0 first, the
 # total last). `kind self` has one (q and k/v share the lengths), `kind cross` one each.
 CU_SEQLENS = "cu_seqlens"
@@ -437,7 +442,8 @@ class Variant:
     sink: str | None = None
     # `kv_cache paged(N)`: K/V are [num_pages, N, Hkv, D] pages; the implied input
     # block_table: i32[B, max_pages] maps each row's logical page t (keys t*N .. t*N + N - 1) to a
-    # page, and Lk = max_pages * N (vLLM / FlashInfer semantics). None: contiguous K/V.
+    # page, Lk = max_pages * N is the capacity, and the implied cache_lens: i32[B] holds each row's
+    # length (vLLM / FlashInfer semantics). None: contiguous K/V.
     page_size: int | None = None
 
     @property
@@ -488,9 +494,38 @@ class Variant:
             implied[name] = TensorDecl(name, DType.I32, (CU_SEQLENS_DIM,), True)
         if self.page_size is not None:
             implied[BLOCK_TABLE] = TensorDecl(BLOCK_TABLE, DType.I32, (SizeSym.B, BLOCK_TABLE_PAGES))
+            implied[CACHE_LENS] = cache_lens_decl()
         declared = {d.name for d in self.inputs}
         extra = tuple(implied[k] for k in sorted(implied) if k not in declared)
         return self.inputs + extra
+
+    def visibility(self) -> Expr:
+        """The mask the kernels and the reference apply: the spec's mask, and for a paged cache
+        also `kv < cache_lens[b]` (keys past a row's length are invisible, whatever the mask),
+        unless the mask already has that conjunct (a second copy costs the kernel registers)."""
+        if self.page_size is None:
+            return self.mask
+        within = Binary(BinOp.LT, Index(IndexVar.KV), cache_len(), ScalarType.BOOL)
+        if self.mask == TRUE:
+            return within
+        stack, conjuncts = [self.mask], []
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Binary) and e.op == BinOp.AND:
+                stack += (e.lhs, e.rhs)
+            else:
+                conjuncts.append(e)
+        return self.mask if within in conjuncts else Binary(BinOp.AND, self.mask, within, ScalarType.BOOL)
+
+
+def cache_lens_decl() -> TensorDecl:
+    """The declaration `kv_cache paged` implies for its lengths: i32[B]."""
+    return TensorDecl(CACHE_LENS, DType.I32, (SizeSym.B,))
+
+
+def cache_len() -> Expr:
+    """`cache_lens[b]`: the length of batch row b's paged cache."""
+    return Load(CACHE_LENS, (Index(IndexVar.B),), ScalarType.INT)
 
 
 @dataclass(frozen=True, slots=True)

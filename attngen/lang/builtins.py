@@ -43,6 +43,7 @@ from attngen.ir.nodes import (
     Unary,
     UnOp,
     Variant,
+    cache_len,
     walk,
 )
 
@@ -62,9 +63,12 @@ def _bin(op: BinOp, a: Expr, b: Expr) -> Binary:
     return Binary(op, a, b, t)
 
 
-def q_aligned() -> Expr:
-    """`q' = q + (Lk - Lq)`: bottom-right alignment, so the last query sees the last key."""
-    return _bin(BinOp.ADD, Index(IndexVar.Q), _bin(BinOp.SUB, Size(SizeSym.LK), Size(SizeSym.LQ)))
+def q_aligned(paged: bool = False) -> Expr:
+    """`q' = q + (Lk - Lq)`: bottom-right alignment, so the last query sees the last key. In a
+    paged cache the end is each row's own, `q' = q + (cache_lens[b] - Lq)`: the Lq new tokens are
+    the last Lq entries of row b's cache (Lk there is the padded capacity, max_pages * N)."""
+    end = cache_len() if paged else Size(SizeSym.LK)
+    return _bin(BinOp.ADD, Index(IndexVar.Q), _bin(BinOp.SUB, end, Size(SizeSym.LQ)))
 
 
 def alibi_standard_slope(heads: int) -> Expr:
@@ -152,8 +156,9 @@ class BuiltinDef:
     arities: tuple[int, ...]
     params: tuple[Param, ...]
     usage: str
-    # (checked args, the variant's tensors, heads) -> the plain expression
-    desugar: Callable[[tuple[Expr, ...], Mapping[str, TensorDecl], int], Expr]
+    # (checked args, the variant's tensors, heads, the aligned query position `q_aligned`) -> the
+    # plain expression
+    desugar: Callable[[tuple[Expr, ...], Mapping[str, TensorDecl], int, Expr], Expr]
     # (args as text, the variant, the aligned query position as text) -> plain words
     words: Callable[[list[str], Variant, str], str]
     # (rng, shape, lengths {"q": Lq, "kv": Lk}) -> valid contents for a tensor this builtin reads
@@ -183,25 +188,28 @@ def _arg(a: list[str], i: int, default: str) -> str:
 
 # -- causal ------------------------------------------------------------------------------------
 
-def _causal(args, tensors, heads):
-    return _bin(BinOp.LE, Index(IndexVar.KV), q_aligned())
+def _causal(args, tensors, heads, qa):
+    return _bin(BinOp.LE, Index(IndexVar.KV), qa)
 
 
 def _causal_words(a, v, aligned):
     if v.kind == AttnKind.SELF:
         return "causal: a query sees keys at or before its own position (kv <= q)"
+    if v.page_size is not None:
+        return (f"causal: kv <= {aligned}, aligned to the end of each row's cache (the Lq new tokens are the "
+                "last Lq of its cache_lens[b] tokens)")
     return "causal: kv <= q + (Lk - Lq), aligned bottom-right (the last query sees the last key)"
 
 
 # -- window ------------------------------------------------------------------------------------
 
-def _window(args, tensors, heads):
+def _window(args, tensors, heads, qa):
     kv = Index(IndexVar.KV)
     left, right = args
     return _bin(
         BinOp.AND,
-        _bin(BinOp.GE, kv, _bin(BinOp.SUB, q_aligned(), left)),
-        _bin(BinOp.LE, kv, _bin(BinOp.ADD, q_aligned(), right)),
+        _bin(BinOp.GE, kv, _bin(BinOp.SUB, qa, left)),
+        _bin(BinOp.LE, kv, _bin(BinOp.ADD, qa, right)),
     )
 
 
@@ -216,7 +224,7 @@ def _window_fuzz(c: FuzzContext) -> str:
 
 # -- padding -----------------------------------------------------------------------------------
 
-def _padding(args, tensors, heads):
+def _padding(args, tensors, heads, qa):
     b, q, kv = Index(IndexVar.B), Index(IndexVar.Q), Index(IndexVar.KV)
     ql = Load(PADDING_Q_LENS, (b,), ScalarType.INT)
     kl = Load(PADDING_KV_LENS, (b,), ScalarType.INT)
@@ -232,7 +240,7 @@ def _padding_words(a, v, aligned):
 
 # -- document ----------------------------------------------------------------------------------
 
-def _document(args, tensors, heads):
+def _document(args, tensors, heads, qa):
     b, q, kv = Index(IndexVar.B), Index(IndexVar.Q), Index(IndexVar.KV)
     qt = tensors[args[0].name]  # type: ignore[union-attr]
     kt = tensors[args[-1].name]  # type: ignore[union-attr]
@@ -267,7 +275,7 @@ def _document_fuzz(c: FuzzContext) -> str:
 
 # -- prefix ------------------------------------------------------------------------------------
 
-def _prefix(args, tensors, heads):
+def _prefix(args, tensors, heads, qa):
     return _bin(BinOp.LT, Index(IndexVar.KV), args[0])
 
 
@@ -307,7 +315,7 @@ def block_sizes(args: tuple[Expr, ...]) -> tuple[int, int]:
     return DEFAULT_BLOCK, DEFAULT_BLOCK
 
 
-def _block_sparse(args, tensors, heads):
+def _block_sparse(args, tensors, heads, qa):
     q, kv = Index(IndexVar.Q), Index(IndexVar.KV)
     t = tensors[args[0].name]  # type: ignore[union-attr]
     bq, bk = (args[1], args[2]) if len(args) == 3 else (_int(DEFAULT_BLOCK), _int(DEFAULT_BLOCK))
@@ -342,7 +350,7 @@ def _block_sparse_fuzz(c: FuzzContext) -> str:
 
 # -- softcap -----------------------------------------------------------------------------------
 
-def _softcap(args, tensors, heads):
+def _softcap(args, tensors, heads, qa):
     (c,) = args
     return _bin(BinOp.MUL, c, Call(Func.TANH, (_bin(BinOp.DIV, Score(), c),), ScalarType.FLOAT))
 
@@ -358,12 +366,12 @@ def _softcap_fuzz(c: FuzzContext) -> str:
 
 # -- alibi -------------------------------------------------------------------------------------
 
-def _alibi(args, tensors, heads):
+def _alibi(args, tensors, heads, qa):
     if args:
         slope: Expr = _load(tensors[args[0].name], (Index(IndexVar.H),))  # type: ignore[union-attr]
     else:
         slope = alibi_standard_slope(heads)
-    dist = Call(Func.ABS, (_bin(BinOp.SUB, q_aligned(), Index(IndexVar.KV)),), ScalarType.INT)
+    dist = Call(Func.ABS, (_bin(BinOp.SUB, qa, Index(IndexVar.KV)),), ScalarType.INT)
     return _bin(BinOp.SUB, Score(), _bin(BinOp.MUL, slope, dist))
 
 
@@ -385,7 +393,7 @@ def _alibi_fuzz_tensor(c: FuzzContext) -> str:
 
 # -- bias --------------------------------------------------------------------------------------
 
-def _bias(args, tensors, heads):
+def _bias(args, tensors, heads, qa):
     t = tensors[args[0].name]  # type: ignore[union-attr]
     return _bin(BinOp.ADD, Score(), _load(t, (*_leading(len(t.shape)), Index(IndexVar.Q), Index(IndexVar.KV))))
 
@@ -404,13 +412,13 @@ def _bias_fuzz(c: FuzzContext) -> str:
 
 # -- rel_bias ----------------------------------------------------------------------------------
 
-def _rel_bias(args, tensors, heads):
+def _rel_bias(args, tensors, heads, qa):
     kv = Index(IndexVar.KV)
     t = tensors[args[0].name]  # type: ignore[union-attr]
     m = args[1]
     clipped = Call(
         Func.MIN,
-        (Call(Func.MAX, (_bin(BinOp.SUB, kv, q_aligned()), Unary(UnOp.NEG, m, ScalarType.INT)), ScalarType.INT), m),
+        (Call(Func.MAX, (_bin(BinOp.SUB, kv, qa), Unary(UnOp.NEG, m, ScalarType.INT)), ScalarType.INT), m),
         ScalarType.INT,
     )
     return _bin(BinOp.ADD, Score(), _load(t, (Index(IndexVar.H), _bin(BinOp.ADD, clipped, m))))
@@ -470,12 +478,17 @@ def fuzz_forms(score: bool) -> dict[str, Callable[[FuzzContext], str]]:
     return {form: write for d in BUILTINS.values() if d.score_only == score for form, write in d.fuzz}
 
 
-def desugar(name: BuiltinName, args: tuple[Expr, ...], tensors: Mapping[str, TensorDecl], heads: int) -> Expr:
-    """The plain expression a builtin means (docs/LANGUAGE.md); `args` are already checked."""
-    return BUILTINS[name].desugar(args, tensors, heads)
+def desugar(name: BuiltinName, args: tuple[Expr, ...], tensors: Mapping[str, TensorDecl], heads: int, *,
+            paged: bool = False) -> Expr:
+    """The plain expression a builtin means (docs/LANGUAGE.md); `args` are already checked.
+    `paged`: the variant reads a `kv_cache paged` cache, whose builtins align queries to each
+    row's cache_lens[b] (`q_aligned`)."""
+    return BUILTINS[name].desugar(args, tensors, heads, q_aligned(paged))
 
 
 def make_builtin(
-    name: BuiltinName, args: tuple[Expr, ...], tensors: Mapping[str, TensorDecl], heads: int, span: Span | None = None
+    name: BuiltinName, args: tuple[Expr, ...], tensors: Mapping[str, TensorDecl], heads: int, span: Span | None = None,
+    *, paged: bool = False,
 ) -> Builtin:
-    return Builtin(name, args, desugar(name, args, tensors, heads), span)
+    """The builtin `name` applied to `args`, with its desugared body (`desugar`)."""
+    return Builtin(name, args, desugar(name, args, tensors, heads, paged=paged), span)

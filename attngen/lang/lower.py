@@ -25,6 +25,7 @@ from attngen.ir.nodes import (
     ALIBI_SLOPES,
     BLOCK_TABLE,
     BLOCK_TABLE_PAGES,
+    CACHE_LENS,
     CU_SEQLENS,
     CU_SEQLENS_K,
     CU_SEQLENS_Q,
@@ -63,6 +64,7 @@ from attngen.ir.nodes import (
     Unary,
     UnOp,
     Variant,
+    cache_lens_decl,
     norm_bias_name,
     norm_weight_name,
     FP32_MAX,
@@ -159,6 +161,7 @@ class _Scope:
     heads: int | None
     kind: AttnKind
     in_score: bool
+    paged: bool = False  # `kv_cache paged`: builtins align queries to cache_lens[b]
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,7 +468,7 @@ class _Lowerer:
         targs: tuple[Expr, ...] = tuple(args)  # type: ignore[arg-type]
         if not self.builtin_extra(name, targs, raw, span, sc):
             return None
-        return make_builtin(name, targs, sc.tensors, sc.heads or 1, span)
+        return make_builtin(name, targs, sc.tensors, sc.heads or 1, span, paged=sc.paged)
 
     def builtin_extra(self, name: BuiltinName, args: tuple[Expr, ...], raw: tuple[A.AExpr, ...], span: Span, sc: _Scope) -> bool:
         """Checks that involve more than one argument or the variant."""
@@ -682,6 +685,10 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
                 # Known even when its name is rejected, so its uses do not report it again.
                 tensors.setdefault(d.name, d)
 
+    # A paged cache implies its lengths (ir.nodes.CACHE_LENS), which expressions may read too.
+    paged = A.StmtKind.KV_CACHE in seen
+    scope_tensors = {CACHE_LENS: cache_lens_decl(), **tensors} if paged else tensors
+
     # Pass 2: expressions, norms, flags, tile.
     mask: Expr = TRUE
     scores: list[Expr] = []
@@ -698,7 +705,7 @@ def _variant(lw: _Lowerer, v: A.VariantDecl) -> Variant | None:
                          "each operation becomes code in the kernel's inner loop; simplify, or precompute "
                          "part of the expression into an input tensor")
                 break
-            e = lw.expr(st.expr, _Scope(tensors, heads, kind, in_score))  # type: ignore[arg-type]
+            e = lw.expr(st.expr, _Scope(scope_tensors, heads, kind, in_score, paged))  # type: ignore[arg-type]
             if e is None:
                 continue
             if in_score:
@@ -806,6 +813,13 @@ def _kv_cache(lw: _Lowerer, st: A.Stmt | None, tensors: Mapping[str, TensorDecl]
     if BLOCK_TABLE in tensors:
         lw.error(f"`{BLOCK_TABLE}` is implied by `kv_cache paged`", tensors[BLOCK_TABLE].span or st.span,
                  f"remove its `input` line: it is i32[B, {BLOCK_TABLE_PAGES}]")
+        return None
+    lens = tensors.get(CACHE_LENS)
+    if lens is not None and (lens.dtype, lens.shape) != (DType.I32, (SizeSym.B,)):
+        # A declaration may spell the implied lengths out, but only as what they are.
+        lw.error(f"`{CACHE_LENS}` is implied by `kv_cache paged` as i32[B]", lens.span or st.span,
+                 "each row's valid cached tokens, the Lq new ones included: declare it as "
+                 f"`input {CACHE_LENS}: i32[B]`, or remove its `input` line")
         return None
     srt = [d for d in tensors.values() if d.sorted]
     if srt:

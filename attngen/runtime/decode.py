@@ -24,7 +24,7 @@ from typing import Any
 
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
-from attngen.ir.nodes import BLOCK_TABLE, DType, Layout, Variant
+from attngen.ir.nodes import BLOCK_TABLE, CACHE_LENS, DType, Layout, Variant
 from attngen.plan.decode import MAX_UNITS_TIMES_CTAS, DecodePlan, Family, choose_family
 from attngen.cuda.render_decode import render_decode
 from attngen.cuda.render_decode import decode_fields
@@ -111,12 +111,13 @@ class DecodeKernel:
         them to cover other schedules). `fused=True` merges split partials in the split kernel's
         last CTA a row block instead of a combine launch (`fused_default`; benchmarks compare).
 
-        A paged cache's block table is checked on the device (page ids in [0, num_pages)) into a
-        status word; `check_pages=True` (default) reads it back at the end of the call (a sync,
+        A paged cache's block table and lengths are checked on the device (page ids in
+        [0, num_pages), cache_lens in [Lq, max_pages * page_size]) into status words; `check_pages=True` (default) reads it back at the end of the call (a sync,
         none under CUDA-graph capture, where `raise_pending()` reads it) and raises ValueError
         after this call's kernels were queued (`out` then holds no valid result).
         `check_pages=False` skips the check and the sync (the kernel still reads an out-of-range
-        page as zeros, never outside the cache). Each call signature (shapes, strides, dtypes,
+        page as zeros, never outside the cache, and clamps cache_lens to the capacity; a length
+        below Lq is then the caller's contract). Each call signature (shapes, strides, dtypes,
         devices, stream and these options) is validated and packed once; later calls patch
         pointers and launch through the driver."""
         return self._run(q, k, v, out, lse, stream, (splits, ctas, fused, bool(check_pages)), inputs, False)
@@ -180,17 +181,16 @@ class DecodeKernel:
             for slot, w in zip(b.ws_slots, ws):
                 vals[slot] = w.data_ptr() if is_torch else w.data.ptr
             if b.page_check is not None:
-                i, num_pages = b.page_check
-                self._pages_checked = num_pages
-                check_page_ids(arrays[i], num_pages, self, sp)
+                self._pages_checked = b.page_check
+                check_page_ids(arrays, b.page_check, self, sp)
             for ln in b.launches:
                 binder.launch_driver(ln, sp)
         if b.readback and not defer and not capturing(sp):
-            self._read_status(sp, b.page_check[1] if b.page_check else 0)
+            self._read_status(sp, b.page_check)
         return (out, lse) if self.variant.lse else out
 
     def _status_view(self, like: Any) -> Any:
-        """Words 1 and 2 of the status (the page words) as an array of `like`'s library."""
+        """Words 1 to 4 of the status (the page and length words) as an array of `like`'s library."""
         lib = type(like).__module__.split(".")[0]
         got = self._status_views.get(lib)
         if got is None:
@@ -199,15 +199,23 @@ class DecodeKernel:
                 import torch
 
                 st = torch.as_tensor(st, device=like.device)
-            got = self._status_views[lib] = st[1:3]
+            got = self._status_views[lib] = st[1:STATUS_WORDS]
         return got
 
-    def _read_status(self, sp: int, num_pages: int) -> None:
+    def _read_status(self, sp: int, page_check: PageCheck | None) -> None:
         """Reads the status words back (a sync) and raises the error they hold, resetting them."""
-        nan, lo, slack = binder.read_words(self._status.data.ptr, STATUS_WORDS, sp)
-        if (nan & 0xFFFFFFFF) == 0 and lo >= 0 and slack >= 0:
+        nan, lo, slack, short, over = binder.read_words(self._status.data.ptr, STATUS_WORDS, sp)
+        if (nan & 0xFFFFFFFF) == 0 and min(lo, slack, short, over) >= 0:
             return
         binder.write_words(self._status.data.ptr, STATUS_INIT, sp)
+        num_pages = page_check.num_pages if page_check else 0
+        if (short < 0 or over < 0) and page_check is not None:
+            Lq, Lk = page_check.Lq, page_check.Lk
+            try:
+                abi.check_cache_lens(Lq + short, Lk - over, Lq, Lk)
+            except ValueError as e:
+                raise ValueError(f"{e} (variant {self.variant.name}; this call's output is not valid; "
+                                 "check_pages=False skips this check)") from None
         if lo < 0 or slack < 0:
             raise ValueError(f"block_table: expected page ids in [0, {num_pages}), got values from {lo} to {num_pages - 1 - slack} "
                              f"(variant {self.variant.name}; this call's output is not valid; check_pages=False skips this check)")
@@ -219,7 +227,7 @@ class DecodeKernel:
         if self._status is None:
             return
         sp = stream_ptr(stream) if stream is not None else launch_stream(None, False, self.device)
-        self._read_status(sp, getattr(self, "_pages_checked", 0))
+        self._read_status(sp, getattr(self, "_pages_checked", None))
 
     def counters(self, sp: int, n: int) -> int:
         """Device address of at least n zeroed int32 row-block counters for stream `sp`, or 0 when
@@ -247,8 +255,22 @@ class DecodeKernel:
 # ---------------------------------------------------------------------------------------------
 # Binding a decode call signature (`attngen.runtime.binder`)
 
-STATUS_WORDS = 3
-STATUS_INIT = (0, (1 << 63) - 1, (1 << 63) - 1)
+# nan_check's word, then the paged cache's: the least page id, the least (num_pages - 1 - page id),
+# the least (cache_lens - Lq) and the least (capacity - cache_lens); a negative one is an error.
+STATUS_WORDS = 5
+STATUS_INIT = (0, *((1 << 63) - 1,) * (STATUS_WORDS - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class PageCheck:
+    """Where a paged call's block table and cache_lens are among the call arrays, and the bounds
+    they are checked against."""
+
+    table: int
+    lens: int
+    num_pages: int
+    Lq: int
+    Lk: int
 
 
 @dataclass
@@ -267,7 +289,7 @@ class DecodeBinding:
     lse_shape: tuple[int, ...] | None
     extents: list[tuple[int, int]]
     out_extent: tuple[int, int]
-    page_check: tuple[int, int] | None  # (the block table's index among the call arrays, num_pages)
+    page_check: PageCheck | None
     readback: bool
     cacheable: bool  # False when built under capture without counters (a later call may have them)
     alloc: Any
@@ -343,8 +365,8 @@ def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, A
         launches[-1].bind_stream(sp)
     ws_o_shape, ws_lse_shape = dp.workspace_shapes(B, Lq, n_split)
     ws_specs = [(math.prod(ws_o_shape), DType.FP32), (math.prod(ws_lse_shape), DType.FP32)][:len(ws)]
-    table = 3 + kern._input_names.index(BLOCK_TABLE) if paged else -1
-    page_check = (table, ak.shape[0]) if paged and check_pages and all(given[BLOCK_TABLE].shape) else None
+    page_check = PageCheck(3 + kern._input_names.index(BLOCK_TABLE), 3 + kern._input_names.index(CACHE_LENS), ak.shape[0], Lq, Lk) \
+        if paged and check_pages and all(given[BLOCK_TABLE].shape) else None
     return DecodeBinding(
         args=args, launches=launches, array_slots=[slots[n] for n in call], out_slot=slots["o"], lse_slot=slots.get("lse", -1),
         ws_slots=[slots[n] for n in ws], ws_specs=ws_specs,
@@ -355,10 +377,12 @@ def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, A
         alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp), pool_keys=POOL.keys((aq.is_torch, dev, sp), ws_specs))
 
 
-def check_page_ids(table: Any, num_pages: int, kern: DecodeKernel, sp: int) -> None:
-    """Folds a block table's lowest page id and its least (num_pages - 1 - page id) into the status
-    page words, on stream `sp` with no host sync (a reduction and an elementwise minimum in the
-    table's library); a negative word is a page outside the cache."""
+def check_page_ids(arrays: Any, pc: PageCheck, kern: DecodeKernel, sp: int) -> None:
+    """Folds a block table's lowest page id, its least (num_pages - 1 - page id), and cache_lens'
+    least (length - Lq) and least (capacity - length) into the status words, on stream `sp` with no
+    host sync (reductions and an elementwise minimum in the table's library); a negative word is
+    a page outside the cache or a length outside [Lq, capacity]."""
+    table, lens, num_pages = arrays[pc.table], arrays[pc.lens], pc.num_pages
     words = kern._status_view(table)
     if type(table).__module__.startswith("torch"):
         import torch
@@ -367,12 +391,15 @@ def check_page_ids(table: Any, num_pages: int, kern: DecodeKernel, sp: int) -> N
             torch.cuda.stream(torch.cuda.ExternalStream(sp, device=table.device))
         with ctx:
             lo, hi = torch.aminmax(table)
-            torch.minimum(words, torch.stack((lo, (num_pages - 1) - hi)).to(torch.int64), out=words)
+            llo, lhi = torch.aminmax(lens)
+            found = torch.stack((lo.long(), (num_pages - 1) - hi.long(), llo.long() - pc.Lq, pc.Lk - lhi.long()))
+            torch.minimum(words, found, out=words)
         return
     import cupy
 
     with external_stream(sp):
-        cupy.minimum(words, cupy.stack((table.min(), (num_pages - 1) - table.max())).astype(cupy.int64), out=words)
+        found = cupy.stack((table.min(), (num_pages - 1) - table.max(), lens.min() - pc.Lq, pc.Lk - lens.max()))
+        cupy.minimum(words, found.astype(cupy.int64), out=words)
 
 
 _DECODE: dict[tuple[Variant, Arch, int, tuple[int, int] | None], DecodeKernel] = {}

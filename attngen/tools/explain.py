@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from attngen.ir.nodes import (
     BLOCK_TABLE,
+    CACHE_LENS,
     LOGIC_OPS,
     AttnKind,
     Binary,
@@ -78,6 +79,8 @@ def expr_text(e: Expr) -> str:
 def _builtin_words(b: Builtin, v: Variant) -> str:
     """The builtin's plain words, from its declaration (attngen.lang.builtins)."""
     aligned = "q" if v.kind == AttnKind.SELF else "q + (Lk - Lq)"
+    if v.page_size is not None:
+        aligned = f"q + ({CACHE_LENS}[b] - Lq)"  # a paged cache aligns to each row's own end
     return BUILTINS[b.name].words([expr_text(x) for x in b.args], v, aligned)
 
 
@@ -112,7 +115,7 @@ def _score_line(e: Expr, v: Variant) -> str:
 
 def is_data_dependent(v: Variant) -> bool:
     """True when the mask reads runtime tensors, so its density depends on the inputs given."""
-    return bool(tensors_used(v.mask))
+    return bool(tensors_used(v.visibility()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,6 +188,9 @@ def _input_role(v: Variant, d: TensorDecl) -> str:
     if v.page_size is not None and d.name == BLOCK_TABLE and d.name not in (x.name for x in v.inputs):
         return (f"implied by kv_cache paged({v.page_size}): each row's pages in order (keys t*{v.page_size} .. "
                 f"t*{v.page_size}+{v.page_size - 1} of row b live in page block_table[b, t]); Lk = max_pages * {v.page_size}")
+    if v.page_size is not None and d.name == CACHE_LENS:
+        return (f"implied by kv_cache paged({v.page_size}): row b's valid cached tokens, the Lq new ones included "
+                f"(its last Lq); keys at or past {CACHE_LENS}[b] are invisible; from Lq to max_pages * {v.page_size}")
     if d.name in v.cu_seqlens_names and d.name not in (x.name for x in v.inputs):
         which = "q and k/v" if len(set(v.cu_seqlens_names)) == 1 else ("q" if d.name == v.cu_seqlens_names[0] else "k/v")
         return (f"implied by layout varlen: row offsets of the B packed sequences in {which} (prefix sums of the "
@@ -214,7 +220,7 @@ def sample_sizes(v: Variant, B: int, Lq: int, Lk: int) -> abi.Sizes:
 
 def _mask_inputs(v: Variant, B: int, Lq: int, Lk: int, sizes: Any, seed: int) -> dict:
     """Random contents for the tensors the mask reads (none for an index-only mask)."""
-    used = tensors_used(v.mask)
+    used = tensors_used(v.visibility())
     if not used:
         return {}
     import dataclasses
@@ -235,11 +241,11 @@ def sample_cost(v: Variant, shape: tuple[int, int, int], tile: TileConfig) -> tu
     from attngen.ir.nodes import Index, IndexVar, walk
 
     B, Lq, Lk = shape
-    uses = {n.var for n in walk(v.mask) if isinstance(n, Index)}
+    uses = {n.var for n in walk(v.visibility()) if isinstance(n, Index)}
     rows = (B if IndexVar.B in uses else 1) * (v.heads if IndexVar.H in uses else 1)
     tiles = rows * math.ceil(Lq / tile.block_m) * math.ceil(Lk / tile.block_n)
     drawn = 0
-    used = tensors_used(v.mask)
+    used = tensors_used(v.visibility())
     if used:
         sizes = sample_sizes(v, B, Lq, Lk)
         drawn = B * v.heads * Lq + 2 * B * v.kv_heads * Lk  # the one-wide q, k, v make_inputs draws too
@@ -300,7 +306,7 @@ def _density_lines(v: Variant, shape: tuple[int, int, int], tile: TileConfig, se
         if total:
             lines.append(f"  work done: {100.0 * (total - never) / total:.1f}% of the dense tiles")
     if is_data_dependent(v):
-        used = ", ".join(sorted(tensors_used(v.mask)))
+        used = ", ".join(sorted(tensors_used(v.visibility())))
         lines.append(f"  depends on runtime inputs ({used}); shown for random inputs (seed {seed})")
     return lines or [f"  {d}"]
 
@@ -461,6 +467,8 @@ def explain(
         step += 1
     out.append(f"  {step}. mask:")
     out += _mask_lines(v.mask, v, "       ")
+    if v.page_size is not None:
+        out.append(f"       and, implied by kv_cache paged: kv < {CACHE_LENS}[b] (keys past each row's length are invisible)")
     step += 1
     out.append(f"  {step}. P = softmax over the visible keys of s (running max, fp32); a row with no visible key gives O = 0, LSE = -inf")
     step += 1

@@ -5,11 +5,12 @@
 //
 // The spec: bf16, 32 query heads on 8 KV heads, head_dim 128, k and v in pages of 16 tokens
 // [num_pages, 16, 8, 128], block_table [B, max_pages] listing each sequence's pages, cache_lens
-// [B] its tokens; one new token a sequence attends to its cache. The pages are shuffled through a
-// pool, so a wrong page lookup shows. Checked against a CPU loop; LSE too. Three schedules: the
-// one bind_workspace picks (here one CTA a row block, which writes O), three splits a row block
-// merged by the combine kernel, and the same merged in the split kernel through row-block
-// counters (ws_count; launched twice, since each launch must leave the counters zero).
+// [B] its tokens (both implied by the paged cache); one new token a sequence, the last of its
+// cache, attends causally to the cache. The pages are shuffled through a pool, so a wrong page
+// lookup shows. Checked against a CPU loop; LSE too. Three schedules: the one bind_workspace
+// picks (here one CTA a row block, which writes O), three splits a row block merged by the
+// combine kernel, and the same merged in the split kernel through row-block counters (ws_count;
+// launched twice, since each launch must leave the counters zero).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -276,3 +276,60 @@ def test_paged_refuses_out_of_range_pages_and_runs_chunked_prefill() -> None:
         kernel(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), **{n: fuzz.to_device(a) for n, a in bad.items()})
     with pytest.raises(ValueError, match="decode family"):
         runtime.compile(v, family="forward")
+
+
+# A speculative draft of Lq = 4 tokens against a paged cache with implied lengths: the draft is the
+# last 4 entries of each row's cache, so `causal` aligns to cache_lens[b], not the capacity.
+SPEC_DRAFT = spec_text("d_paged16_draft_bf16_d128_g4", dtype="bf16", D=128, H=32, Hkv=8, kind="cross", mask="causal",
+                       lse=True, extra=("kv_cache paged(16)",))
+
+
+def _draft_inputs(v, lens: list[int], pages: int, seed: int, poison: bool = False) -> dict:
+    """Case inputs for rows of the given lengths (capacity pages * 16); with `poison`, every slot
+    past a row's length holds NaN, which the kernels must never read."""
+    import numpy as np
+
+    from attngen.check import workload
+
+    arrays = workload.make_inputs(v, len(lens), 4, pages * 16, np.random.default_rng(seed))
+    arrays["cache_lens"] = np.asarray(lens, dtype=np.int32)
+    if poison:
+        bt = arrays["block_table"]
+        for b, n in enumerate(lens):
+            for t in range(n, pages * 16):
+                arrays["k"][bt[b, t // 16], t % 16] = np.nan
+                arrays["v"][bt[b, t // 16], t % 16] = np.nan
+    return arrays
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens,pages", [([4, 23, 130, 1024], 64), ([4, 5, 17], 2), ([2047, 4, 600, 1111, 2048], 128)],
+                         ids=["mixed", "short", "long"])
+def test_paged_speculative_draft_aligns_to_each_rows_length(lens: list[int], pages: int) -> None:
+    """Lq = 4 draft tokens in rows of mixed cache_lens (only the draft, partial pages, whole pages,
+    the full capacity), poisoned past each length, on every kind of schedule: one CTA a row block,
+    splits past a row's end (empty partials the merge weighs 0), odd CTA shares, fused or combined."""
+    v = variant_of(SPEC_DRAFT)
+    kernel = _decode(v)
+    arrays = _draft_inputs(v, lens, pages, seed=len(lens), poison=True)
+    q, k, vv, rest = fuzz.split_inputs(arrays)
+    ref = reference.attention(v, q, k, vv, rest)
+    case = fuzz.Case(len(lens), 4, pages * 16, "normal", len(lens))
+    n_chunks = -(-pages * 16 // kernel.plan.chunk)
+    for splits in sorted({1, 2, min(7, n_chunks), n_chunks}):
+        for fused in (True, False):
+            _check(v, kernel, case, splits=splits, fused=fused, given=(arrays, ref))
+    _check(v, kernel, case, ctas=min(97, kernel.plan.units(len(lens), 4, pages * 16)), given=(arrays, ref))
+    _check(v, kernel, case, given=(arrays, ref))
+
+
+@pytest.mark.gpu
+def test_paged_cache_lens_outside_lq_to_capacity_are_refused() -> None:
+    v = variant_of(SPEC_DRAFT)
+    kernel = _decode(v)
+    for lens in ([3, 40], [4, 65]):
+        arrays = _draft_inputs(v, [4, 40], 4, seed=1)
+        arrays["cache_lens"][:] = lens
+        q, k, vv, rest = fuzz.split_inputs(arrays)
+        with pytest.raises(ValueError, match=r"cache_lens: expected each row's cached tokens, the Lq = 4 new ones included, in \[4, 64\]"):
+            kernel(fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), **{n: fuzz.to_device(a) for n, a in rest.items()})

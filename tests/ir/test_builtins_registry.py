@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 import attngen
 from attngen.ir.nodes import SCORE_BUILTINS, BuiltinName
-from attngen.lang.builtins import BUILTINS, fuzz_forms
+from attngen.lang.builtins import BUILTINS, fuzz_forms, q_aligned
 from attngen.plan.validate import loads
 
 PKG = Path(attngen.__file__).resolve().parent
@@ -64,7 +64,8 @@ def test_generated_specs_use_every_builtin_and_lower_it_to_its_desugaring():
                 if isinstance(n, Builtin):
                     seen.add(n.name)
                     tensors = {d.name: d for d in v.inputs}
-                    assert n.body == BUILTINS[n.name].desugar(n.args, tensors, v.heads)
+                    aligned = q_aligned(paged=v.page_size is not None)
+                    assert n.body == BUILTINS[n.name].desugar(n.args, tensors, v.heads, aligned)
 
     draw()
     assert seen == set(BuiltinName)

@@ -341,15 +341,19 @@ def test_paged_check_reports_through_the_status_words(fake, monkeypatch):
     v, k, _ = _decode_kernel(DEC_SPECS["paged"])
     a, inputs = _decode_arrays(v, 2, 300)
     checked = []
-    monkeypatch.setattr(decode, "check_page_ids", lambda t, n, kern, sp: checked.append((t.data.ptr, n, sp)))
+    monkeypatch.setattr(decode, "check_page_ids",
+                        lambda arrays, pc, kern, sp: checked.append((arrays[pc.table].data.ptr, arrays[pc.lens].data.ptr, pc.num_pages, sp)))
     pages = a["k"].shape[0]
     k(a["q"], a["k"], a["v"], **inputs)
-    assert checked == [(inputs["block_table"].data.ptr, pages, 0)]
-    assert fake.reads == [(k._status.data.ptr, 3, 0)]  # read back at the end of the call (the check mode)
-    fake.words = [0, 0, -2]  # the device saw page id pages + 1
+    assert checked == [(inputs["block_table"].data.ptr, inputs["cache_lens"].data.ptr, pages, 0)]
+    assert fake.reads == [(k._status.data.ptr, decode.STATUS_WORDS, 0)]  # read back at the end of the call (the check mode)
+    fake.words = [0, 0, 0, 0, -3]  # the device saw a length 3 past the capacity
+    with pytest.raises(ValueError, match=r"cache_lens: expected each row's cached tokens.*got values from"):
+        k(a["q"], a["k"], a["v"], **inputs)
+    fake.words = [0, 0, -2, 0, 0]  # the device saw page id pages + 1
     with pytest.raises(ValueError, match=rf"block_table: expected page ids in \[0, {pages}\), got values from 0 to {pages + 1}"):
         k(a["q"], a["k"], a["v"], **inputs)
-    assert fake.writes == [(k._status.data.ptr, decode.STATUS_INIT, 0)]  # reset for the next call
+    assert fake.writes == [(k._status.data.ptr, decode.STATUS_INIT, 0)] * 2  # reset for the next call, after each error
     fake.reads.clear()
     checked.clear()
     k(a["q"], a["k"], a["v"], check_pages=False, **inputs)
@@ -365,18 +369,22 @@ def test_page_check_folds_ids_into_the_words_with_torch():
     torch = pytest.importorskip("torch")
     v, k, _ = _decode_kernel(DEC_SPECS["paged"])
     words = torch.tensor(decode.STATUS_INIT, dtype=torch.int64)
-    k._status_views["torch"] = words[1:3]
+    k._status_views["torch"] = words[1:]
     table = torch.tensor([[0, 5, 2], [3, 1, 4]], dtype=torch.int32)
+    pc = decode.PageCheck(table=0, lens=1, num_pages=6, Lq=1, Lk=48)
+    lens = torch.tensor([1, 48], dtype=torch.int32)
     monkey = decode.torch_current_stream
     decode.torch_current_stream = lambda dev: 0
     try:
         table.device.index  # noqa: B018  (CPU tensors: index None)
-        decode.check_page_ids(table, 6, k, 0)
-        assert words.tolist() == [0, 0, 0]
-        decode.check_page_ids(torch.tensor([[7, 1]], dtype=torch.int32), 6, k, 0)
-        assert words.tolist() == [0, 0, -2]
-        decode.check_page_ids(torch.tensor([[-1, 1]], dtype=torch.int32), 6, k, 0)
-        assert words.tolist() == [0, -1, -2]
+        decode.check_page_ids((table, lens), pc, k, 0)
+        assert words.tolist() == [0, 0, 0, 0, 0]
+        decode.check_page_ids((torch.tensor([[7, 1]], dtype=torch.int32), lens), pc, k, 0)
+        assert words.tolist() == [0, 0, -2, 0, 0]
+        decode.check_page_ids((torch.tensor([[-1, 1]], dtype=torch.int32), lens), pc, k, 0)
+        assert words.tolist() == [0, -1, -2, 0, 0]
+        decode.check_page_ids((table, torch.tensor([0, 50], dtype=torch.int32)), pc, k, 0)
+        assert words.tolist() == [0, -1, -2, -1, -2]
     finally:
         decode.torch_current_stream = monkey
 
