@@ -93,6 +93,7 @@ class MaskPlan:
     keys: int
     kv_start: torch.Tensor | None = None
     kv_lens: torch.Tensor | None = None
+    q_lens: torch.Tensor | None = None  # every query row runs: transformers masks keys only
 
 
 def _float_literal(x: float) -> str:
@@ -176,12 +177,19 @@ def _positive_float(value: Any, what: str) -> float:
     return x
 
 
+def _attribute(module: Any, name: str, default: Any = None) -> Any:
+    """A plain attribute of a module, looked up without nn.Module's slow __getattr__ (which runs
+    for every missing name, on every layer's every call)."""
+    d = getattr(module, "__dict__", {})
+    return d[name] if name in d else getattr(type(module), name, default)
+
+
 def module_pattern(module: Any, is_causal: Any, sliding_window: Any) -> tuple[bool, tuple[int, int] | None]:
     """(causal, window) of a module: `is_causal` (the call's override, else the attribute) and
     `sliding_window` as transformers' masks define it: a causal window of w keys is the key itself
     and the w - 1 before it, `window(w - 1, 0)`; a bidirectional one reaches w keys either side."""
     name = type(module).__name__
-    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    causal = _attribute(module, "is_causal", True) if is_causal is None else is_causal
     if not isinstance(causal, (bool, np.bool_)):
         raise UnsupportedAttention(f"{name}.is_causal: expected True or False, got {causal!r}")
     if sliding_window is None:
@@ -303,7 +311,8 @@ def _derive_plan(mask: torch.Tensor, B: int, Lq: int, Lk: int, causal: bool, win
     if lo_zero and (hi_full if fit_full else hi_cut):
         return MaskPlan(MaskMode.NONE, keys)
     i32 = torch.int32
-    return MaskPlan(MaskMode.PADDED if lo_zero else MaskMode.RANGE, keys, lo.to(i32), hi.to(i32))
+    return MaskPlan(MaskMode.PADDED if lo_zero else MaskMode.RANGE, keys, lo.to(i32), hi.to(i32),
+                    torch.full((B,), Lq, dtype=i32, device=dev))
 
 
 def mask_plan(mask: Any, B: int, Lq: int, Lk: int, causal: bool, window: tuple[int, int] | None,
@@ -333,6 +342,7 @@ def mask_plan(mask: Any, B: int, Lq: int, Lk: int, causal: bool, window: tuple[i
 # execution: the one place that picks where a call runs
 
 _REFERENCE_ON_CPU = False
+_TORCH_OPS: dict[int, Any] = {}
 
 
 def use_reference_on_cpu(enabled: bool = True) -> None:
@@ -359,9 +369,11 @@ def execute(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Runs `variant` on q [B, Lq, H, D], k, v [B, Lk, Hkv, D] and its runtime inputs by name;
     returns o [B, Lq, H, Dv], differentiable where the path is (see the module doc)."""
     if q.device.type == "cuda":
-        from attngen.runtime.torch_op import register
+        op = _TORCH_OPS.get(id(variant))
+        if op is None:
+            from attngen.runtime.torch_op import register
 
-        op = register(variant)
+            op = _TORCH_OPS.setdefault(id(variant), register(variant))  # (variants live on in _SPECS)
         return op(q, k, v, *(inputs[n] for n in op.input_names))
     if q.device.type != "cpu":
         raise RuntimeError(f"attngen runs on CUDA or CPU tensors, got tensors on {q.device}")
@@ -418,6 +430,8 @@ class _ReferenceAttention(torch.autograd.Function):
 # ------------------------------------------------------------------------------------------------
 # the functions transformers calls
 
+_CALLS: dict[tuple[Any, ...], Variant] = {}
+
 
 def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
                       scaling: float | None = None, dropout: float = 0.0, sliding_window: int | None = None,
@@ -438,23 +452,28 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
         raise UnsupportedAttention(f"{name}: output_attentions: attngen never forms the attention weights; use "
                                    f"attn_implementation='eager' to inspect them")
     if sliding_window is None:
-        sliding_window = getattr(module, "sliding_window", None)
+        sliding_window = _attribute(module, "sliding_window")
     if softcap is None:
-        softcap = getattr(module, "attn_logit_softcapping", None)
+        softcap = _attribute(module, "attn_logit_softcapping")
     causal, window = module_pattern(module, kwargs.get("is_causal"), sliding_window)
     B, Lq, Lk = int(query.shape[0]), int(query.shape[2]), int(key.shape[2])
     plan = mask_plan(attention_mask, B, Lq, Lk, causal, window, name)
-    p = spec_params(module, query, key, value, scaling=scaling, causal=causal, window=window, softcap=softcap,
-                    sinks=s_aux, plan=plan)
-    variant = build_variant(p, name)
-    keep = slice(0, plan.keys)
+    # The variant of this call, validated once per distinct set of the numbers it is built from.
+    call = (query.dtype, key.dtype, value.dtype, query.shape[1], key.shape[1], value.shape[1], query.shape[3],
+            key.shape[3], value.shape[3], scaling, causal, window, softcap,
+            None if s_aux is None else tuple(s_aux.shape), plan.mode, Lq != plan.keys)
+    variant = _CALLS.get(call)
+    if variant is None:
+        p = spec_params(module, query, key, value, scaling=scaling, causal=causal, window=window, softcap=softcap,
+                        sinks=s_aux, plan=plan)
+        variant = _CALLS.setdefault(call, build_variant(p, name))
     q = query.transpose(1, 2)  # [B, Lq, H, D]: the bshd views of transformers' tensors, no copies
-    k = key[:, :, keep].transpose(1, 2)
-    v = value[:, :, keep].transpose(1, 2)
+    if plan.keys != Lk:
+        key, value = key[:, :, : plan.keys], value[:, :, : plan.keys]
+    k, v = key.transpose(1, 2), value.transpose(1, 2)
     inputs: dict[str, torch.Tensor] = {}
     if plan.mode != MaskMode.NONE:
-        # transformers masks keys only: every query row runs, as in eager attention.
-        inputs["q_lens"] = torch.full((B,), Lq, dtype=torch.int32, device=query.device)
+        inputs["q_lens"] = plan.q_lens
         inputs["kv_lens"] = plan.kv_lens
         if plan.mode == MaskMode.RANGE:
             inputs["kv_start"] = plan.kv_start
