@@ -16,8 +16,9 @@ custom implementation no mask at all, and padding would be lost). Each call of a
    2-D padding mask, or the 4-D boolean or additive mask transformers builds. A 4-D mask is proven,
    element by element, to be the module's pattern restricted to one contiguous range of keys per
    batch row (padding on either side, or the empty slots of a static cache); the range becomes
-   the `padding` builtin's `kv_lens`, and a `kv_start` input for left padding. Anything else (packed
-   documents, custom mask functions, an additive bias) raises `UnsupportedAttention` naming the
+   the `padding` builtin's `kv_lens`, and a `kv_start` input for left padding. Packed sequences
+   (position_ids that restart) become `document(doc_ids)`. Anything else (custom mask functions,
+   an additive bias, a mask that differs between heads) raises `UnsupportedAttention` naming the
    attribute. The proof reads one result back from the device, once per mask tensor: all layers
    that share a mask share the proof.
 3. runs (`execute`): CUDA tensors through the attngen torch op (autograd included); CPU tensors
@@ -63,6 +64,7 @@ class MaskMode(enum.Enum):
     NONE = "none"  # every key
     PADDED = "padded"  # keys [0, kv_lens[b])
     RANGE = "range"  # keys [kv_start[b], kv_lens[b])
+    DOCUMENTS = "documents"  # keys of the query's own document (packed sequences): doc_ids[b, i]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,7 @@ class MaskPlan:
     kv_start: torch.Tensor | None = None
     kv_lens: torch.Tensor | None = None
     q_lens: torch.Tensor | None = None  # every query row runs: transformers masks keys only
+    doc_ids: torch.Tensor | None = None  # int32 [B, Lk], non-decreasing along each row
 
 
 def _float_literal(x: float) -> str:
@@ -115,6 +118,8 @@ def spec_text(p: SpecParams) -> str:
         lines.append(f"  scale {_float_literal(p.scale)}")
     if p.mask == MaskMode.RANGE:
         lines.append("  input kv_start: i32[B]")
+    if p.mask == MaskMode.DOCUMENTS:
+        lines.append("  input doc_ids: i32[B, Lk] sorted")
     if p.sinks:
         lines.append("  input sinks: fp32[H]")
     terms = []
@@ -122,10 +127,12 @@ def spec_text(p: SpecParams) -> str:
         terms.append("causal")
     if p.window is not None:
         terms.append(f"window({int(p.window[0])}, {int(p.window[1])})")
-    if p.mask != MaskMode.NONE:
+    if p.mask in (MaskMode.PADDED, MaskMode.RANGE):
         terms.append("padding")
     if p.mask == MaskMode.RANGE:
         terms.append("kv >= kv_start[b]")
+    if p.mask == MaskMode.DOCUMENTS:
+        terms.append("document(doc_ids)")
     if terms:
         lines.append("  mask " + " && ".join(terms))
     if p.softcap is not None:
@@ -303,16 +310,37 @@ def _derive_plan(mask: torch.Tensor, B: int, Lq: int, Lk: int, causal: bool, win
         raise UnsupportedAttention(f"{owner}: attention_mask: holds values other than 0 (visible) and -inf or the "
                                    f"dtype's minimum (masked): an additive bias, which attngen does not take as a mask")
     if not (fit_full or fit_cut):
+        docs = _documents(allowed, Lq, Lk, causal, window)
+        if docs is not None:
+            return docs
         raise UnsupportedAttention(
             f"{owner}: attention_mask: not the module's pattern ({_pattern_name(causal, window)}, from is_causal and "
-            f"sliding_window) restricted to one contiguous range of keys per batch row; attngen cannot express this "
-            f"mask (packed documents, a custom mask function, or a mask that varies otherwise)")
+            f"sliding_window) restricted to one contiguous range of keys per batch row, nor that pattern within "
+            f"packed documents; attngen cannot express this mask (a custom mask function, padding inside packed "
+            f"documents, or a mask that varies otherwise)")
     keys = Lk if fit_full else max(k_max, 1)
     if lo_zero and (hi_full if fit_full else hi_cut):
         return MaskPlan(MaskMode.NONE, keys)
     i32 = torch.int32
     return MaskPlan(MaskMode.PADDED if lo_zero else MaskMode.RANGE, keys, lo.to(i32), hi.to(i32),
                     torch.full((B,), Lq, dtype=i32, device=dev))
+
+
+def _documents(allowed: torch.Tensor, Lq: int, Lk: int, causal: bool, window: tuple[int, int] | None) -> MaskPlan | None:
+    """The plan of a packed-sequence mask (transformers builds one from position_ids that restart):
+    the module's causal pattern within documents of consecutive tokens. A document starts where a
+    token cannot see the token before it; the mask must then equal pattern && same document."""
+    if not causal or Lq != Lk or Lk < 2 or (window is not None and window[0] < 1):
+        return None
+    B, dev = allowed.shape[0], allowed.device
+    i = torch.arange(1, Lk, device=dev)
+    starts = torch.ones(B, Lk, dtype=torch.int32, device=dev)
+    starts[:, 1:] = (~allowed[:, i, i - 1]).to(torch.int32)
+    doc = starts.cumsum(dim=-1, dtype=torch.int32) - 1
+    same = doc[:, :, None] == doc[:, None, :]
+    if not bool(((_pattern(Lq, Lk, Lk, causal, window, dev)[None] & same) == allowed).all()):
+        return None
+    return MaskPlan(MaskMode.DOCUMENTS, Lk, doc_ids=doc.contiguous())
 
 
 def mask_plan(mask: Any, B: int, Lq: int, Lk: int, causal: bool, window: tuple[int, int] | None,
@@ -374,7 +402,9 @@ def execute(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             from attngen.runtime.torch_op import register
 
             op = _TORCH_OPS.setdefault(id(variant), register(variant))  # (variants live on in _SPECS)
-        return op(q, k, v, *(inputs[n] for n in op.input_names))
+        # The integration builds every runtime input itself (doc_ids, the one `sorted` input, is a
+        # cumsum), so the device check, and the read-back it costs at every layer, is skipped.
+        return op(q, k, v, *(inputs[n] for n in op.input_names), check_inputs=False)
     if q.device.type != "cpu":
         raise RuntimeError(f"attngen runs on CUDA or CPU tensors, got tensors on {q.device}")
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *inputs.values()))
@@ -472,7 +502,9 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
         key, value = key[:, :, : plan.keys], value[:, :, : plan.keys]
     k, v = key.transpose(1, 2), value.transpose(1, 2)
     inputs: dict[str, torch.Tensor] = {}
-    if plan.mode != MaskMode.NONE:
+    if plan.mode == MaskMode.DOCUMENTS:
+        inputs["doc_ids"] = plan.doc_ids
+    elif plan.mode != MaskMode.NONE:
         inputs["q_lens"] = plan.q_lens
         inputs["kv_lens"] = plan.kv_lens
         if plan.mode == MaskMode.RANGE:

@@ -189,7 +189,8 @@ def test_spec_text_of_each_mask_mode() -> None:
     assert "mask causal && padding\n" in padded and "input" not in padded
     assert loads(padded).get().runtime_inputs()
     for mode in hf.MaskMode:
-        text = hf.spec_text(hf.SpecParams(**{**base, "cross": True, "window": (127, 0), "softcap": 30.0, "sinks": True},
+        cross = mode != hf.MaskMode.DOCUMENTS  # (documents: self attention only, as mask_plan builds them)
+        text = hf.spec_text(hf.SpecParams(**{**base, "cross": cross, "window": (127, 0), "softcap": 30.0, "sinks": True},
                                           mask=mode))
         assert format_source(text) == text and loads(text).get().name == "hf_attention"
 
@@ -215,10 +216,14 @@ def test_mask_plans() -> None:
     plan = hf.mask_plan(additive, B, Lq, Lq, True, None)
     assert (plan.mode, plan.keys, plan.kv_lens.tolist()) == (hf.MaskMode.PADDED, Lq, [3, 4])
     assert hf.mask_plan(None, B, Lq, Lk, True, None) == hf.MaskPlan(hf.MaskMode.NONE, Lk)
+    # Two packed documents of 3 tokens each: causal within each.
+    docs = torch.block_diag(torch.ones(3, 3), torch.ones(3, 3)).tril().bool()[None, None]
+    plan = hf.mask_plan(docs, 1, 6, 6, True, None)
+    assert plan.mode == hf.MaskMode.DOCUMENTS and plan.doc_ids.tolist() == [[0, 0, 0, 1, 1, 1]]
 
 
 @pytest.mark.parametrize("what, mask", [
-    ("document", torch.block_diag(torch.ones(3, 3), torch.ones(3, 3)).tril().bool()[None, None]),
+    ("not causal", torch.block_diag(torch.ones(3, 3), torch.ones(3, 3)).bool()[None, None]),
     ("bias", torch.randn(1, 1, 6, 6)),
     ("per-head", torch.ones(1, 2, 6, 6, dtype=torch.bool)),
 ])
@@ -227,12 +232,37 @@ def test_masks_it_cannot_express_are_refused_naming_the_attribute(what: str, mas
         hf.mask_plan(mask, 1, 6, 6, True, None)
 
 
-def test_packed_sequences_are_refused_not_attended_across() -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_sequences_run_as_documents(family: str) -> None:
+    """position_ids that restart pack documents into one row: attention stays inside each."""
+    ours, eager = _pair(family)
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(2))
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3], list(range(SEQ))])
+    specs = []
+    real = hf.build_variant
+    hf.build_variant = lambda p, owner="attention": specs.append(hf.spec_text(p)) or real(p, owner)
+    cached = dict(hf._CALLS)
+    hf._CALLS.clear()
+    try:
+        with torch.no_grad():
+            a = ours(ids, position_ids=position_ids, use_cache=False).logits
+            b = eager(ids, position_ids=position_ids, use_cache=False).logits
+    finally:
+        hf.build_variant = real
+        hf._CALLS.update(cached)
+    assert (a - b).abs().max().item() < 1e-4
+    packed = any("document(doc_ids)" in t and "input doc_ids: i32[B, Lk] sorted" in t for t in specs)
+    # Llama's mask reads position_ids, so it packs; gpt-oss's does not (transformers attends across
+    # the documents there, and so does attngen: the logits above agree either way).
+    assert packed or family != "llama"
+
+
+def test_a_custom_4d_mask_is_refused_naming_the_attribute() -> None:
     ours, _ = _pair("llama")
-    ids = torch.randint(0, VOCAB, (1, 8))
-    position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])  # two documents in one row
-    with pytest.raises(hf.UnsupportedAttention, match=r"attention_mask: not the module's pattern \(causal"):
-        ours(ids, position_ids=position_ids, use_cache=False)
+    mask = torch.rand(1, 1, 6, 6, generator=torch.Generator().manual_seed(3)) > 0.5
+    mask |= torch.eye(6, dtype=torch.bool)
+    with pytest.raises(hf.UnsupportedAttention, match=r"LlamaAttention: attention_mask: not the module's pattern \(causal"):
+        ours(torch.randint(0, VOCAB, (1, 6)), attention_mask=mask, use_cache=False)
 
 
 def test_unsupported_head_dim_is_refused_naming_it() -> None:
