@@ -368,23 +368,35 @@ def test_gpu_fp32_logits_and_gradients_match_eager(family: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", FAMILIES)
-def test_gpu_bf16_logits_within_the_error_of_sdpa(family: str) -> None:
-    """bf16 logits against fp32 eager: attngen's error within twice that of bf16 sdpa (or bf16 eager
-    where the model has no sdpa path, Gemma-2's softcap)."""
+def test_gpu_bf16_logits_and_gradients_within_the_error_of_sdpa(family: str) -> None:
+    """bf16 against fp32 eager, logits and one training step's gradients: attngen's error within
+    twice that of bf16 sdpa (bf16 eager where the model has no sdpa path: Gemma-2's softcap,
+    gpt-oss's sinks)."""
     hf.use_reference_on_cpu(False)
     ids, mask = _batch("cuda")
     keep = _valid(mask)
+    labels = _labels(ids, mask)
     _, exact = _cuda_pair(family, torch.float32)
-    with torch.no_grad():
-        ref = exact(ids, attention_mask=mask).logits[keep]
-    peer = "eager" if family == "gemma2" else "sdpa"
-    errs = {}
+    exact.train()
+    out = exact(ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    ref_logits = out.logits[keep].detach()
+    ref_grads = {n: p.grad for n, p in exact.named_parameters() if p.grad is not None}
+    model_cls = type(exact)
+    peer = "sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager"
+    errs: dict[str, tuple[float, float]] = {}
     for impl in ("attngen", peer):
         model, _ = _cuda_pair(family, torch.bfloat16, impl=impl)
         model.load_state_dict({k: v.to(torch.bfloat16) for k, v in exact.state_dict().items()})
-        with torch.no_grad():
-            errs[impl] = (model(ids, attention_mask=mask).logits[keep].float() - ref).abs().max().item()
-    assert errs["attngen"] <= 2 * errs[peer] + 1e-2, errs
+        model.train()
+        o = model(ids, attention_mask=mask, labels=labels)
+        o.loss.backward()
+        logit_err = (o.logits[keep].float() - ref_logits).abs().max().item()
+        grad_err = max(((p.grad.float() - ref_grads[n]).norm() / (ref_grads[n].norm() + 1e-12)).item()
+                       for n, p in model.named_parameters() if n in ref_grads)
+        errs[impl] = (logit_err, grad_err)
+    assert errs["attngen"][0] <= 2 * errs[peer][0] + 1e-2, errs
+    assert errs["attngen"][1] <= 2 * errs[peer][1] + 1e-2, errs
 
 
 def test_module_names_no_model_string_in_the_spec() -> None:
