@@ -14,7 +14,9 @@ Two timings a row, both with CUDA events:
   step whose launches the host issues slower than the GPU runs them is timed as such), the median
   over --iters steps; the issue's bar is attngen >= 1.0x sdpa here;
 - queued: the same steps queued behind a spin kernel long enough for the host to queue them all,
-  the GPU's time alone; the gap to eager is host time.
+  the GPU's time alone; the gap to eager is host time. transformers' packed-sequence probe (a
+  read back on every forward without a mask) is off for this timing, and `*_step_synchronises`
+  records whether a step still read the device back (then its queued time includes host time).
 attngen and sdpa alternate step by step. Before timing, the two models' logits (bf16) are compared
 (max |difference| over the max |logit|, recorded).
 Results: one JSON line a row to PATH (default $OUT/hf.jsonl if $OUT is set, else
@@ -58,30 +60,47 @@ def _models():
     return models
 
 
-def _queued_ms(run, n: int = 5, repeats: int = 3) -> float:
-    """Median GPU milliseconds a step over `repeats` rounds of `n` steps queued behind a spin kernel
-    that outlasts the host's time to issue them (measured first), so no step waits for the host."""
+def _queued_ms(run, n: int = 5, repeats: int = 3) -> tuple[float, bool]:
+    """(median GPU milliseconds a step over `repeats` rounds of `n` steps queued behind a spin
+    kernel that outlasts the host's time to issue them, whether a step still synchronised).
+
+    transformers probes position_ids for packed sequences on every forward without a mask, a read
+    back that would drain the queue at each step; the probe is turned off here (for both
+    implementations alike: the batch is not packed), and one step runs under torch's sync debug
+    mode "error" to show that no other read back is left."""
     import time
+    from unittest import mock
 
     import torch
+    import transformers.masking_utils as masking
 
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    run()
-    host_s = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    cycles = int(min(2e9 * (2.0 * n * host_s + 0.01), 2**31 - 1))  # ~2 GHz: 2e9 cycles a second
-    out = []
-    for _ in range(repeats):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(cycles)
-        e0.record()
-        for _ in range(n):
-            run()
-        e1.record()
+    with mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
         torch.cuda.synchronize()
-        out.append(e0.elapsed_time(e1) / n)
-    return statistics.median(out)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            run()
+            synced = False
+        except RuntimeError:
+            synced = True
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run()
+        host_s = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        cycles = int(min(2e9 * (2.0 * n * host_s + 0.01), 2**31 - 1))  # ~2 GHz: 2e9 cycles a second
+        out = []
+        for _ in range(repeats):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(cycles)
+            e0.record()
+            for _ in range(n):
+                run()
+            e1.record()
+            torch.cuda.synchronize()
+            out.append(e0.elapsed_time(e1) / n)
+    return statistics.median(out), synced
 
 
 def _row(models: dict, L: int, iters: int) -> dict:
@@ -120,7 +139,7 @@ def _row(models: dict, L: int, iters: int) -> dict:
            "logits_rel_error_vs_sdpa": err}
     for impl, run in steps.items():
         row[f"{impl}_eager_ms"] = statistics.median(eager[impl])
-        row[f"{impl}_queued_ms"] = _queued_ms(run)
+        row[f"{impl}_queued_ms"], row[f"{impl}_step_synchronises"] = _queued_ms(run)
     row["speedup_vs_sdpa_eager"] = row["sdpa_eager_ms"] / row["attngen_eager_ms"]
     row["speedup_vs_sdpa_queued"] = row["sdpa_queued_ms"] / row["attngen_queued_ms"]
     return row

@@ -303,9 +303,8 @@ def _derive_plan(mask: torch.Tensor, B: int, Lq: int, Lk: int, causal: bool, win
     # Two alignments of the module's pattern: over all Lk keys, or over the first max(hi) keys (a
     # static cache whose trailing slots are empty); the mask must equal one of them element by element.
     fits = [((_pattern(Lq, k, Lk, causal, window, dev)[None] & rows[:, None, :]) == allowed).all() for k in (Lk, kmax)]
-    facts = torch.stack([values_ok, *fits, (lo == 0).all(), (hi == Lk).all(), (hi == kmax).all()]).tolist()
-    k_max = int(kmax)
-    values, fit_full, fit_cut, lo_zero, hi_full, hi_cut = facts
+    facts = [values_ok, *fits, (lo == 0).all(), (hi == Lk).all(), (hi == kmax).all(), kmax]
+    values, fit_full, fit_cut, lo_zero, hi_full, hi_cut, k_max = torch.stack([f.to(torch.int64) for f in facts]).tolist()
     if not values:
         raise UnsupportedAttention(f"{owner}: attention_mask: holds values other than 0 (visible) and -inf or the "
                                    f"dtype's minimum (masked): an additive bias, which attngen does not take as a mask")
