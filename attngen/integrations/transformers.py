@@ -352,7 +352,11 @@ def mask_plan(mask: Any, B: int, Lq: int, Lk: int, causal: bool, window: tuple[i
     if not isinstance(mask, torch.Tensor):
         raise UnsupportedAttention(f"{owner}: attention_mask: expected None or a tensor, got {type(mask).__name__} "
                                    f"(was the model built with attn_implementation='{NAME}'?)")
-    key = (B, Lq, Lk, causal, window, mask.shape, mask.dtype, mask._version)
+    try:
+        version = mask._version
+    except RuntimeError:  # an inference-mode tensor has no version counter (nor is written in place)
+        version = -1
+    key = (B, Lq, Lk, causal, window, mask.shape, mask.dtype, version)
     hit = _PLANS.get(id(mask))
     if hit is not None and hit[0]() is mask and hit[1] == key:
         return hit[2]
