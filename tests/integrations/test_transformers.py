@@ -308,12 +308,17 @@ def test_cpu_without_a_backend_or_the_reference_raises() -> None:
         ours(ids).logits.sum().backward() if has_cpu_backend else ours(ids)
 
 
-def test_generate_with_a_cache_and_left_padding_matches_eager() -> None:
-    ours, eager = _pair("llama")
+@pytest.mark.parametrize("family, cache", [("llama", "dynamic"), ("llama", "static"), ("gemma2", "static")])
+def test_generate_with_a_cache_and_left_padding_matches_eager(family: str, cache: str) -> None:
+    """Greedy decoding: prefill, then one query against a growing cache (kind cross); a static
+    cache's empty slots are cut off the keys; Gemma-2's sliding layers decode past their window."""
+    ours, eager = _pair(family)
     ids, mask = _batch()
     ids, mask = ids[1:], mask[1:].clone()
     mask[0] = 1  # generation pads on the left: one full row, one left-padded row
-    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
     with torch.inference_mode():  # (inference tensors: no version counter on the masks)
         a = ours.generate(ids, **kw)
         b = eager.generate(ids, **kw)
