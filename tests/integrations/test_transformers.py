@@ -423,3 +423,23 @@ def test_the_docs_example_spec_is_what_the_builder_writes() -> None:
                                     scale=256 ** -0.5, causal=True, window=(4095, 0), softcap=50.0, sinks=False,
                                     mask=hf.MaskMode.NONE, cross=False)
     assert shown == [hf.spec_text(gemma2_9b_local)]
+
+
+def test_the_mask_function_builds_a_mask_only_where_the_modules_pattern_is_not_enough() -> None:
+    from transformers.masking_utils import causal_mask_function
+
+    base = dict(batch_size=2, q_length=4, kv_length=4, q_offset=0, kv_offset=0, mask_function=causal_mask_function,
+                attention_mask=None, allow_is_causal_skip=True, device="cpu", dtype=torch.float32)
+    assert hf.mask_function(**base) is None  # plain causal: the module's pattern
+    assert hf.mask_function(**{**base, "q_length": 1, "q_offset": 3}) is None  # decoding, bottom-right aligned
+    padded = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    built = {
+        "padding": {"attention_mask": padded},
+        "custom mask function": {"use_vmap": True},
+        "no skip allowed": {"allow_is_causal_skip": False},
+        "static cache (keys past the queries)": {"q_length": 2, "kv_length": 8},
+        "local pattern longer than its window": {"local_size": 2},
+    }
+    for why, change in built.items():
+        m = hf.mask_function(**{**base, **change})
+        assert isinstance(m, torch.Tensor) and m.dtype == torch.bool and m.dim() == 4, why
