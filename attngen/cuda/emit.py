@@ -57,11 +57,34 @@ NEVER, MAYBE, ALWAYS = 0, 1, 2
 # Interval bounds for integers whose value is unknown. Far outside any index, well inside int64.
 INT_UNKNOWN = 1 << 40
 
-_CTYPE = {DType.I32: "int", DType.U8: "unsigned char", DType.FP32: "float", DType.FP16: "__half", DType.BF16: "__nv_bfloat16"}
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What differs between the backends' C++ for one expression: the element types of runtime
+    inputs, and the functions the fast-math path calls (the accurate path is libm on both). The
+    expressions themselves, their semantics and every helper name are shared."""
+
+    ctypes: tuple[tuple[DType, str], ...]
+    fast_funcs: tuple[tuple[Func, str], ...]
+
+    def ctype(self, d: DType) -> str:
+        return dict(self.ctypes)[d]
 
 
-def tensor_ctype(d: DType) -> str:
-    return _CTYPE[d]
+_ACCURATE = ((Func.TANH, "tanhf"), (Func.EXP, "expf"), (Func.LOG, "logf"), (Func.SQRT, "sqrtf"))
+CUDA = Dialect(
+    ((DType.I32, "int"), (DType.U8, "unsigned char"), (DType.FP32, "float"), (DType.FP16, "__half"), (DType.BF16, "__nv_bfloat16")),
+    ((Func.TANH, "ag_tanh_fast"), (Func.EXP, "__expf"), (Func.LOG, "__logf"), (Func.SQRT, "sqrtf")),
+)
+# The CPU backend: half types are their bits (uint16_t, converted by name in the lookups), and
+# there is no fast-math path (host libm is the one set of functions).
+CPU = Dialect(
+    ((DType.I32, "int"), (DType.U8, "unsigned char"), (DType.FP32, "float"), (DType.FP16, "uint16_t"), (DType.BF16, "uint16_t")),
+    _ACCURATE,
+)
+
+
+def tensor_ctype(d: DType, dialect: Dialect = CUDA) -> str:
+    return dialect.ctype(d)
 
 
 def float_literal(x: float) -> str:
@@ -113,6 +136,7 @@ class ElementEmitter:
     consts: dict[SizeSym, int]
     fast_math: bool = True
     eager: bool = False
+    dialect: Dialect = CUDA
 
     def emit(self, e: Expr) -> str:
         if isinstance(e, Builtin):
@@ -181,10 +205,7 @@ class ElementEmitter:
                 return f"fabsf({self._as_float(e.args[0])})"
             return f"abs({self.emit(e.args[0])})"
         x = self._as_float(e.args[0])
-        if self.fast_math:
-            name = {Func.TANH: "ag_tanh_fast", Func.EXP: "__expf", Func.LOG: "__logf", Func.SQRT: "sqrtf"}[f]
-        else:
-            name = {Func.TANH: "tanhf", Func.EXP: "expf", Func.LOG: "logf", Func.SQRT: "sqrtf"}[f]
+        name = dict(self.dialect.fast_funcs if self.fast_math else _ACCURATE)[f]
         return f"{name}({x})"
 
 

@@ -765,14 +765,24 @@ def _resolve(spec: Any, variant: str | None) -> Variant:
 
 
 def compile(spec: Any, variant: str | None = None, *, arch: str | Arch | None = None, verbose: bool = False,
-            family: str = "auto", softmax: WgmmaSoftmax | None = None) -> Any:
+            family: str = "auto", softmax: WgmmaSoftmax | None = None, device: str = "cuda") -> Any:
     """Parse (if needed), render, compile and load one variant for the current CUDA device.
 
     `spec` is a Variant, a Program, a path to a `.attn` file, or `.attn` source text. `family`:
     "forward" gives the forward `Kernel`; "decode" forces the split-KV decode family
     (`runtime_decode.DecodeKernel`); "auto" (default) gives the forward kernel, wrapped so that
     calls with small Lq run the decode family where the variant supports it. `softmax` replaces
-    the wgmma softmax schedule the plan picks (`render.plan`; benchmarks time the two side by side)."""
+    the wgmma softmax schedule the plan picks (`render.plan`; benchmarks time the two side by side).
+    `device="cpu"` builds the CPU backend instead (`attngen.cpu.kernel.CpuKernel`: NumPy arrays or
+    torch CPU tensors; `arch`, `family` and `softmax` are the GPU's and are not taken there)."""
+    if device == "cpu":
+        from attngen.cpu.kernel import compile_cpu
+
+        if arch is not None or family != "auto" or softmax is not None:
+            raise ValueError("device='cpu': arch, family and softmax choose GPU kernels; leave them unset")
+        return compile_cpu(_resolve(spec, variant), verbose=verbose)
+    if device != "cuda":
+        raise ValueError(f"device: expected 'cuda' or 'cpu', got {device!r}")
     import cupy
 
     from attngen.plan import decode as plan_decode
