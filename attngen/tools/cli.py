@@ -256,14 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0, help="seed of the random runtime inputs used for density")
     e.set_defaults(func=cmd_explain)
 
-    k = sub.add_parser("compile", help="render CUDA for a variant (and build it)")
+    k = sub.add_parser("compile", help="render CUDA (or CPU C++) for a variant (and build it)",
+                       description="Render a variant's kernel source. --target cuda (default) writes CUDA for "
+                       "--arch; --target cpu writes one self-contained C++17 file (FlashAttention on the CPU, OpenMP) "
+                       "whose extern \"C\" NAME_cpu_launch(params) a C++ engine links with no CUDA; --emit header "
+                       "writes either target's C header. --arch and the GPU-only options (--family, --pass, "
+                       "--resources, --emit ptx/cubin) are refused with --target cpu.")
     k.add_argument("file", metavar="FILE")
     k.add_argument("-o", "--output", help="output path (default: stdout)")
     k.add_argument("--variant", help="the variant to compile (needed when the file has several)")
-    k.add_argument("--arch", help=ARCH_HELP)
+    k.add_argument("--arch", help=ARCH_HELP + " (--target cuda only)")
+    k.add_argument("--target", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda (default): a .cu for --arch; cpu: a .cpp for the host C++ compiler (no CUDA needed)")
     k.add_argument("--prefix", help="start every exported symbol with this C identifier instead of `attngen` "
                    "(link two variants, or two arches of one, into one binary)")
-    k.add_argument("--emit", choices=["cu", "ptx", "cubin", "header"], default="cu", help="what to write")
+    k.add_argument("--emit", choices=["cu", "ptx", "cubin", "header"], default="cu",
+                   help="what to write: cu (default) the source (.cu, or the .cpp with --target cpu), header the C header")
     k.add_argument("--resources", action="store_true", help="print ptxas registers, shared memory, spills")
     k.add_argument("--verbose", "-v", action="store_true", help="print compile times and cache use")
     k.add_argument("--family", choices=["auto", "forward", "decode"], default="auto",
