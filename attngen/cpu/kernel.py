@@ -117,6 +117,8 @@ class _Binding:
 class CpuKernel:
     """One variant built for this CPU; call it like a function (`__call__`)."""
 
+    target = "cpu"  # (fuzz and tests tell it from the GPU's Kernel by this)
+
     def __init__(self, v: Variant, source: str, lib_path: str, compiler: str, flags: tuple[str, ...], openmp: bool,
                  seconds: float, cached: bool) -> None:
         self.variant = v

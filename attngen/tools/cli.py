@@ -294,12 +294,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def fuzz_arguments(z: argparse.ArgumentParser) -> None:
     """`attngen fuzz`'s arguments (their one definition: also attngen.check.fuzz's own parser)."""
-    z.add_argument("file", nargs="?", metavar="FILE")
-    z.add_argument("--variant")
+    z.add_argument("file", nargs="?", metavar="FILE", help="the spec whose kernels are fuzzed (or --specs)")
+    z.add_argument("--variant", help="the variant to fuzz (default: every variant of FILE)")
     z.add_argument("--specs", action="store_true", help="fuzz the compiler with generated and mutated specs")
-    z.add_argument("--max-examples", type=int, default=None)
-    z.add_argument("--seconds", type=float, default=None)
-    z.add_argument("--seed", type=int, default=None)
+    z.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="where kernels run: cuda (the GPU), cpu (the CPU backend: needs a C++ compiler) or auto "
+                   "(default: the GPU when one is usable, else the CPU backend)")
+    z.add_argument("--reference-only", action="store_true",
+                   help="run no kernel: check the front end and the reference only (without it, a run in which no "
+                   "kernel ran exits 1)")
+    z.add_argument("--max-examples", type=int, default=None,
+                   help="examples a variant (--specs: generated specs; default 100 on a GPU, 30 otherwise; --specs 200 / 300)")
+    z.add_argument("--seconds", type=float, default=None, help="stop after about this many seconds (shared by the variants)")
+    z.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: from the clock; printed at the start)")
     z.add_argument("--out", default=None, help="where failing cases are written (default fuzz-failures/)")
     z.add_argument("--nvcc", dest="nvcc", action="store_true", default=None,
                    help="--specs: compile every accepted spec with nvcc (sm_90a and sm_80); the default when nvcc is on the PATH")
