@@ -26,9 +26,9 @@ from attngen.lang.printer import print_expr
 from attngen.resources import cpu_template_dir
 
 DEFAULT_PREFIX = "attngen"
-BLOCK_M = 16  # query rows a tile: four register blocks of 4 rows
+BLOCK_M = 32  # query rows a tile: eight register blocks of 4 rows
 BLOCK_N = 64  # keys a block: four 16-wide register blocks
-VECTOR = 16  # the micro-kernels' column block (DV is padded to it)
+VECTOR = 32  # the widest register block's columns (the template picks 32 or 16): DV is padded to it
 
 
 @dataclass(frozen=True, slots=True)
