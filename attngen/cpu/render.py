@@ -26,7 +26,7 @@ from attngen.lang.printer import print_expr
 from attngen.resources import cpu_template_dir
 
 DEFAULT_PREFIX = "attngen"
-BLOCK_M = 32  # query rows a tile: eight register blocks of 4 rows
+BLOCK_M = 64  # rows a tile (packed query rows of the G heads of a kv head): fewer key-block loads a row
 BLOCK_N = 64  # keys a block: four 16-wide register blocks
 VECTOR = 32  # the widest register block's columns (the template picks 32 or 16): DV is padded to it
 
