@@ -123,7 +123,7 @@ def _banner(v: Variant, prefix: str) -> list[str]:
         f"layout {v.layout.value}, {v.kind.value} attention, scale {v.effective_scale!r}",
         f"int {symbol(v, prefix)}_launch(const {symbol(v, prefix)}_params* p): 0 ok, 1 invalid sizes or a null",
         "pointer, 2 out of memory. Every q/k/v/o row's last dimension is contiguous; strides are in elements.",
-        "Build: c++ -std=c++17 -O3 -march=native -fopenmp (without -fopenmp it runs on one thread).",
+        "Build: c++ -std=c++17 -O3 -march=native -fno-math-errno -fopenmp (without -fopenmp: one thread).",
     ]
 
 

@@ -4,7 +4,7 @@
 //
 //   attngen compile attention.attn --target cpu --prefix demo -o demo_cpu.cpp
 //   attngen compile attention.attn --target cpu --prefix demo --emit header -o demo_cpu.h
-//   g++ -std=c++17 -O3 -march=native -fopenmp main_cpu.cpp demo_cpu.cpp -o attn_demo_cpu
+//   g++ -std=c++17 -O3 -march=native -fno-math-errno -fopenmp main_cpu.cpp demo_cpu.cpp -o attn_demo_cpu
 //
 // The spec (the GPU demo's): fp16, heads 4 kv 2 (GQA), head_dim 64, causal, RMSNorm(1e-6) over each
 // q head with an fp32[64] weight; layout bhsd. The program checks the kernel against a plain loop
