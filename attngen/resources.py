@@ -52,6 +52,11 @@ def cuda_template_dir() -> Path:
     return _dir("attngen.backends.cuda", "backends/cuda", "backends/cuda", "fwd/attention.cu.j2")
 
 
+def cpu_template_dir() -> Path:
+    """The directory holding the CPU backend's templates (attention.cpp.j2)."""
+    return _dir("attngen.backends.cpu", "backends/cpu", "backends/cpu", "attention.cpp.j2")
+
+
 def cache_dir() -> Path:
     """Where attngen keeps what it can rebuild: cubins, the parser tables, compiled templates.
     ATTNGEN_CACHE_DIR, else $XDG_CACHE_HOME/attngen, else ~/.cache/attngen."""

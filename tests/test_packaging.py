@@ -70,6 +70,8 @@ def test_wheel_contains_grammar_and_templates(wheel):
         assert f"attngen/backends/cuda/{t.relative_to(tdir).as_posix()}" in names
     for mod in ("attngen/__init__.py", "attngen/tools/cli.py", "attngen/ir/nodes.py", "attngen/py.typed"):
         assert mod in names
+    # the CPU backend: its package and its template
+    assert "attngen/cpu/render.py" in names and "attngen/backends/cpu/attention.cpp.j2" in names
 
 
 def test_wheel_declares_console_script_and_version(wheel):

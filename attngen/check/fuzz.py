@@ -18,9 +18,14 @@ When nvcc is on the PATH (or with `--nvcc`; `--no-nvcc` skips it) every accepted
 mutated, is also rendered and compiled for sm_90a and sm_80 (`--jobs` at a time, in the background,
 `attngen.cuda.nvcc_check`): an accepted spec whose `.cu` does not compile is a failure.
 
-Without a GPU (no CuPy, or no device) the kernel cannot run: FILE mode then checks the reference's
-invariants and cross-checks it against FlexAttention on the CPU (when torch is importable), and
-renders CUDA source when a renderer is present; it says so at the start and in the summary.
+`--device` picks where kernels run: cuda (the GPU), cpu (the CPU backend, `attngen.cpu`: a C++
+compiler is all it needs) or auto (the default: the GPU when one is usable, else the CPU
+backend). A run in which no kernel ran exits 1 saying so, unless `--reference-only` asks for the
+checks that need no kernel: FILE mode then checks the reference's invariants and cross-checks it
+against FlexAttention on the CPU (when torch is importable), and renders CUDA source. With the CPU
+backend, `--specs` compiles and runs a sample of the accepted generated specs (every
+`fuzz_specs.CPU_SAMPLE`-th, the first included). Hypothesis keeps its files under the attngen cache
+directory.
 
 The work lives in focused modules: fuzz_cases (shapes and inputs), fuzz_device (device arrays),
 fuzz_run (kernel vs reference), fuzz_driver (hypothesis), fuzz_report (outcomes, reproducers),
@@ -54,15 +59,16 @@ __all__ = [
 
 
 def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, seconds: float | None, seed: int,
-                 out_dir: str, quiet: bool = False) -> Outcome:
-    """Fuzz one variant: kernel vs reference on the GPU, reference sanity (+ flex, render) without."""
+                 out_dir: str, quiet: bool = False, cpu: bool = False) -> Outcome:
+    """Fuzz one variant: kernel vs reference on the GPU (or, `cpu`, the CPU backend's kernel),
+    reference sanity (+ flex, render) without either."""
     outcome = Outcome(v.name)
     kernel = None
-    if gpu:
+    if gpu or cpu:
         from attngen.runtime import kernel as runtime
 
         try:
-            kernel = runtime.compile(v)
+            kernel = runtime.compile(v, device="cpu" if cpu else "cuda")
         except Exception as e:
             outcome.failure = f"compile failed: {fmt_exc(e)}"
             outcome.reproducer = write_reproducer(out_dir, spec_text, v, None, None, outcome.failure)
@@ -97,6 +103,7 @@ def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, se
         last_arrays[0] = arrays
         if kernel is not None:
             out, lse = run_kernel(kernel, v, arrays)
+            outcome.kernel_runs += 1
             bad = [r.summary() for r in compare(v, arrays, out, lse) if not r.ok]
             if bad:
                 raise AssertionError(f"{v.name} at {case.describe()}:\n" + "\n".join(bad))

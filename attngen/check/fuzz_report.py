@@ -152,6 +152,7 @@ class Outcome:
 
     label: str
     examples: int = 0
+    kernel_runs: int = 0  # examples that launched a kernel (on the GPU or the CPU backend)
     failure: str | None = None
     reproducer: Path | None = None
     notes: list[str] = field(default_factory=list)

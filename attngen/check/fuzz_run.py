@@ -22,7 +22,10 @@ def split_inputs(arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarr
 
 
 def run_kernel(kernel: Any, v: Variant, arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
-    """Launch a compiled kernel on device copies of `arrays` into NaN-poisoned outputs; host O, LSE."""
+    """Launch a compiled kernel on device copies of `arrays` into NaN-poisoned outputs; host O, LSE.
+    A CPU-backend kernel (`attngen.cpu.kernel.CpuKernel`) runs on the host arrays themselves."""
+    if getattr(kernel, "target", None) == "cpu":
+        return _run_kernel_cpu(kernel, v, arrays)
     q, k, vv, rest = split_inputs(arrays)
     B = q.shape[0]
     Lq = q.shape[2] if (v.layout == Layout.BHSD and q.ndim == 4) else q.shape[1]
@@ -41,6 +44,20 @@ def run_kernel(kernel: Any, v: Variant, arrays: Mapping[str, np.ndarray]) -> tup
     else:
         o_dev, lse_dev = res, lse
     return to_host(o_dev, v.dtype), (to_host(lse_dev, DType.FP32) if lse_dev is not None else None)
+
+
+def _run_kernel_cpu(kernel: Any, v: Variant, arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+    from attngen.check.reference import dtype_of
+
+    q, k, vv, rest = split_inputs(arrays)
+    B = q.shape[0]
+    Lq = q.shape[2] if (v.layout == Layout.BHSD and q.ndim == 4) else q.shape[1]
+    if v.layout == Layout.VARLEN:
+        B, Lq = len(rest[v.cu_seqlens_names[0]]) - 1, q.shape[0]
+    out = np.full(abi.o_shape(v, B, Lq), np.nan, dtype=dtype_of(v.dtype))
+    lse = np.full(abi.lse_shape(v, B, Lq), np.nan, dtype=np.float32) if v.lse else None
+    res = kernel(q, k, vv, out=out, **({"lse": lse} if lse is not None else {}), **rest)
+    return (res[0], res[1]) if isinstance(res, tuple) else (res, lse)
 
 
 def compare(v: Variant, arrays: Mapping[str, np.ndarray], out: np.ndarray, lse: np.ndarray | None,

@@ -277,10 +277,16 @@ def check_round_trip(prog: Any) -> str | None:
     return None
 
 
+# With the CPU backend (a compile of about a second a spec), `--specs` builds and runs the kernel of
+# every CPU_SAMPLE-th generated spec (the first included) against the reference.
+CPU_SAMPLE = 8
+CPU_NOTE = f"CPU backend: every {CPU_SAMPLE}th generated spec compiled and run against the reference"
+
+
 def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int, out_dir: str,
-               quiet: bool = False, nvcc: Any = None) -> list[Outcome]:
+               quiet: bool = False, nvcc: Any = None, cpu: bool = False) -> list[Outcome]:
     """Generated valid specs (load, round trip, verify) and mutated specs (SpecError or success);
-    with `nvcc` (an `nvcc_check.NvccChecker`) every accepted spec must also compile."""
+    with `nvcc` (an `nvcc_check.NvccChecker`) every accepted spec must also compile (`cpu`: CPU_SAMPLE)."""
     from hypothesis import strategies as st
 
     outcomes: list[Outcome] = []
@@ -290,7 +296,8 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
     # 1. Generated valid specs: must load, print and reload equal, and verify on random shapes.
     gen = Outcome("generated specs")
     if not gpu:
-        gen.notes.append("no GPU: generated specs are loaded, round-tripped and run through the reference only")
+        gen.notes.append(CPU_NOTE if cpu else "no GPU: generated specs are loaded, round-tripped and run through the reference only")
+    seen = [0]
 
     def gen_body(example: tuple[str, Any]) -> None:
         text, data = example
@@ -312,13 +319,14 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
             nvcc.submit(text, prog.variants)
         v = prog.variants[0]
         case = data.draw(case_strategy(v, max_len=600 if gpu else 96, max_work=(1 << 20) if gpu else (1 << 14)))
-        arrays = case_inputs(v, case)
-        if gpu:
+        arrays, seen[0] = case_inputs(v, case), seen[0] + 1
+        if gpu or (cpu and (v in kernels or (seen[0] - 1) % CPU_SAMPLE == 0)):
             from attngen.runtime import kernel as runtime
 
             if v not in kernels:
-                kernels[v] = runtime.compile(v)
+                kernels[v] = runtime.compile(v, device="cpu" if cpu else "cuda")
             out, lse = run_kernel(kernels[v], v, arrays)
+            gen.kernel_runs += 1
             bad = [r.summary() for r in compare(v, arrays, out, lse) if not r.ok]
             if bad:
                 raise AssertionError(f"at {case.describe()}:\n" + "\n".join(bad) + f"\n--- spec ---\n{text}")

@@ -57,9 +57,30 @@ NEVER, MAYBE, ALWAYS = 0, 1, 2
 # Interval bounds for integers whose value is unknown. Far outside any index, well inside int64.
 INT_UNKNOWN = 1 << 40
 
-def tensor_ctype(d: DType) -> str:
-    """The CUDA C++ element type (attngen.ir.dtypes)."""
-    return d.info.cuda
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What differs between the backends' C++ for one expression: the element types of runtime
+    inputs (a column of the dtype table), and the functions the fast-math path calls (the
+    accurate path is libm on both). The expressions themselves, their semantics and every helper
+    name are shared."""
+
+    name: str  # the dtype table's column: "cuda" or "cpp"
+    fast_funcs: tuple[tuple[Func, str], ...]
+
+    def ctype(self, d: DType) -> str:
+        return getattr(d.info, self.name)
+
+
+_ACCURATE = ((Func.TANH, "tanhf"), (Func.EXP, "expf"), (Func.LOG, "logf"), (Func.SQRT, "sqrtf"))
+CUDA = Dialect("cuda", ((Func.TANH, "ag_tanh_fast"), (Func.EXP, "__expf"), (Func.LOG, "__logf"), (Func.SQRT, "sqrtf")))
+# The CPU backend: half types are their bits (uint16_t, converted by name in the lookups), and
+# there is no fast-math path (host libm is the one set of functions).
+CPU = Dialect("cpp", _ACCURATE)
+
+
+def tensor_ctype(d: DType, dialect: Dialect = CUDA) -> str:
+    """The C++ element type of a runtime input on a backend (attngen.ir.dtypes)."""
+    return dialect.ctype(d)
 
 
 def float_literal(x: float) -> str:
@@ -111,6 +132,7 @@ class ElementEmitter:
     consts: dict[SizeSym, int]
     fast_math: bool = True
     eager: bool = False
+    dialect: Dialect = CUDA
 
     def emit(self, e: Expr) -> str:
         if isinstance(e, Builtin):
@@ -179,10 +201,7 @@ class ElementEmitter:
                 return f"fabsf({self._as_float(e.args[0])})"
             return f"abs({self.emit(e.args[0])})"
         x = self._as_float(e.args[0])
-        if self.fast_math:
-            name = {Func.TANH: "ag_tanh_fast", Func.EXP: "__expf", Func.LOG: "__logf", Func.SQRT: "sqrtf"}[f]
-        else:
-            name = {Func.TANH: "tanhf", Func.EXP: "expf", Func.LOG: "logf", Func.SQRT: "sqrtf"}[f]
+        name = dict(self.dialect.fast_funcs if self.fast_math else _ACCURATE)[f]
         return f"{name}({x})"
 
 

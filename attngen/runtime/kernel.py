@@ -38,6 +38,7 @@ from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, s
 
 if TYPE_CHECKING:
     from attngen.runtime.decode import DecodeKernel, Dispatch
+    from attngen.cpu.kernel import CpuKernel
 
 __all__ = [
     "COUNTER_BLOCK", "CallResult", "DeviceArray", "InputCheckError", "Kernel", "NaNCheckError", "compile",
@@ -381,7 +382,7 @@ def _resolve(spec: Any, variant: str | None) -> Variant:
 
 def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | None = None, *,
             arch: str | Arch | None = None, verbose: bool = False, family: str = "auto",
-            softmax: WgmmaSoftmax | None = None) -> Kernel | DecodeKernel | Dispatch:
+            softmax: WgmmaSoftmax | None = None, device: str = "cuda") -> Kernel | DecodeKernel | Dispatch | CpuKernel:
     """Parse (if needed), render, compile and load one variant for the current CUDA device.
 
     `spec` is a Variant, a Program, a path to a `.attn` file, or `.attn` source text. `family`:
@@ -389,7 +390,17 @@ def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | Non
     (`runtime_decode.DecodeKernel`); "auto" (default) gives the forward kernel, wrapped so that
     calls with small Lq run the decode family where the variant supports it. `softmax` replaces
     the wgmma softmax schedule the plan picks (`render.plan`; benchmarks time the two side by side).
-    Without CuPy, a MissingExtra (a ModuleNotFoundError) naming `pip install 'attngen[cuda]'`."""
+    Without CuPy, a MissingExtra (a ModuleNotFoundError) naming `pip install 'attngen[cuda]'`.
+    `device="cpu"` builds the CPU backend instead (`attngen.cpu.kernel.CpuKernel`: NumPy arrays or
+    torch CPU tensors; `arch`, `family` and `softmax` are the GPU's and are not taken there)."""
+    if device == "cpu":
+        from attngen.cpu.kernel import compile_cpu
+
+        if arch is not None or family != "auto" or softmax is not None:
+            raise ValueError("device='cpu': arch, family and softmax choose GPU kernels; leave them unset")
+        return compile_cpu(_resolve(spec, variant), verbose=verbose)
+    if device != "cuda":
+        raise ValueError(f"device: expected 'cuda' or 'cpu', got {device!r}")
     cupy = require_cupy("attngen.compile")
 
     from attngen.plan import decode as plan_decode

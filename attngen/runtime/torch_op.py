@@ -69,6 +69,11 @@ _NAMES: dict[str, tuple[Variant, str]] = {}
 _TORCH_DTYPES = {d: getattr(torch, d.info.torch) for d in ATTENTION_DTYPES}
 
 
+def _cpu_backend(q: torch.Tensor) -> bool:
+    """Whether a call on `q` runs the CPU backend (CPU tensors) rather than the CUDA kernels."""
+    return q.device.type == "cpu"
+
+
 def _op_name(v: Variant, arch: str) -> str:
     """A name unique to (variant, arch): the variant's own where it is free, else with a hash."""
     base = v.name if v.name.isidentifier() else "v_" + "".join(c if c.isalnum() else "_" for c in v.name)
@@ -182,6 +187,10 @@ class AttnOp:
 
     def _impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
         arrays, (check_inputs,) = _trailing(rest, kw, len(self.input_names), {"check_inputs": True})
+        if _cpu_backend(q):  # the CPU backend (attngen.cpu): forward only, checks always on
+            from attngen.cpu.kernel import compile_cpu
+
+            return compile_cpu(self.variant)(q, k, v, **dict(zip(self.input_names, arrays)))
         return self._launch(self.kernel(), q, k, v, arrays, self.input_names, check_inputs)
 
     def _fake_outputs(self, q: torch.Tensor, with_lse: bool) -> Any:
@@ -203,7 +212,11 @@ class AttnOp:
         return self._fake_outputs(q, self.variant.lse)
 
     def _refuse(self, tensors: tuple[Any, ...]) -> None:
-        """ValueError when an input requires grad and the backward kernels refuse the variant."""
+        """ValueError when an input requires grad and the backward kernels refuse the variant (or
+        the tensors are on the CPU, whose backend has no backward)."""
+        if isinstance(tensors[0], torch.Tensor) and _cpu_backend(tensors[0]) and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors):
+            raise ValueError(f"attngen::{self.name}: the CPU backend has no backward pass; call it on tensors that do "
+                             f"not require grad (detach() them, or call under torch.no_grad()), or on CUDA tensors")
         if self.refusal is None:
             return
         which = [n for n, x in zip(("q", "k", "v", *self.input_names), tensors) if isinstance(x, torch.Tensor) and x.requires_grad]

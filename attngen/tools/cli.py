@@ -315,14 +315,22 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="one JSON document on stdout instead of text (docs/JSON.md)")
     e.set_defaults(func=cmd_explain)
 
-    k = sub.add_parser("compile", help="render CUDA for a variant (and build it)")
+    k = sub.add_parser("compile", help="render CUDA (or CPU C++) for a variant (and build it)",
+                       description="Render a variant's kernel source. --target cuda (default) writes CUDA for "
+                       "--arch; --target cpu writes one self-contained C++17 file (FlashAttention on the CPU, OpenMP) "
+                       "whose extern \"C\" NAME_cpu_launch(params) a C++ engine links with no CUDA; --emit header "
+                       "writes either target's C header. --arch and the GPU-only options (--family, --pass, "
+                       "--resources, --emit ptx/cubin) are refused with --target cpu.")
     k.add_argument("file", metavar="FILE")
     k.add_argument("-o", "--output", help="output path (default: stdout)")
     k.add_argument("--variant", help="the variant to compile (needed when the file has several)")
-    k.add_argument("--arch", help=ARCH_HELP)
+    k.add_argument("--arch", help=ARCH_HELP + " (--target cuda only)")
+    k.add_argument("--target", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda (default): a .cu for --arch; cpu: a .cpp for the host C++ compiler (no CUDA needed)")
     k.add_argument("--prefix", help="start every exported symbol with this C identifier instead of `attngen` "
                    "(link two variants, or two arches of one, into one binary)")
-    k.add_argument("--emit", choices=["cu", "ptx", "cubin", "header"], default="cu", help="what to write")
+    k.add_argument("--emit", choices=["cu", "ptx", "cubin", "header"], default="cu",
+                   help="what to write: cu (default) the source (.cu, or the .cpp with --target cpu), header the C header")
     k.add_argument("--resources", action="store_true", help="print ptxas registers, shared memory, spills")
     k.add_argument("--verbose", "-v", action="store_true", help="print compile times and cache use")
     k.add_argument("--family", choices=["auto", "forward", "decode"], default="auto",
@@ -345,12 +353,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def fuzz_arguments(z: argparse.ArgumentParser) -> None:
     """`attngen fuzz`'s arguments (their one definition: also attngen.tools.cmd_fuzz's own parser)."""
-    z.add_argument("file", nargs="?", metavar="FILE")
-    z.add_argument("--variant")
+    z.add_argument("file", nargs="?", metavar="FILE", help="the spec whose kernels are fuzzed (or --specs)")
+    z.add_argument("--variant", help="the variant to fuzz (default: every variant of FILE)")
     z.add_argument("--specs", action="store_true", help="fuzz the compiler with generated and mutated specs")
-    z.add_argument("--max-examples", type=int, default=None)
-    z.add_argument("--seconds", type=float, default=None)
-    z.add_argument("--seed", type=int, default=None)
+    z.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="where kernels run: cuda (the GPU), cpu (the CPU backend: needs a C++ compiler) or auto "
+                   "(default: the GPU when one is usable, else the CPU backend)")
+    z.add_argument("--reference-only", action="store_true",
+                   help="run no kernel: check the front end and the reference only (without it, a run in which no "
+                   "kernel ran exits 1)")
+    z.add_argument("--max-examples", type=int, default=None,
+                   help="examples a variant (--specs: generated specs; default 100 on a GPU, 30 otherwise; --specs 200 / 300)")
+    z.add_argument("--seconds", type=float, default=None, help="stop after about this many seconds (shared by the variants)")
+    z.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: from the clock; printed at the start)")
     z.add_argument("--out", default=None, help="where failing cases are written (default fuzz-failures/)")
     z.add_argument("--nvcc", dest="nvcc", action="store_true", default=None,
                    help="--specs: compile every accepted spec with nvcc (sm_90a and sm_80); the default when nvcc is on the PATH")

@@ -3,6 +3,10 @@
     attngen compile FILE [-o OUT] [--variant NAME] [--arch ARCH] [--prefix NAME]
                          [--emit cu|ptx|cubin|header] [--family auto|forward|decode]
                          [--pass forward|backward] [--resources] [--verbose]
+    attngen compile FILE --target cpu [-o OUT] [--variant NAME] [--prefix NAME] [--emit cu|header]
+
+`--target cpu` writes the CPU backend's self-contained C++17 file (`attngen.cpu.render`; `--emit
+cu`, the default, is the target's source) or its C header; the GPU options are refused with it.
 
 `cu` (the default) is the self-contained `.cu` (kernel + `extern "C"` host launcher); `header` is a
 plain C header declaring the launcher's parameter struct and prototype for a C++ engine; `ptx` and
@@ -323,6 +327,8 @@ def _run(args: argparse.Namespace) -> int:
     out_path = getattr(args, "output", None)
     want_res = bool(getattr(args, "resources", False))
     verbose = bool(getattr(args, "verbose", False))
+    if (getattr(args, "target", None) or "cuda") == "cpu":
+        return _run_cpu(args, emit, out_path)
     try:
         arch = cli._parse_arch(getattr(args, "arch", None))
         text = cli._read(args.file)
@@ -433,6 +439,59 @@ def _run(args: argparse.Namespace) -> int:
         for stage, dt in timings:
             print(f"attngen:   {stage:<16} {dt * 1000:9.1f} ms", file=sys.stderr)
         print(f"attngen:   {'total':<16} {(time.perf_counter() - t_start) * 1000:9.1f} ms", file=sys.stderr)
+    return EXIT_OK
+
+
+def _run_cpu(args: argparse.Namespace, emit: str, out_path: str | None) -> int:
+    """`--target cpu`: the CPU backend's .cpp (`--emit cu`, the default) or its C header."""
+    from attngen.tools import cli
+    from attngen.lang.diagnostics import Diagnostic, SpecError
+    from attngen.lang.frontend import loads
+
+    gpu_only = [f"--{n}" for n, given in (("arch", getattr(args, "arch", None)), ("resources", getattr(args, "resources", False)),
+                                          ("deterministic", getattr(args, "deterministic", False)))
+                if given]
+    if (getattr(args, "family", None) or "auto") != "auto":
+        gpu_only.append("--family")
+    if (getattr(args, "pass_", None) or "forward") != "forward":
+        gpu_only.append("--pass backward (the cpu target has the forward pass only)")
+    if emit in ("ptx", "cubin"):
+        gpu_only.append(f"--emit {emit}")
+    if gpu_only:
+        raise _Usage(f"{', '.join(gpu_only)}: GPU options; --target cpu takes --emit cu|header, --variant, --prefix, -o")
+    prefix = getattr(args, "prefix", None) or "attngen"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix):
+        raise _Usage(f"--prefix {prefix!r} is not a C identifier (letters, digits and _, not starting with a digit)")
+    _check_output(out_path)
+    try:
+        text = cli._read(args.file)
+    except cli.UsageError as e:
+        raise _Usage(str(e)) from None
+    t0 = time.perf_counter()
+    try:
+        program = loads(text, args.file)
+        name = getattr(args, "variant", None)
+        if name is None and len(program.variants) != 1:
+            names = ", ".join(v.name for v in program.variants)
+            raise _Usage(f"{args.file} defines {len(program.variants)} variants ({names}); pick one with --variant NAME")
+        try:
+            v = program.get(name)
+        except KeyError as e:
+            raise _Usage(str(e.args[0]) if e.args else str(e)) from None
+        from attngen.cpu import render as render_cpu
+
+        why = render_cpu.unsupported(v)
+        if why:
+            raise SpecError([Diagnostic(f"the cpu target cannot run `{v.name}`", v.span, why)], text, args.file)
+        data = (render_cpu.render_header(v, prefix) if emit == "header" else render_cpu.render(v, prefix)).encode("utf-8")
+    except SpecError as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_SPEC
+    _write(out_path, data)
+    if getattr(args, "verbose", False):
+        where = "stdout" if out_path in (None, "-") else out_path
+        print(f"attngen: {v.name} for cpu: {emit}, {len(data)} bytes to {where} in {(time.perf_counter() - t0) * 1000:.1f} ms",
+              file=sys.stderr)
     return EXIT_OK
 
 

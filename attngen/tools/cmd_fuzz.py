@@ -24,14 +24,60 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _pick_device(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The device kernels run on ('cuda', 'cpu', or None: none) and a line saying so; raises
+    ValueError for a device that cannot be had."""
+    gpu, why = fuzz.gpu_status()
+    if getattr(args, "reference_only", False):
+        return None, (f"GPU present ({why})" if gpu else f"no GPU ({why})") + \
+            "; --reference-only: fuzzing the front end and reference only, no kernels run"
+    dev = getattr(args, "device", None) or "auto"
+    if dev == "cuda" or (dev == "auto" and gpu):
+        if not gpu:
+            raise ValueError(f"--device cuda: no usable GPU ({why})")
+        return "cuda", f"GPU: {why}"
+    from attngen.cpu.compile import CompilerNotFound, compiler_version, find_compiler
+
+    try:
+        cxx = compiler_version(tuple(find_compiler()))
+    except CompilerNotFound as e:
+        if dev == "cpu":
+            raise ValueError(f"--device cpu: {e}") from None
+        return None, f"no GPU ({why}) and no CPU backend ({e}): no kernels run"
+    return "cpu", f"CPU backend ({cxx})" + ("" if dev == "cpu" else f"; no GPU: {why}")
+
+
+def _hypothesis_home() -> None:
+    """Hypothesis keeps its files (example database, caches) under the attngen cache directory,
+    not in the current directory."""
+    try:
+        from hypothesis.configuration import set_hypothesis_home_dir
+
+        from attngen.resources import cache_dir
+
+        set_hypothesis_home_dir(cache_dir() / "hypothesis")
+    except Exception:  # an older hypothesis without the setter: its default stays
+        pass
+
+
 def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
-    """Run `attngen fuzz`; returns 0 when nothing failed, 1 on a failure, 2 on a usage error."""
+    """Run `attngen fuzz`; returns 0 when nothing failed, 1 on a failure (or when no kernel ran
+    without --reference-only), 2 on a usage error."""
     if args is None or not isinstance(args, argparse.Namespace):
         args = build_parser().parse_args(list(args) if args is not None else None)
     out_dir = args.out or "fuzz-failures"
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
-    gpu, why = fuzz.gpu_status()
-    mode = f"GPU: {why}" if gpu else f"no GPU ({why}): fuzzing the front end and reference only, no kernels run"
+    _hypothesis_home()
+    try:
+        device, mode = _pick_device(args)
+    except ValueError as e:
+        print(f"attngen fuzz: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    gpu, cpu = device == "cuda", device == "cpu"
+    if getattr(args, "device", None) == "cpu" and getattr(args, "pass_", None) == "backward":
+        print("attngen fuzz: error: the CPU backend has the forward pass only: --pass forward or both (the backward "
+              "then checks the reference), or --device cuda", file=sys.stderr)
+        return EXIT_USAGE
     print(f"attngen fuzz: {mode}; seed {seed}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     if args.specs:
@@ -51,7 +97,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         # With both passes, --seconds is shared: three quarters forward, a quarter backward.
         fwd_seconds = args.seconds * 3 / 4 if (args.seconds and which == "both") else args.seconds
         outcomes = [] if which == "backward" else fuzz.fuzz_specs(gpu=gpu, max_examples=n, seconds=fwd_seconds, seed=seed,
-                                                             out_dir=out_dir, nvcc=checker)
+                                                             out_dir=out_dir, nvcc=checker, cpu=cpu)
         if which != "forward":  # the backward pass: attngen.check.fuzz_bwd
             from attngen.check import fuzz_bwd
 
@@ -89,7 +135,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         else:
             outcomes = []
         if getattr(args, "pass_", None) != "backward":
-            outcomes = [fuzz.fuzz_variant(v, text, gpu=gpu, max_examples=n, seconds=per, seed=seed, out_dir=out_dir)
+            outcomes = [fuzz.fuzz_variant(v, text, gpu=gpu, max_examples=n, seconds=per, seed=seed, out_dir=out_dir, cpu=cpu)
                         for v in variants] + outcomes
     failed = [o for o in outcomes if o.failure]
     for o in failed:
@@ -98,11 +144,19 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             print(f"  reproducer written to {o.reproducer}/ (spec.attn, inputs.npz, test_repro.py)", file=sys.stderr)
     notes = sorted({n for o in outcomes for n in o.notes})
     total = sum(o.examples for o in outcomes)
+    runs = sum(o.kernel_runs for o in outcomes)
     parts = ", ".join(f"{o.label}: {o.examples}" for o in outcomes)
-    where = "GPU" if gpu else "CPU only (no kernels ran)"
-    print(f"attngen fuzz: {total} examples ({parts}) on {where} in {time.monotonic() - t0:.1f}s, "
+    where = {"cuda": "GPU", "cpu": "the CPU backend"}.get(device or "", "CPU only (no kernels ran)")
+    print(f"attngen fuzz: {total} examples ({parts}), {runs} kernel runs, on {where} in {time.monotonic() - t0:.1f}s, "
           f"{len(failed)} failing" + (f"; written to {out_dir}/" if failed else "") + (f" [{'; '.join(notes)}]" if notes else ""))
-    return EXIT_FAIL if failed else EXIT_OK
+    if failed:
+        return EXIT_FAIL
+    if runs == 0 and not getattr(args, "reference_only", False):
+        # A run that launched nothing tested no kernel: never green (CI without a GPU or compiler).
+        print(f"attngen fuzz: error: no kernel ran ({mode}); pass --reference-only to check only the front end and "
+              "the reference", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,7 +25,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_file_mode_backward_runs_the_reference_checks(tmp_path):
-    r = _cli("examples/t5_relative_bias.attn", "--pass", "backward", "--max-examples", "6", "--seed", "3", "--out", str(tmp_path))
+    r = _cli("examples/t5_relative_bias.attn", "--pass", "backward", "--max-examples", "6", "--seed", "3", "--out", str(tmp_path), "--reference-only")
     assert r.returncode == 0, r.stderr
     assert "t5_relative_bias (backward): 6" in r.stdout and "rendered the backward source (both dQ modes)" in r.stdout
     both = _cli("examples/llama3_gqa_causal.attn", "--pass", "both", "--max-examples", "3", "--seed", "3", "--out", str(tmp_path))
@@ -43,7 +43,7 @@ def test_refused_variant_is_a_failure_that_says_why(tmp_path):
 def test_issue14_constructs_fuzz_on_the_cpu(example, tmp_path):
     # The o post-norm, the token-scope q norm and layout varlen: rendered in both dQ modes, the
     # reference backward against central differences on drawn cases.
-    r = _cli(f"examples/{example}.attn", "--pass", "backward", "--max-examples", "6", "--seed", "2", "--out", str(tmp_path))
+    r = _cli(f"examples/{example}.attn", "--pass", "backward", "--max-examples", "6", "--seed", "2", "--out", str(tmp_path), "--reference-only")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "0 failing" in r.stdout + r.stderr
 
@@ -57,7 +57,7 @@ def test_specs_cover_both_passes(tmp_path):
     r = _cli("--specs", "--no-nvcc", "--max-examples", "12", "--seed", "5", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "generated specs: " in r.stdout and "generated specs (backward): 3" in r.stdout
-    only = _cli("--specs", "--pass", "backward", "--no-nvcc", "--max-examples", "8", "--seed", "5", "--out", str(tmp_path))
+    only = _cli("--specs", "--pass", "backward", "--no-nvcc", "--max-examples", "8", "--seed", "5", "--out", str(tmp_path), "--reference-only")
     assert only.returncode == 0, only.stderr[-3000:]
     assert "generated specs (backward): 2" in only.stdout and "generated specs:" not in only.stdout.replace("generated specs (backward)", "")
 

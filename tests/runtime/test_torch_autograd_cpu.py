@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the attngen[torch] extra)")
 
 import attngen.runtime.torch as at  # noqa: E402
+from attngen.runtime import torch_op  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EX = ROOT / "examples"
@@ -225,6 +226,7 @@ def test_real_implementations_on_cpu_with_stub_kernels(monkeypatch):
     from attngen.runtime import bwd as runtime_bwd
 
     op = at.register(LEARN)
+    monkeypatch.setattr(torch_op, "_cpu_backend", lambda q: False)  # the CUDA plumbing, on CPU tensors
     stub = _StubKernel(op.train_variant)
     monkeypatch.setattr(op, "train_kernel", lambda: stub)
     calls = []

@@ -1,0 +1,262 @@
+"""The CPU backend called from Python (stage: load + launch).
+
+`compile(spec, device="cpu")` renders, builds (cached) and loads one variant; the `CpuKernel` it
+returns takes NumPy arrays or torch CPU tensors without copying them. A call's arrays are
+validated once per signature (types, dtypes, shapes, strides, positions): a wrong array is refused
+before the launch with the words `abi.bind_sizes` uses on the GPU. Values the kernel trusts are
+checked every call, as the GPU's device checks do: `sorted` inputs, cu_seqlens, block-table ids.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attngen.check.reference import cu_seqlens_values, dtype_of
+from attngen.cpu import render as render_cpu
+from attngen.cpu.compile import compile_source
+from attngen.ir import abi
+from attngen.ir.nodes import BLOCK_TABLE, Layout, Variant
+
+_CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong}
+
+
+def _struct(v: Variant) -> type[ctypes.Structure]:
+    """A ctypes mirror of the params struct, from the same field list the C text is built from."""
+    fs = [(f.name, _CTYPES.get(f.ctype, ctypes.c_void_p)) for f in render_cpu.fields(v)]
+    return type(f"{v.name}_cpu_params", (ctypes.Structure,), {"_fields_": fs})
+
+
+@dataclass(frozen=True, slots=True)
+class _Arr:
+    """What the kernel needs of one array: the object (kept alive), its address, shape, strides in
+    elements and dtype name."""
+
+    obj: Any
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    is_torch: bool
+
+
+_TORCH_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.int32": "int32",
+                "torch.uint8": "uint8", "torch.int64": "int64", "torch.float64": "float64", "torch.bool": "bool"}
+
+
+def _arr(name: str, x: Any) -> _Arr:
+    if isinstance(x, np.ndarray):
+        size = x.itemsize
+        if any(s % size for s in x.strides):
+            raise ValueError(f"{name}: expected strides that are whole elements, got byte strides {x.strides}")
+        return _Arr(x, x.ctypes.data, tuple(x.shape), tuple(s // size for s in x.strides), x.dtype.name, False)
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        if x.device.type != "cpu":
+            raise ValueError(f"{name}: expected a CPU tensor for the cpu target, got a tensor on {x.device}")
+        return _Arr(x, x.data_ptr(), tuple(x.shape), tuple(x.stride()), _TORCH_NAMES.get(str(x.dtype), str(x.dtype)), True)
+    raise ValueError(f"{name}: expected a NumPy array or a torch CPU tensor, got {type(x).__name__}")
+
+
+def _host(a: _Arr) -> np.ndarray:
+    """A NumPy view of an array's values, for the per-call value checks."""
+    if not a.is_torch:
+        return a.obj
+    t = a.obj
+    return t.float().numpy() if a.dtype in ("bfloat16", "float16") else t.numpy()
+
+
+def _check_values(v: Variant, arrs: dict[str, _Arr], sizes: abi.Sizes) -> None:
+    """The promises the kernel trusts, checked before every launch (InputCheckError/ValueError)."""
+    from attngen.runtime.kernel import InputCheckError
+
+    for d in v.runtime_inputs():
+        if d.sorted and d.shape and d.name in arrs:
+            x = _host(arrs[d.name])
+            bad = np.argwhere(np.diff(x, axis=-1) < 0)
+            if bad.size:
+                i = tuple(int(t) for t in bad[0])
+                at = (*i[:-1], i[-1] + 1)
+                raise InputCheckError(f"{d.name}: declared sorted, but {d.name}{list(at)} = {x[at]} < {d.name}{list(i)} = {x[i]}")
+    if v.layout == Layout.VARLEN:
+        cu_seqlens_values(v, {n: _host(arrs[n]) for n in set(v.cu_seqlens_names)}, sizes.Lq, sizes.Lk)
+    if v.page_size is not None:
+        t = _host(arrs[BLOCK_TABLE])
+        n = arrs["k"].shape[0]
+        if t.size and (t.min() < 0 or t.max() >= n):
+            raise ValueError(f"block_table: expected page ids in [0, {n}), got values from {t.min()} to {t.max()}")
+
+
+def _qkv_strides(v: Variant, name: str, a: _Arr) -> tuple[int, int, int]:
+    """(batch, head, sequence) strides of q, k, v or o in elements."""
+    s = a.strides
+    if v.page_size is not None and name in ("k", "v"):
+        return s[0], s[2], s[1]
+    if v.layout == Layout.VARLEN:
+        return 0, s[1], s[0]
+    if len(a.shape) == 3:  # q as a flat [B, L, H*D] hidden state
+        return s[0], v.head_dim * s[2], s[1]
+    return (s[0], s[1], s[2]) if v.layout == Layout.BHSD else (s[0], s[2], s[1])
+
+
+@dataclass
+class _Binding:
+    """What one call signature fixed: sizes, and the params with every non-pointer field set."""
+
+    sizes: abi.Sizes
+    params: ctypes.Structure
+    o_shape: tuple[int, ...]
+    lse_shape: tuple[int, ...]
+
+
+class CpuKernel:
+    """One variant built for this CPU; call it like a function (`__call__`)."""
+
+    target = "cpu"  # (fuzz and tests tell it from the GPU's Kernel by this)
+
+    def __init__(self, v: Variant, source: str, lib_path: str, compiler: str, flags: tuple[str, ...], openmp: bool,
+                 seconds: float, cached: bool) -> None:
+        self.variant = v
+        self.source = source
+        self.compiler = compiler
+        self.flags = flags
+        self.openmp = openmp
+        self.compile_seconds = seconds
+        self.cached = cached
+        self._lib = ctypes.CDLL(lib_path)
+        self._fn = getattr(self._lib, render_cpu.symbol(v) + "_launch")
+        self._fn.restype = ctypes.c_int
+        self._struct = _struct(v)
+        self._fn.argtypes = [ctypes.POINTER(self._struct)]
+        self._bindings: dict[tuple, _Binding] = {}
+        self._names = tuple(d.name for d in v.runtime_inputs())
+
+    def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, num_threads: int = 0,
+                 q_offset: int = 0, kv_offset: int = 0, Lq_total: int | None = None, Lk_total: int | None = None,
+                 **inputs: Any) -> Any:
+        """Runs the kernel; returns `o`, or `(o, lse)` when the spec asks for the LSE. Arrays are
+        NumPy arrays or torch CPU tensors (one kind for q, k, v and the outputs); `out` and `lse`
+        may be given (else allocated like q). `num_threads` 0 takes the OpenMP default. Positions as
+        on the GPU (`abi.Positions`). Raises NaNCheckError for a `nan_check` variant's bad output."""
+        var = self.variant
+        unexpected = sorted(set(inputs) - set(self._names))
+        missing = [n for n in self._names if n not in inputs]
+        if missing or unexpected:
+            abi.bind_sizes_inputs(var, abi.Sizes(1, 1, 1), {n: ((), "") for n in inputs}, False)
+        arrs = {"q": _arr("q", q), "k": _arr("k", k), "v": _arr("v", v), **{n: _arr(n, inputs[n]) for n in self._names}}
+        pos = abi.Positions(q_offset, kv_offset, Lq_total, Lk_total)
+        sig = (tuple((a.shape, a.strides, a.dtype, a.is_torch) for a in arrs.values()), pos)
+        b = self._bindings.get(sig)
+        if b is None:
+            b = self._bind(arrs, pos)
+            if len(self._bindings) < 256:
+                self._bindings[sig] = b
+        _check_values(var, arrs, b.sizes)
+        o = self._output("out", out, b.o_shape, var.dtype, arrs["q"])
+        lse_arr = self._output("lse", lse, b.lse_shape, None, arrs["q"]) if var.lse or lse is not None else None
+        p = self._struct.from_buffer_copy(b.params)
+        p.q, p.k, p.v, p.o = arrs["q"].ptr, arrs["k"].ptr, arrs["v"].ptr, o.ptr
+        p.lse = lse_arr.ptr if lse_arr is not None else None
+        flag = ctypes.c_int(0)
+        p.nan_flag = ctypes.addressof(flag)
+        p.num_threads = int(num_threads)
+        for n in self._names:
+            setattr(p, f"in_{n}", arrs[n].ptr)
+        rc = self._fn(ctypes.byref(p))
+        if rc != 0:
+            raise RuntimeError(f"{render_cpu.symbol(var)}_launch returned {rc} ({'out of memory' if rc == 2 else 'invalid arguments'})")
+        if flag.value:
+            from attngen.runtime.kernel import NaNCheckError
+
+            raise NaNCheckError(f"variant {var.name}: nan_check found NaN or Inf in the output")
+        return (o.obj, lse_arr.obj) if var.lse else o.obj
+
+    def _bind(self, arrs: dict[str, _Arr], pos: abi.Positions) -> _Binding:
+        """The full validation of one signature; the params without pointers."""
+        var = self.variant
+        want = abi.DTYPE_NAMES[var.dtype]
+        for n in ("q", "k", "v"):
+            a = arrs[n]
+            if a.dtype != want:
+                raise ValueError(f"{n}: expected dtype {want} ({var.dtype.value}), got {a.dtype}")
+        given = {n: (arrs[n].shape, arrs[n].dtype) for n in self._names}
+        sizes = abi.bind_sizes(var, arrs["q"].shape, arrs["k"].shape, arrs["v"].shape, given, positions=pos)
+        for n in ("q", "k", "v"):
+            a = arrs[n]
+            if a.strides and a.strides[-1] != 1 and a.shape[-1] > 1:
+                raise ValueError(f"{n}: expected a contiguous last dimension (stride 1), got strides {a.strides} (elements)")
+        p = self._struct()
+        p.B, p.Lq, p.Lk = sizes.B, sizes.Lq, sizes.Lk
+        if var.layout == Layout.VARLEN:
+            p.q_offset, p.kv_offset, p.Lq_total, p.Lk_total = 0, 0, sizes.Lq, sizes.Lk
+        else:
+            r = pos.resolve(sizes.Lq, sizes.Lk)
+            p.q_offset, p.kv_offset, p.Lq_total, p.Lk_total = r.q_offset, r.kv_offset, int(r.Lq_total), int(r.Lk_total)
+        if var.page_size is not None:
+            p.num_pages = arrs["k"].shape[0]
+        for n in ("q", "k", "v"):
+            for s, val in zip(("sb", "sh", "ss"), _qkv_strides(var, n, arrs[n])):
+                setattr(p, f"{n}_{s}", val)
+        o_shape = abi.o_shape(var, sizes.B, sizes.Lq)
+        lse_shape = abi.lse_shape(var, sizes.B, sizes.Lq)
+        # O is written densely in its layout: strides of a contiguous array of o_shape.
+        dense = np.empty(o_shape, dtype=np.uint8).strides
+        o_arr = _Arr(None, 0, o_shape, dense, "", False)
+        for s, val in zip(("sb", "sh", "ss"), _qkv_strides(var, "o", o_arr)):
+            setattr(p, f"o_{s}", val)
+        if var.layout == Layout.VARLEN:
+            p.lse_sh = sizes.Lq
+        for d in var.runtime_inputs():
+            a = arrs[d.name]
+            for i in range(len(d.shape)):
+                setattr(p, f"in_{d.name}_n{i}", a.shape[i])
+                setattr(p, f"in_{d.name}_s{i}", a.strides[i])
+        return _Binding(sizes, p, o_shape, lse_shape)
+
+    def _output(self, name: str, given: Any, shape: tuple[int, ...], dt, like: _Arr) -> _Arr:
+        """`out` or `lse`: the caller's (checked: shape, dtype, contiguous) or a new array like q."""
+        want = abi.DTYPE_NAMES[dt] if dt is not None else "float32"
+        if given is None:
+            if like.is_torch:
+                import torch
+
+                tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[want]
+                return _arr(name, torch.empty(shape, dtype=tdt))
+            return _arr(name, np.empty(shape, dtype=dtype_of(dt) if dt is not None else np.float32))
+        a = _arr(name, given)
+        if a.shape != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
+        if a.dtype != want:
+            raise ValueError(f"{name}: expected dtype {want}, got {a.dtype}")
+        dense = tuple(s // 1 for s in np.empty(shape, dtype=np.uint8).strides)
+        if a.strides != dense:
+            raise ValueError(f"{name}: expected a contiguous array, got strides {a.strides} (elements)")
+        return a
+
+
+_KERNELS: dict[tuple, CpuKernel] = {}
+_LOCK = threading.Lock()
+
+
+def compile_cpu(v: Variant, *, verbose: bool = False) -> CpuKernel:
+    """Render, build (cached on disk) and load `v` for this CPU; one kernel per variant a process."""
+    with _LOCK:
+        if v in _KERNELS:
+            return _KERNELS[v]
+    t0 = time.perf_counter()
+    src = render_cpu.render(v)
+    lib = compile_source(src)
+    k = CpuKernel(v, src, lib.path, lib.compiler, lib.flags, lib.openmp, lib.seconds, lib.cached)
+    if verbose:
+        what = "cache hit" if lib.cached else f"compiled in {lib.seconds:.2f} s"
+        print(f"attngen: {v.name} for cpu with {lib.compiler}: {what}; load {time.perf_counter() - t0:.3f} s total")
+    with _LOCK:
+        return _KERNELS.setdefault(v, k)
+
+
+__all__ = ["CpuKernel", "compile_cpu"]
