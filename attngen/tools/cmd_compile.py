@@ -314,6 +314,49 @@ def _need_nvcc(what: str) -> None:
         raise _Usage(f"{what} needs nvcc, which is not on the PATH (install the CUDA toolkit, or use --emit cu and build elsewhere)")
 
 
+def _prefix(args: argparse.Namespace) -> str:
+    """`--prefix`, a C identifier ("attngen" by default: render_cuda.DEFAULT_PREFIX, without importing jinja2 yet)."""
+    prefix = getattr(args, "prefix", None) or "attngen"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix):
+        raise _Usage(f"--prefix {prefix!r} is not a C identifier (letters, digits and _, not starting with a digit)")
+    return prefix
+
+
+def _pick_variant(program, name: str | None, path: str):
+    """The variant `--variant` names, or the file's only one."""
+    if name is None and len(program.variants) != 1:
+        names = ", ".join(v.name for v in program.variants)
+        raise _Usage(f"{path} defines {len(program.variants)} variants ({names}); pick one with --variant NAME")
+    try:
+        return program.get(name)
+    except KeyError as e:
+        raise _Usage(str(e.args[0]) if e.args else str(e)) from None
+
+
+def _render_forward(v, arch, text: str, path: str, decode: bool, prefix: str):
+    """The forward pass's source and plan, of the decode family or the forward family; a variant
+    the family cannot run is a located spec error."""
+    from attngen.lang.diagnostics import Diagnostic, SpecError
+
+    if decode:
+        from attngen.cuda.render_decode import render_decode
+        from attngen.plan.decode import decode_unsupported
+
+        why = decode_unsupported(v)
+        if why is not None:
+            raise SpecError([Diagnostic(f"the decode family cannot run `{v.name}`", v.span, why)], text, path)
+        return render_decode(v, arch, prefix=prefix)
+    if v.page_size is not None:
+        # The forward kernels read contiguous K/V.
+        raise SpecError([Diagnostic(
+            "--family forward does not read a `kv_cache paged` cache",
+            v.span, "a paged cache runs on the decode family: --family decode (or auto, the default)")],
+            text, path)
+    from attngen.cuda import render as render_cuda
+
+    return render_cuda.render_with_plan(v, arch, prefix=prefix)
+
+
 def _run(args: argparse.Namespace) -> int:
     from attngen.tools import cli
     from attngen.lang.diagnostics import SpecError
@@ -334,9 +377,7 @@ def _run(args: argparse.Namespace) -> int:
         text = cli._read(args.file)
     except cli.UsageError as e:
         raise _Usage(str(e)) from None
-    prefix = getattr(args, "prefix", None) or "attngen"  # render_cuda.DEFAULT_PREFIX, without importing jinja2 yet
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix):
-        raise _Usage(f"--prefix {prefix!r} is not a C identifier (letters, digits and _, not starting with a digit)")
+    prefix = _prefix(args)
     if emit == "cubin" and out_path in (None, "-"):
         raise _Usage("--emit cubin writes a binary file: give it a path with -o")
     _check_output(out_path)
@@ -352,17 +393,9 @@ def _run(args: argparse.Namespace) -> int:
         print(e.render(), file=sys.stderr)
         return EXIT_SPEC
     timings.append(("check", time.perf_counter() - t0))
+    v = _pick_variant(program, getattr(args, "variant", None), args.file)
 
-    name = getattr(args, "variant", None)
-    if name is None and len(program.variants) != 1:
-        names = ", ".join(v.name for v in program.variants)
-        raise _Usage(f"{args.file} defines {len(program.variants)} variants ({names}); pick one with --variant NAME")
-    try:
-        v = program.get(name)
-    except KeyError as e:
-        raise _Usage(str(e.args[0]) if e.args else str(e)) from None
-
-    from attngen.cuda import compile as compile_cuda, render as render_cuda
+    from attngen.cuda import compile as compile_cuda
 
     backward = getattr(args, "pass_", "forward") == "backward"
     if getattr(args, "deterministic", False) and not backward:
@@ -377,25 +410,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if backward:
             source, kp = _render_backward(v, arch, text, args.file, bool(getattr(args, "deterministic", False)), emit, prefix)
-        elif decode:
-            from attngen.cuda.render_decode import render_decode
-            from attngen.lang.diagnostics import Diagnostic
-            from attngen.plan.decode import decode_unsupported
-
-            why = decode_unsupported(v)
-            if why is not None:
-                raise SpecError([Diagnostic(f"the decode family cannot run `{v.name}`", v.span, why)], text, args.file)
-            source, kp = render_decode(v, arch, prefix=prefix)
         else:
-            if v.page_size is not None:
-                from attngen.lang.diagnostics import Diagnostic
-
-                # The forward kernels read contiguous K/V.
-                raise SpecError([Diagnostic(
-                    "--family forward does not read a `kv_cache paged` cache",
-                    v.span, "a paged cache runs on the decode family: --family decode (or auto, the default)")],
-                    text, args.file)
-            source, kp = render_cuda.render_with_plan(v, arch, prefix=prefix)
+            source, kp = _render_forward(v, arch, text, args.file, decode, prefix)
     except SpecError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_SPEC
@@ -459,9 +475,7 @@ def _run_cpu(args: argparse.Namespace, emit: str, out_path: str | None) -> int:
         gpu_only.append(f"--emit {emit}")
     if gpu_only:
         raise _Usage(f"{', '.join(gpu_only)}: GPU options; --target cpu takes --emit cu|header, --variant, --prefix, -o")
-    prefix = getattr(args, "prefix", None) or "attngen"
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix):
-        raise _Usage(f"--prefix {prefix!r} is not a C identifier (letters, digits and _, not starting with a digit)")
+    prefix = _prefix(args)
     _check_output(out_path)
     try:
         text = cli._read(args.file)
@@ -470,14 +484,7 @@ def _run_cpu(args: argparse.Namespace, emit: str, out_path: str | None) -> int:
     t0 = time.perf_counter()
     try:
         program = loads(text, args.file)
-        name = getattr(args, "variant", None)
-        if name is None and len(program.variants) != 1:
-            names = ", ".join(v.name for v in program.variants)
-            raise _Usage(f"{args.file} defines {len(program.variants)} variants ({names}); pick one with --variant NAME")
-        try:
-            v = program.get(name)
-        except KeyError as e:
-            raise _Usage(str(e.args[0]) if e.args else str(e)) from None
+        v = _pick_variant(program, getattr(args, "variant", None), args.file)
         from attngen.cpu import render as render_cpu
 
         why = render_cpu.unsupported(v)
