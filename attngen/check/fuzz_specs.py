@@ -381,10 +381,10 @@ def _fuzz_generated(*, gpu: bool, max_examples: int, seconds: float | None, seed
         case = data.draw(case_strategy(v, max_len=600 if gpu else 96, max_work=(1 << 20) if gpu else (1 << 14)))
         arrays, seen[0] = case_inputs(v, case), seen[0] + 1
         if gpu or (cpu and (v in kernels or (seen[0] - 1) % CPU_SAMPLE == 0)):
-            from attngen.runtime import kernel as runtime
+            from attngen import backend
 
             if v not in kernels:
-                kernels[v] = runtime.compile(v, device="cpu" if cpu else "cuda")
+                kernels[v] = backend.compile(v, device="cpu" if cpu else "cuda")
             out, lse = run_kernel(kernels[v], v, arrays)
             gen.kernel_runs += 1
             bad = [r.summary() for r in compare(v, arrays, out, lse) if not r.ok]
