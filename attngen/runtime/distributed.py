@@ -261,17 +261,7 @@ def ring_attention(
     if group is not None:
         succ, pred = dist.get_global_rank(group, succ), dist.get_global_rank(group, pred)
     n_local = q.shape[seq_dim]
-    if k.shape[seq_dim] != n_local or v.shape[seq_dim] != n_local:
-        raise ValueError(f"ring_attention: expected q, k and v shards of one sequence (equal lengths along dim {seq_dim}), "
-                         f"got {q.shape[seq_dim]}, {k.shape[seq_dim]}, {v.shape[seq_dim]}")
-    if seq_len is None:
-        t = torch.tensor([n_local], dtype=torch.int64, device=q.device)
-        dist.all_reduce(t, group=group)
-        seq_len = int(t.item())
-    ranges = [shard_ranges(seq_len, world, r, scheme) for r in range(world)]
-    if n_local != sum(b - a for a, b in ranges[rank]):
-        raise ValueError(f"ring_attention: rank {rank} of {world} holds {n_local} rows, but a {scheme.value} shard of "
-                         f"seq_len {seq_len} has {sum(b - a for a, b in ranges[rank])}")
+    seq_len, ranges = _ring_ranges(q, k, v, seq_dim, seq_len, scheme, group, world, rank)
     B = q.shape[0]
     # Where each of this rank's query ranges sits in its shard.
     q_parts, at = [], 0
@@ -340,6 +330,28 @@ def ring_attention(
             cur_k, cur_v = nxt
 
     return _assemble(var, q, seq_dim, [r for r, _ in q_parts], acc, acc_lse)
+
+
+def _ring_ranges(q: Any, k: Any, v: Any, seq_dim: int, seq_len: int | None, scheme: Sharding, group: Any,
+                 world: int, rank: int) -> tuple[int, list[tuple[tuple[int, int], ...]]]:
+    """The whole sequence's length (an all-reduce of the shard lengths when not given) and every
+    rank's position ranges; shards of unequal q/k/v length, or not this scheme's, are refused."""
+    import torch
+    import torch.distributed as dist
+
+    n_local = q.shape[seq_dim]
+    if k.shape[seq_dim] != n_local or v.shape[seq_dim] != n_local:
+        raise ValueError(f"ring_attention: expected q, k and v shards of one sequence (equal lengths along dim {seq_dim}), "
+                         f"got {q.shape[seq_dim]}, {k.shape[seq_dim]}, {v.shape[seq_dim]}")
+    if seq_len is None:
+        t = torch.tensor([n_local], dtype=torch.int64, device=q.device)
+        dist.all_reduce(t, group=group)
+        seq_len = int(t.item())
+    ranges = [shard_ranges(seq_len, world, r, scheme) for r in range(world)]
+    if n_local != sum(b - a for a, b in ranges[rank]):
+        raise ValueError(f"ring_attention: rank {rank} of {world} holds {n_local} rows, but a {scheme.value} shard of "
+                         f"seq_len {seq_len} has {sum(b - a for a, b in ranges[rank])}")
+    return seq_len, ranges
 
 
 def _post_exchange(group: Any, send: tuple[Any, Any], recv: tuple[Any, Any], sending: bool, receiving: bool,
