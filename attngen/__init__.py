@@ -4,7 +4,8 @@ Public API (imported lazily, so `import attngen` is cheap and works without a GP
 
     attngen.load(path) -> Program             parse and validate a .attn file
     attngen.loads(text, path) -> Program      the same from text
-    attngen.compile(spec_or_path, variant=None, arch=None) -> Kernel   (needs the `attngen[cuda]` extra and a GPU)
+    attngen.compile(spec_or_path, variant=None, arch=None) -> Kernel   (needs the `attngen[cuda]` extra and a GPU;
+                                              device="cpu": the CPU backend)
     attngen.raise_pending()                   raise an error deferred calls left on the device
     attngen.SpecError                         what load/loads raise for a bad spec (file:line:col diagnostics)
     attngen.torch                             variants as torch.library custom ops (import attngen.torch)
@@ -23,7 +24,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": ("attngen.plan.validate", "load"),
     "loads": ("attngen.plan.validate", "loads"),
-    "compile": ("attngen.runtime.kernel", "compile"),
+    "compile": ("attngen.backend", "compile"),
     "raise_pending": ("attngen.runtime.kernel", "raise_pending"),
     "SpecError": ("attngen.lang.diagnostics", "SpecError"),
     "reference": ("attngen.reference", None),
@@ -37,7 +38,8 @@ if _typing.TYPE_CHECKING:  # what the lazy names are, for type checkers and edit
     from attngen import distributed, reference, torch
     from attngen.lang.diagnostics import SpecError
     from attngen.plan.validate import load, loads
-    from attngen.runtime.kernel import compile, raise_pending
+    from attngen.backend import compile
+    from attngen.runtime.kernel import raise_pending
 
 
 def __getattr__(name: str) -> object:

@@ -65,10 +65,10 @@ def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, se
     outcome = Outcome(v.name)
     kernel = None
     if gpu or cpu:
-        from attngen.runtime import kernel as runtime
+        from attngen import backend
 
         try:
-            kernel = runtime.compile(v, device="cpu" if cpu else "cuda")
+            kernel = backend.compile(v, device="cpu" if cpu else "cuda")
         except Exception as e:
             outcome.failure = f"compile failed: {fmt_exc(e)}"
             outcome.reproducer = write_reproducer(out_dir, spec_text, v, None, None, outcome.failure)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,145 +27,193 @@ def spec_strategy(name: str = "fuzzed"):
     LSE and tile; the inputs each construct needs are declared. Returns (text, description)."""
     from hypothesis import strategies as st
 
-    from attngen.ir.nodes import TileConfig
-    from attngen.plan.schedule import SUPPORTED_HEAD_DIMS, WIDE_HEAD_DIMS, validate_tile
-
+    # The steps draw in a fixed order (shape, mask, scores, norms and flags, then the constructs
+    # added later): changing the order changes every seed's examples (and CI's).
     @st.composite
     def build(draw) -> str:
-        dtype = draw(st.sampled_from([d.value for d in ATTENTION_DTYPES]))
-        D = draw(st.sampled_from(SUPPORTED_HEAD_DIMS))
-        Dv = D
-        if draw(st.integers(0, 5)) == 0:
-            Dv = draw(st.sampled_from(SUPPORTED_HEAD_DIMS))
-        ratio = draw(st.sampled_from([1, 2, 4, 8]))
-        Hkv = draw(st.sampled_from([1, 2]))
-        H = ratio * Hkv
-        kind = draw(st.sampled_from(["self", "cross"]))
-        layout = draw(st.sampled_from(["bhsd", "bshd"]))
-        lines = [f"dtype {dtype}", f"head_dim {D}" + (f" value {Dv}" if Dv != D else ""),
-                 f"heads {H}" + (f" kv {Hkv}" if Hkv != H else ""), f"kind {kind}", f"layout {layout}"]
-        scale = draw(st.sampled_from(["auto", "auto", "0.125", "0.05", "1.0", "0.3"]))
-        if scale != "auto" or draw(st.booleans()):
-            lines.append(f"scale {scale}")
-        inputs: list[str] = []
-        used_names: set[str] = set()
-
-        def fresh(base: str) -> str:
-            i = 0
-            while f"{base}{i}" in used_names:
-                i += 1
-            used_names.add(f"{base}{i}")
-            return f"{base}{i}"
-
-        ctx = FuzzContext(draw, st, fresh, inputs, kind)
-        # Each builtin's forms come from its declaration (attngen.lang.builtins), in declaration
-        # order, then custom expressions; the order keeps the draws (and CI's examples) as before.
-        builtin_masks = fuzz_forms(score=False)
-        builtin_scores = fuzz_forms(score=True)
-
-        def mask_atom() -> str:
-            choice = draw(st.sampled_from([*builtin_masks, "dilated", "keep", "block_causal", "band"]))
-            if choice in builtin_masks:
-                return builtin_masks[choice](ctx)
-            if choice == "dilated":
-                return f"(q - kv) % {draw(st.integers(2, 5))} == 0"
-            if choice == "keep":
-                n = fresh("keep")
-                inputs.append(f"input {n}: u8[B, Lk]")
-                return f"{n}[b, kv] != 0"
-            if choice == "block_causal":
-                blk = draw(st.sampled_from([16, 64, 100]))
-                return f"q / {blk} >= kv / {blk}"
-            return f"kv >= q - {draw(st.integers(0, 64))} && kv <= q + {draw(st.integers(0, 64))}"
-
-        n_atoms = draw(st.integers(0, 3))
-        mask = ""
-        for i in range(n_atoms):
-            atom = mask_atom()
-            if atom == "padding" and "padding" in mask:
-                atom = "causal"
-            if draw(st.integers(0, 6)) == 0:
-                atom = f"!({atom})"
-            elif " " in atom and not atom.startswith("("):
-                atom = f"({atom})"
-            mask = atom if not mask else f"{mask} {draw(st.sampled_from(['&&', '&&', '||']))} {atom}"
+        sp = _draw_shape(draw, st)
+        ctx = FuzzContext(draw, st, sp.fresh, sp.inputs, sp.kind)
+        mask = _draw_mask(sp, ctx)
         if mask:
-            lines.append(f"mask {mask}")
-
-        def score_line() -> str:
-            choice = draw(st.sampled_from([*builtin_scores, "scale_s", "min_s", "where_s", "tanh_s"]))
-            if choice in builtin_scores:
-                return builtin_scores[choice](ctx)
-            if choice == "scale_s":
-                return f"s * {draw(st.sampled_from(['0.5', '2.0', '1.5']))}"
-            if choice == "min_s":
-                return f"min(s, {draw(st.sampled_from(['4.0', '0.0', '10.0']))})"
-            if choice == "where_s":
-                return "where(kv % 2 == 0, s, s - 1.0)"
-            return "tanh(s) * 3.0"
-
+            sp.lines.append(f"mask {mask}")
         for _ in range(draw(st.integers(0, 2))):
-            lines.append(f"score {score_line()}")
-
-        eps = draw(st.sampled_from(["1e-5", "1e-6"]))
-        qn = draw(st.sampled_from(["none", "none", "head", "token"]))
-        if qn == "token" and layout != "bshd":
-            qn = "head"
-        if qn != "none":
-            kind_n = draw(st.sampled_from(["layernorm", "rmsnorm"]))
-            aff = "" if draw(st.integers(0, 3)) else " affine false"
-            lines.append(f"norm q {kind_n}({eps}) scope {qn}{aff}")
-        if draw(st.integers(0, 3)) == 0:
-            kind_n = draw(st.sampled_from(["layernorm", "rmsnorm"]))
-            lines.append(f"norm k {kind_n}({eps}) scope head")
-        if draw(st.integers(0, 4)) == 0:
-            kind_n = draw(st.sampled_from(["layernorm", "rmsnorm"]))
-            lines.append(f"norm o {kind_n}({eps})")
-        if Dv == D and draw(st.integers(0, 3)) == 0:
-            lines.append("residual")
-        if draw(st.integers(0, 4)) == 0:
-            lines.append("nan_check")
-        if draw(st.booleans()):
-            lines.append("output lse")
-        if draw(st.booleans()):
-            dt = DType(dtype)
-            bm = draw(st.sampled_from([16, 32, 64, 128]))
-            bn = draw(st.sampled_from([16, 32, 64, 128]))
-            warps = draw(st.sampled_from([1, 2, 4, 8]))
-            stages = draw(st.integers(1, 3))
-            t = TileConfig(bm, bn, warps, stages)
-            if not validate_tile(dt, D, Dv, t):
-                lines.append(f"tile block_m {bm} block_n {bn} warps {warps} stages {stages}")
-        # Drawn last so that the draws above (and the CI examples they give) stay as they were.
-        if draw(st.integers(0, 5)) == 0:
-            n = fresh("sinks")
-            inputs.append(f"input {n}: fp32[H]")
-            lines.append(f"sink {n}")
-        decodable = (dtype != "fp32" and D == Dv and D in (64, 128) and not any(x.startswith(("norm", "residual")) for x in lines)
-                     and not any(i.endswith(" sorted") for i in inputs))  # the decode family checks no `sorted` promise
-        if kind == "cross" and decodable and draw(st.integers(0, 3)) == 0:
-            lines.append(f"kv_cache paged({draw(st.sampled_from([8, 16, 64, 256]))})")
-        # The wide head dims (tensor-core dtypes only), drawn last for the same reason: they replace
-        # the drawn pair where nothing drawn refuses them (a token-scope q norm, a residual at Dv !=
-        # D, a paged cache), and any tile hint, which was validated for the narrow pair.
-        wide = False
-        if dtype != "fp32" and not any(x.startswith(("kv_cache", "residual")) or "scope token" in x for x in lines) \
-                and draw(st.integers(0, 7)) == 0:
-            D, Dv = draw(st.sampled_from(WIDE_HEAD_DIMS))
-            lines[1] = f"head_dim {D}" + (f" value {Dv}" if Dv != D else "")
-            lines = [x for x in lines if not x.startswith("tile ")]
-            wide = True
-        # `layout varlen`, drawn last too, where nothing in the spec refuses it (norms, paged
-        # caches, inputs sized by Lq or Lk: positions restart in every packed sequence), and not
-        # with the wide head dims (their tiles were sized for the dense kernel's registers).
-        packable = not wide and not any(x.startswith(("norm", "kv_cache")) for x in lines) and not any(
-            re.search(r"\bL[qk]\b", x) for x in inputs)
-        if packable and draw(st.integers(0, 5)) == 0:
-            lines[4] = "layout varlen"
-        body = "\n".join(f"  {x}" for x in lines[:5] + inputs + lines[5:])
+            sp.lines.append(f"score {_draw_score(sp, ctx)}")
+        _draw_norms_and_flags(sp)
+        _draw_later_constructs(sp)
+        lines = sp.lines
+        body = "\n".join(f"  {x}" for x in lines[:5] + sp.inputs + lines[5:])
         return f"attention {name} {{\n{body}\n}}\n"
 
     return build()
+
+
+@dataclass
+class _SpecDraft:
+    """A spec being drawn: its statement lines (the first five are dtype, head_dim, heads, kind and
+    layout, in that order), the inputs its constructs declare and the names they took."""
+
+    draw: Any
+    st: Any
+    dtype: str
+    D: int
+    Dv: int
+    kind: str
+    layout: str
+    lines: list[str]
+    inputs: list[str] = field(default_factory=list)
+    used_names: set[str] = field(default_factory=set)
+
+    def fresh(self, base: str) -> str:
+        """`base` with the first number that makes it a name not yet taken."""
+        i = 0
+        while f"{base}{i}" in self.used_names:
+            i += 1
+        self.used_names.add(f"{base}{i}")
+        return f"{base}{i}"
+
+
+def _draw_shape(draw: Any, st: Any) -> _SpecDraft:
+    """dtype, head dims, heads, kind, layout and scale."""
+    from attngen.plan.schedule import SUPPORTED_HEAD_DIMS
+
+    dtype = draw(st.sampled_from([d.value for d in ATTENTION_DTYPES]))
+    D = draw(st.sampled_from(SUPPORTED_HEAD_DIMS))
+    Dv = D
+    if draw(st.integers(0, 5)) == 0:
+        Dv = draw(st.sampled_from(SUPPORTED_HEAD_DIMS))
+    ratio = draw(st.sampled_from([1, 2, 4, 8]))
+    Hkv = draw(st.sampled_from([1, 2]))
+    H = ratio * Hkv
+    kind = draw(st.sampled_from(["self", "cross"]))
+    layout = draw(st.sampled_from(["bhsd", "bshd"]))
+    lines = [f"dtype {dtype}", f"head_dim {D}" + (f" value {Dv}" if Dv != D else ""),
+             f"heads {H}" + (f" kv {Hkv}" if Hkv != H else ""), f"kind {kind}", f"layout {layout}"]
+    scale = draw(st.sampled_from(["auto", "auto", "0.125", "0.05", "1.0", "0.3"]))
+    if scale != "auto" or draw(st.booleans()):
+        lines.append(f"scale {scale}")
+    return _SpecDraft(draw, st, dtype, D, Dv, kind, layout, lines)
+
+
+def _draw_mask(sp: _SpecDraft, ctx: FuzzContext) -> str:
+    """Up to three atoms joined by && and ||; "" for no mask. Each builtin's forms come from its
+    declaration (attngen.lang.builtins), in declaration order, then custom expressions; the order
+    keeps the draws (and CI's examples) as before."""
+    draw, st = sp.draw, sp.st
+    builtin_masks = fuzz_forms(score=False)
+
+    def mask_atom() -> str:
+        choice = draw(st.sampled_from([*builtin_masks, "dilated", "keep", "block_causal", "band"]))
+        if choice in builtin_masks:
+            return builtin_masks[choice](ctx)
+        if choice == "dilated":
+            return f"(q - kv) % {draw(st.integers(2, 5))} == 0"
+        if choice == "keep":
+            n = sp.fresh("keep")
+            sp.inputs.append(f"input {n}: u8[B, Lk]")
+            return f"{n}[b, kv] != 0"
+        if choice == "block_causal":
+            blk = draw(st.sampled_from([16, 64, 100]))
+            return f"q / {blk} >= kv / {blk}"
+        return f"kv >= q - {draw(st.integers(0, 64))} && kv <= q + {draw(st.integers(0, 64))}"
+
+    n_atoms = draw(st.integers(0, 3))
+    mask = ""
+    for i in range(n_atoms):
+        atom = mask_atom()
+        if atom == "padding" and "padding" in mask:
+            atom = "causal"
+        if draw(st.integers(0, 6)) == 0:
+            atom = f"!({atom})"
+        elif " " in atom and not atom.startswith("("):
+            atom = f"({atom})"
+        mask = atom if not mask else f"{mask} {draw(st.sampled_from(['&&', '&&', '||']))} {atom}"
+    return mask
+
+
+def _draw_score(sp: _SpecDraft, ctx: FuzzContext) -> str:
+    """One score modification: a builtin's form or a custom expression of `s`."""
+    draw, st = sp.draw, sp.st
+    builtin_scores = fuzz_forms(score=True)
+    choice = draw(st.sampled_from([*builtin_scores, "scale_s", "min_s", "where_s", "tanh_s"]))
+    if choice in builtin_scores:
+        return builtin_scores[choice](ctx)
+    if choice == "scale_s":
+        return f"s * {draw(st.sampled_from(['0.5', '2.0', '1.5']))}"
+    if choice == "min_s":
+        return f"min(s, {draw(st.sampled_from(['4.0', '0.0', '10.0']))})"
+    if choice == "where_s":
+        return "where(kv % 2 == 0, s, s - 1.0)"
+    return "tanh(s) * 3.0"
+
+
+def _draw_norms_and_flags(sp: _SpecDraft) -> None:
+    """Norms of q, k and o, residual, nan_check, the LSE output and a tile hint the arch takes."""
+    from attngen.ir.nodes import TileConfig
+    from attngen.plan.schedule import validate_tile
+
+    draw, st, lines = sp.draw, sp.st, sp.lines
+    eps = draw(st.sampled_from(["1e-5", "1e-6"]))
+    qn = draw(st.sampled_from(["none", "none", "head", "token"]))
+    if qn == "token" and sp.layout != "bshd":
+        qn = "head"
+    if qn != "none":
+        kind_n = draw(st.sampled_from(["layernorm", "rmsnorm"]))
+        aff = "" if draw(st.integers(0, 3)) else " affine false"
+        lines.append(f"norm q {kind_n}({eps}) scope {qn}{aff}")
+    if draw(st.integers(0, 3)) == 0:
+        kind_n = draw(st.sampled_from(["layernorm", "rmsnorm"]))
+        lines.append(f"norm k {kind_n}({eps}) scope head")
+    if draw(st.integers(0, 4)) == 0:
+        kind_n = draw(st.sampled_from(["layernorm", "rmsnorm"]))
+        lines.append(f"norm o {kind_n}({eps})")
+    if sp.Dv == sp.D and draw(st.integers(0, 3)) == 0:
+        lines.append("residual")
+    if draw(st.integers(0, 4)) == 0:
+        lines.append("nan_check")
+    if draw(st.booleans()):
+        lines.append("output lse")
+    if draw(st.booleans()):
+        dt = DType(sp.dtype)
+        bm = draw(st.sampled_from([16, 32, 64, 128]))
+        bn = draw(st.sampled_from([16, 32, 64, 128]))
+        warps = draw(st.sampled_from([1, 2, 4, 8]))
+        stages = draw(st.integers(1, 3))
+        t = TileConfig(bm, bn, warps, stages)
+        if not validate_tile(dt, sp.D, sp.Dv, t):
+            lines.append(f"tile block_m {bm} block_n {bn} warps {warps} stages {stages}")
+
+
+def _draw_later_constructs(sp: _SpecDraft) -> None:
+    """Sinks, paged caches, the wide head dims and `layout varlen`: drawn after everything else
+    so that the draws before them (and the CI examples they give) stay as they were."""
+    from attngen.plan.schedule import WIDE_HEAD_DIMS
+
+    draw, st, lines, inputs, dtype = sp.draw, sp.st, sp.lines, sp.inputs, sp.dtype
+    if draw(st.integers(0, 5)) == 0:
+        n = sp.fresh("sinks")
+        inputs.append(f"input {n}: fp32[H]")
+        lines.append(f"sink {n}")
+    decodable = (dtype != "fp32" and sp.D == sp.Dv and sp.D in (64, 128) and not any(x.startswith(("norm", "residual")) for x in lines)
+                 and not any(i.endswith(" sorted") for i in inputs))  # the decode family checks no `sorted` promise
+    if sp.kind == "cross" and decodable and draw(st.integers(0, 3)) == 0:
+        lines.append(f"kv_cache paged({draw(st.sampled_from([8, 16, 64, 256]))})")
+    # The wide head dims (tensor-core dtypes only) replace the drawn pair where nothing drawn
+    # refuses them (a token-scope q norm, a residual at Dv != D, a paged cache), and any tile hint,
+    # which was validated for the narrow pair.
+    wide = False
+    if dtype != "fp32" and not any(x.startswith(("kv_cache", "residual")) or "scope token" in x for x in lines) \
+            and draw(st.integers(0, 7)) == 0:
+        D, Dv = draw(st.sampled_from(WIDE_HEAD_DIMS))
+        lines[1] = f"head_dim {D}" + (f" value {Dv}" if Dv != D else "")
+        lines[:] = [x for x in lines if not x.startswith("tile ")]
+        wide = True
+    # `layout varlen` where nothing in the spec refuses it (norms, paged caches, inputs sized by Lq
+    # or Lk: positions restart in every packed sequence), and not with the wide head dims (their
+    # tiles were sized for the dense kernel's registers).
+    packable = not wide and not any(x.startswith(("norm", "kv_cache")) for x in lines) and not any(
+        re.search(r"\bL[qk]\b", x) for x in inputs)
+    if packable and draw(st.integers(0, 5)) == 0:
+        lines[4] = "layout varlen"
 
 
 # Tokens a mutation may insert: keywords, builtins, punctuation, odd numbers and names, junk.
@@ -287,13 +336,24 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
                quiet: bool = False, nvcc: Any = None, cpu: bool = False) -> list[Outcome]:
     """Generated valid specs (load, round trip, verify) and mutated specs (SpecError or success);
     with `nvcc` (an `nvcc_check.NvccChecker`) every accepted spec must also compile (`cpu`: CPU_SAMPLE)."""
+    half = None if seconds is None else seconds / 2
+    outcomes = [
+        _fuzz_generated(gpu=gpu, max_examples=max_examples, seconds=half, seed=seed, out_dir=out_dir,
+                        quiet=quiet, nvcc=nvcc, cpu=cpu),
+        _fuzz_mutated(gpu=gpu, max_examples=max_examples, seconds=half, seed=seed, out_dir=out_dir,
+                      quiet=quiet, nvcc=nvcc),
+    ]
+    if nvcc is not None:
+        outcomes.append(nvcc_outcome(nvcc, out_dir, quiet))
+    return outcomes
+
+
+def _fuzz_generated(*, gpu: bool, max_examples: int, seconds: float | None, seed: int, out_dir: str,
+                    quiet: bool, nvcc: Any, cpu: bool) -> Outcome:
+    """Generated valid specs: each must load, print and reload equal, and verify on random shapes."""
     from hypothesis import strategies as st
 
-    outcomes: list[Outcome] = []
     kernels: dict[Any, Any] = {}
-    half = None if seconds is None else seconds / 2
-
-    # 1. Generated valid specs: must load, print and reload equal, and verify on random shapes.
     gen = Outcome("generated specs")
     if not gpu:
         gen.notes.append(CPU_NOTE if cpu else "no GPU: generated specs are loaded, round-tripped and run through the reference only")
@@ -321,10 +381,10 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
         case = data.draw(case_strategy(v, max_len=600 if gpu else 96, max_work=(1 << 20) if gpu else (1 << 14)))
         arrays, seen[0] = case_inputs(v, case), seen[0] + 1
         if gpu or (cpu and (v in kernels or (seen[0] - 1) % CPU_SAMPLE == 0)):
-            from attngen.runtime import kernel as runtime
+            from attngen import backend
 
             if v not in kernels:
-                kernels[v] = runtime.compile(v, device="cpu" if cpu else "cuda")
+                kernels[v] = backend.compile(v, device="cpu" if cpu else "cuda")
             out, lse = run_kernel(kernels[v], v, arrays)
             gen.kernel_runs += 1
             bad = [r.summary() for r in compare(v, arrays, out, lse) if not r.ok]
@@ -341,21 +401,22 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
     progress = Progress(max_examples, "generated specs", quiet)
     try:
         n, exc, ex = drive(gen_body, st.tuples(spec_strategy(), st.data()), max_examples=max_examples,
-                            seconds=half, seed=seed, progress=progress, first_failure_dir=out_dir)
+                            seconds=seconds, seed=seed, progress=progress, first_failure_dir=out_dir)
     finally:
         progress.close()
     gen.examples = n
     if exc is not None:
         gen.failure = fmt_exc(exc)
-        text = ex[0] if isinstance(ex, tuple) else ""
-        d = Path(out_dir) / f"spec-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "spec.attn").write_text(text, encoding="utf-8")
-        (d / "FAILURE.txt").write_text(gen.failure + "\n", encoding="utf-8")
-        gen.reproducer = d
-    outcomes.append(gen)
+        gen.reproducer = _reproducer(out_dir, "spec", ex[0] if isinstance(ex, tuple) else "", gen.failure)
+    return gen
 
-    # 2. Mutated specs: only success or SpecError; successes must also round-trip.
+
+def _fuzz_mutated(*, gpu: bool, max_examples: int, seconds: float | None, seed: int, out_dir: str,
+                  quiet: bool, nvcc: Any) -> Outcome:
+    """Mutated specs (of generated ones and the examples): only success or SpecError; successes
+    must also round-trip."""
+    from hypothesis import strategies as st
+
     mut = Outcome("mutated specs")
     seeds_text: list[str] = []
     for p in sorted(Path(__file__).resolve().parent.parent.parent.glob("examples/*.attn")):
@@ -387,7 +448,7 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
     n_mut = max_examples * 5 if not gpu else max_examples * 2
     progress = Progress(n_mut, "mutated specs", quiet)
     try:
-        n, exc, ex = drive(mut_body, mutated(), max_examples=n_mut, seconds=half, seed=seed + 7919, progress=progress,
+        n, exc, ex = drive(mut_body, mutated(), max_examples=n_mut, seconds=seconds, seed=seed + 7919, progress=progress,
                             first_failure_dir=out_dir)
     finally:
         progress.close()
@@ -395,16 +456,17 @@ def fuzz_specs(*, gpu: bool, max_examples: int, seconds: float | None, seed: int
     mut.notes.append(f"mutated specs: {verdicts['loaded']} loaded, {verdicts['SpecError']} rejected with a SpecError")
     if exc is not None:
         mut.failure = fmt_exc(exc)
-        text = ex if isinstance(ex, str) else ""
-        d = Path(out_dir) / f"mutated-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "spec.attn").write_text(text, encoding="utf-8")
-        (d / "FAILURE.txt").write_text(mut.failure + "\n", encoding="utf-8")
-        mut.reproducer = d
-    outcomes.append(mut)
-    if nvcc is not None:
-        outcomes.append(nvcc_outcome(nvcc, out_dir, quiet))
-    return outcomes
+        mut.reproducer = _reproducer(out_dir, "mutated", ex if isinstance(ex, str) else "", mut.failure)
+    return mut
+
+
+def _reproducer(out_dir: str, prefix: str, text: str, failure: str) -> Path:
+    """A folder named by the spec's hash holding the spec and its failure."""
+    d = Path(out_dir) / f"{prefix}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "spec.attn").write_text(text, encoding="utf-8")
+    (d / "FAILURE.txt").write_text(failure + "\n", encoding="utf-8")
+    return d
 
 
 def nvcc_outcome(nvcc: Any, out_dir: str, quiet: bool) -> Outcome:

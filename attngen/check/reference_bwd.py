@@ -186,25 +186,12 @@ def _backward_row(v: Variant, b: int, b_index: int, q4: np.ndarray, k4: np.ndarr
     D, Dv = v.head_dim, v.value_head_dim
     Lq, Lk = q4.shape[2], k4.shape[2]
     scale = v.effective_scale
-    qn, kn, on = v.norm(NormTarget.Q), v.norm(NormTarget.K), v.norm(NormTarget.O)
+    kn, on = v.norm(NormTarget.K), v.norm(NormTarget.O)
     ds_expr = derivative.score_derivative(v.scores)
     params = [(ld, de) for ld, de in derivative.param_derivatives(v.scores) if ld.tensor in grads]
     cq = max(1, min(Lq, CHUNK_BYTES // (8 * max(G * Lk, G * max(D, Dv)))))
     # Q' for all heads of this batch, with the pre-norm's statistics for its backward.
-    xq = round_to(q4[b], v.dtype)  # [H, Lq, D]
-    qsave = None
-    if qn is None:
-        qp = xq
-    else:
-        w, bias = _weights(tensors, NormTarget.Q, qn.affine, qn.kind)
-        if qn.scope == NormScope.HEAD:
-            xhat, rstd = _norm_fwd(xq, qn.kind, qn.eps)
-            qp = round_to(_affine(xhat, w, bias), v.dtype)
-        else:  # token scope: statistics over the whole H*D row
-            rows = xq.transpose(1, 0, 2).reshape(Lq, H * D)
-            xhat, rstd = _norm_fwd(rows, qn.kind, qn.eps)
-            qp = round_to(_affine(xhat, w, bias), v.dtype).reshape(Lq, H, D).transpose(1, 0, 2)
-        qsave = (xhat, rstd, w)
+    qp, qsave = _q_prenorm(v, round_to(q4[b], v.dtype), tensors)
     dqp = np.zeros((H, Lq, D))
     for hk in range(Hkv):
         heads = np.arange(hk * G, (hk + 1) * G)
@@ -289,19 +276,42 @@ def _backward_row(v: Variant, b: int, b_index: int, q4: np.ndarray, k4: np.ndarr
             dk4[b, hk] += dx
             _add(grads, norm_weight_name(NormTarget.K), dw)
             _add(grads, norm_bias_name(NormTarget.K), db)
-    if qsave is None:
-        dq4[b] += dqp
+    dq4[b] += dqp if qsave is None else _q_prenorm_backward(v, dqp, qsave, grads)
+
+
+def _q_prenorm(v: Variant, xq: np.ndarray, tensors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, tuple | None]:
+    """Q' of every head of a batch row ([H, Lq, D], `xq` rounded to the dtype) and what the q
+    pre-norm's backward needs (its normalised rows, rstd and weight; None without a q norm)."""
+    qn = v.norm(NormTarget.Q)
+    if qn is None:
+        return xq, None
+    H, Lq, D = xq.shape
+    w, bias = _weights(tensors, NormTarget.Q, qn.affine, qn.kind)
+    if qn.scope == NormScope.HEAD:
+        xhat, rstd = _norm_fwd(xq, qn.kind, qn.eps)
+        qp = round_to(_affine(xhat, w, bias), v.dtype)
+    else:  # token scope: statistics over the whole H*D row
+        rows = xq.transpose(1, 0, 2).reshape(Lq, H * D)
+        xhat, rstd = _norm_fwd(rows, qn.kind, qn.eps)
+        qp = round_to(_affine(xhat, w, bias), v.dtype).reshape(Lq, H, D).transpose(1, 0, 2)
+    return qp, (xhat, rstd, w)
+
+
+def _q_prenorm_backward(v: Variant, dqp: np.ndarray, qsave: tuple, grads: dict[str, np.ndarray]) -> np.ndarray:
+    """dQ from dQ' ([H, Lq, D]) through the q pre-norm; its weight and bias gradients go into `grads`."""
+    qn = v.norm(NormTarget.Q)
+    assert qn is not None
+    H, Lq, D = dqp.shape
+    xhat, rstd, w = qsave
+    if qn.scope == NormScope.HEAD:
+        dx, dw, db = _norm_bwd(dqp, xhat, rstd, qn.kind, w)
     else:
-        xhat, rstd, w = qsave
-        if qn.scope == NormScope.HEAD:
-            dx, dw, db = _norm_bwd(dqp, xhat, rstd, qn.kind, w)
-        else:
-            rows = dqp.transpose(1, 0, 2).reshape(Lq, H * D)
-            dx, dw, db = _norm_bwd(rows, xhat, rstd, qn.kind, w)
-            dx = dx.reshape(Lq, H, D).transpose(1, 0, 2)
-        dq4[b] += dx
-        _add(grads, norm_weight_name(NormTarget.Q), dw)
-        _add(grads, norm_bias_name(NormTarget.Q), db)
+        rows = dqp.transpose(1, 0, 2).reshape(Lq, H * D)
+        dx, dw, db = _norm_bwd(rows, xhat, rstd, qn.kind, w)
+        dx = dx.reshape(Lq, H, D).transpose(1, 0, 2)
+    _add(grads, norm_weight_name(NormTarget.Q), dw)
+    _add(grads, norm_bias_name(NormTarget.Q), db)
+    return dx
 
 
 def _add(grads: dict[str, np.ndarray], name: str, g: np.ndarray) -> None:

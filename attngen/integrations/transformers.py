@@ -391,7 +391,7 @@ def _cpu_kernel(variant: Variant) -> Any:
 
     if importlib.util.find_spec("attngen.cpu") is None:
         return None
-    from attngen.runtime.kernel import compile as compile_kernel
+    from attngen.backend import compile as compile_kernel
 
     return compile_kernel(variant, device="cpu")
 

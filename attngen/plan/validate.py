@@ -24,7 +24,7 @@ from attngen.plan import limits
 from attngen.plan.schedule import (DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, WIDE_HEAD_DIMS, Arch, describe_head_dims, q_token_norm,
                                    validate_tile, variant_tile)
 
-__all__ = ["load", "loads", "target", "validate", "variant_problems"]
+__all__ = ["load", "loads", "resolve", "target", "validate", "variant_problems"]
 
 
 def target(arch: Arch = DEFAULT_ARCH) -> Target:
@@ -66,3 +66,15 @@ def loads(text: str, path: str = "<string>", arch: Arch = DEFAULT_ARCH) -> Progr
 def load(path: str | os.PathLike, arch: Arch = DEFAULT_ARCH) -> Program:
     """Read, lower and validate a .attn file for `arch`; an unreadable file is a SpecError too."""
     return loads(frontend.read_spec(path), os.fspath(path), arch)
+
+
+def resolve(spec: Variant | Program | str | os.PathLike, variant: str | None = None) -> Variant:
+    """The variant a compile call means: `spec` itself, or `variant` of a Program, a `.attn` path
+    or `.attn` source text (text holds a `{`; the only variant where `variant` is None)."""
+    if isinstance(spec, Variant):
+        return spec
+    if isinstance(spec, Program):
+        return spec.get(variant)
+    if isinstance(spec, os.PathLike) or (isinstance(spec, str) and "{" not in spec):
+        return load(spec).get(variant)
+    return loads(str(spec)).get(variant)

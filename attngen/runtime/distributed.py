@@ -261,17 +261,7 @@ def ring_attention(
     if group is not None:
         succ, pred = dist.get_global_rank(group, succ), dist.get_global_rank(group, pred)
     n_local = q.shape[seq_dim]
-    if k.shape[seq_dim] != n_local or v.shape[seq_dim] != n_local:
-        raise ValueError(f"ring_attention: expected q, k and v shards of one sequence (equal lengths along dim {seq_dim}), "
-                         f"got {q.shape[seq_dim]}, {k.shape[seq_dim]}, {v.shape[seq_dim]}")
-    if seq_len is None:
-        t = torch.tensor([n_local], dtype=torch.int64, device=q.device)
-        dist.all_reduce(t, group=group)
-        seq_len = int(t.item())
-    ranges = [shard_ranges(seq_len, world, r, scheme) for r in range(world)]
-    if n_local != sum(b - a for a, b in ranges[rank]):
-        raise ValueError(f"ring_attention: rank {rank} of {world} holds {n_local} rows, but a {scheme.value} shard of "
-                         f"seq_len {seq_len} has {sum(b - a for a, b in ranges[rank])}")
+    seq_len, ranges = _ring_ranges(q, k, v, seq_dim, seq_len, scheme, group, world, rank)
     B = q.shape[0]
     # Where each of this rank's query ranges sits in its shard.
     q_parts, at = [], 0
@@ -309,25 +299,10 @@ def ring_attention(
         if step + 1 < world and _exchange:
             src_next = (rank - step - 1) % world
             n_next = sum(b - a for a, b in ranges[src_next])
-            n_cur = sum(b - a for a, b in ranges[src])
             fk, fv = bufs[step % len(bufs)]
             nxt = (shaped(fk, k, n_next), shaped(fv, v, n_next))
-            ops = []
-            if n_cur:
-                ops += [dist.P2POp(dist.isend, cur_k, succ, group), dist.P2POp(dist.isend, cur_v, succ, group)]
-            if n_next:
-                ops += [dist.P2POp(dist.irecv, nxt[0], pred, group), dist.P2POp(dist.irecv, nxt[1], pred, group)]
-            if ops:
-                if comm is not None:
-                    with torch.cuda.stream(comm):
-                        # The buffer received into was read by the previous step's kernels, and
-                        # the block sent on arrived with the previous step's receive.
-                        comm.wait_event(ready)
-                        for r in prev_reqs:
-                            r.wait()
-                        reqs = dist.batch_isend_irecv(ops)
-                else:
-                    reqs = dist.batch_isend_irecv(ops)
+            reqs = _post_exchange(group, (cur_k, cur_v), nxt, sum(b - a for a, b in ranges[src]) > 0, n_next > 0,
+                                  succ, pred, comm, ready, prev_reqs)
         # This step's blocks: every (query range, key range) pair the mask does not rule out.
         kv_at = 0
         for kr in ranges[src]:
@@ -354,8 +329,66 @@ def ring_attention(
         if nxt is not None:
             cur_k, cur_v = nxt
 
+    return _assemble(var, q, seq_dim, [r for r, _ in q_parts], acc, acc_lse)
+
+
+def _ring_ranges(q: Any, k: Any, v: Any, seq_dim: int, seq_len: int | None, scheme: Sharding, group: Any,
+                 world: int, rank: int) -> tuple[int, list[tuple[tuple[int, int], ...]]]:
+    """The whole sequence's length (an all-reduce of the shard lengths when not given) and every
+    rank's position ranges; shards of unequal q/k/v length, or not this scheme's, are refused."""
+    import torch
+    import torch.distributed as dist
+
+    n_local = q.shape[seq_dim]
+    if k.shape[seq_dim] != n_local or v.shape[seq_dim] != n_local:
+        raise ValueError(f"ring_attention: expected q, k and v shards of one sequence (equal lengths along dim {seq_dim}), "
+                         f"got {q.shape[seq_dim]}, {k.shape[seq_dim]}, {v.shape[seq_dim]}")
+    if seq_len is None:
+        t = torch.tensor([n_local], dtype=torch.int64, device=q.device)
+        dist.all_reduce(t, group=group)
+        seq_len = int(t.item())
+    ranges = [shard_ranges(seq_len, world, r, scheme) for r in range(world)]
+    if n_local != sum(b - a for a, b in ranges[rank]):
+        raise ValueError(f"ring_attention: rank {rank} of {world} holds {n_local} rows, but a {scheme.value} shard of "
+                         f"seq_len {seq_len} has {sum(b - a for a, b in ranges[rank])}")
+    return seq_len, ranges
+
+
+def _post_exchange(group: Any, send: tuple[Any, Any], recv: tuple[Any, Any], sending: bool, receiving: bool,
+                   succ: int, pred: int, comm: Any, ready: Any, prev_reqs: list[Any]) -> list[Any]:
+    """Post one ring step's transfers: this step's K/V block on to the successor (`sending`), the
+    next one from the predecessor into `recv` (`receiving`). On a GPU they run on the `comm`
+    stream once the compute stream reached `ready`. Returns the requests to wait on."""
+    import torch
+    import torch.distributed as dist
+
+    ops = []
+    if sending:
+        ops += [dist.P2POp(dist.isend, send[0], succ, group), dist.P2POp(dist.isend, send[1], succ, group)]
+    if receiving:
+        ops += [dist.P2POp(dist.irecv, recv[0], pred, group), dist.P2POp(dist.irecv, recv[1], pred, group)]
+    if not ops:
+        return []
+    if comm is None:
+        return dist.batch_isend_irecv(ops)
+    with torch.cuda.stream(comm):
+        # The buffer received into was read by the previous step's kernels, and
+        # the block sent on arrived with the previous step's receive.
+        comm.wait_event(ready)
+        for r in prev_reqs:
+            r.wait()
+        return dist.batch_isend_irecv(ops)
+
+
+def _assemble(var: Variant, q: Any, seq_dim: int, q_ranges: list[tuple[int, int]], acc: list[Any],
+              acc_lse: list[Any]) -> tuple[Any, Any]:
+    """This rank's (out, lse) from the merged partials of its query ranges, in shard order; rows
+    that saw no key anywhere get O = 0 and LSE = -inf."""
+    import torch
+
+    B = q.shape[0]
     outs, lses = [], []
-    for i, ((a, b), _) in enumerate(q_parts):
+    for i, (a, b) in enumerate(q_ranges):
         n = b - a
         if n == 0:
             continue

@@ -38,7 +38,6 @@ from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, s
 
 if TYPE_CHECKING:
     from attngen.runtime.decode import DecodeKernel, Dispatch
-    from attngen.cpu.kernel import CpuKernel
 
 __all__ = [
     "COUNTER_BLOCK", "CallResult", "DeviceArray", "InputCheckError", "Kernel", "NaNCheckError", "compile",
@@ -369,20 +368,14 @@ _KERNELS_LOCK = threading.Lock()
 
 
 def _resolve(spec: Any, variant: str | None) -> Variant:
-    if isinstance(spec, Variant):
-        return spec
-    if isinstance(spec, Program):
-        return spec.get(variant)
-    from attngen.plan.validate import load, loads
+    from attngen.plan.validate import resolve
 
-    if isinstance(spec, os.PathLike) or (isinstance(spec, str) and "{" not in spec):
-        return load(spec).get(variant)
-    return loads(str(spec)).get(variant)
+    return resolve(spec, variant)
 
 
 def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | None = None, *,
             arch: str | Arch | None = None, verbose: bool = False, family: str = "auto",
-            softmax: WgmmaSoftmax | None = None, device: str = "cuda") -> Kernel | DecodeKernel | Dispatch | CpuKernel:
+            softmax: WgmmaSoftmax | None = None, device: str = "cuda") -> Kernel | DecodeKernel | Dispatch:
     """Parse (if needed), render, compile and load one variant for the current CUDA device.
 
     `spec` is a Variant, a Program, a path to a `.attn` file, or `.attn` source text. `family`:
@@ -391,16 +384,11 @@ def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | Non
     calls with small Lq run the decode family where the variant supports it. `softmax` replaces
     the wgmma softmax schedule the plan picks (`render.plan`; benchmarks time the two side by side).
     Without CuPy, a MissingExtra (a ModuleNotFoundError) naming `pip install 'attngen[cuda]'`.
-    `device="cpu"` builds the CPU backend instead (`attngen.cpu.kernel.CpuKernel`: NumPy arrays or
-    torch CPU tensors; `arch`, `family` and `softmax` are the GPU's and are not taken there)."""
-    if device == "cpu":
-        from attngen.cpu.kernel import compile_cpu
-
-        if arch is not None or family != "auto" or softmax is not None:
-            raise ValueError("device='cpu': arch, family and softmax choose GPU kernels; leave them unset")
-        return compile_cpu(_resolve(spec, variant), verbose=verbose)
+    This is the CUDA backend's compile (`attngen.backend.CudaBackend.load`); `attngen.compile`
+    picks the backend by `device` (attngen.backend.compile), so `device` here takes "cuda" only."""
     if device != "cuda":
-        raise ValueError(f"device: expected 'cuda' or 'cpu', got {device!r}")
+        raise ValueError(f"attngen.runtime.kernel.compile builds CUDA kernels, not device={device!r}: "
+                         "attngen.compile(..., device=...) picks the backend")
     cupy = require_cupy("attngen.compile")
 
     from attngen.plan import decode as plan_decode

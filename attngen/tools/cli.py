@@ -315,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="one JSON document on stdout instead of text (docs/JSON.md)")
     e.set_defaults(func=cmd_explain)
 
+    from attngen.backend import BACKENDS
+
     k = sub.add_parser("compile", help="render CUDA (or CPU C++) for a variant (and build it)",
                        description="Render a variant's kernel source. --target cuda (default) writes CUDA for "
                        "--arch; --target cpu writes one self-contained C++17 file (FlashAttention on the CPU, OpenMP) "
@@ -325,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("-o", "--output", help="output path (default: stdout)")
     k.add_argument("--variant", help="the variant to compile (needed when the file has several)")
     k.add_argument("--arch", help=ARCH_HELP + " (--target cuda only)")
-    k.add_argument("--target", choices=["cuda", "cpu"], default="cuda",
+    k.add_argument("--target", choices=list(BACKENDS), default="cuda",
                    help="cuda (default): a .cu for --arch; cpu: a .cpp for the host C++ compiler (no CUDA needed)")
     k.add_argument("--prefix", help="start every exported symbol with this C identifier instead of `attngen` "
                    "(link two variants, or two arches of one, into one binary)")

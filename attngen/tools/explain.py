@@ -428,63 +428,7 @@ def explain(
     # positions of the Lk-long sequence, which the mask and the inputs sized Lq see whole.
     step_of = Lk if v.kind == AttnKind.SELF and Lq < Lk else None
     Lseq = Lq if step_of is None else Lk
-    out: list[str] = []
-    kind = "self attention (Lq == Lk)" if v.kind == AttnKind.SELF else "cross attention (Lq and Lk independent)"
-    out.append(f"attention {v.name}: {kind}")
-    out.append(
-        f"  {v.dtype.value} Q/K/V/O, fp32 accumulation; layout {v.layout.value}"
-        + {Layout.BSHD: " (a [B, L, H*D] hidden state)", Layout.VARLEN: " (B packed sequences: [total, H, D] rows, split by "
-           "cu_seqlens; positions restart at 0 in each sequence, so q, kv, Lq and Lk below are those of one sequence)"}.get(v.layout, " ([B, H, L, D])")
-    )
-    heads = f"  {v.heads} query heads"
-    if v.kv_heads == v.heads:
-        heads += ", each with its own key/value head (MHA)"
-    elif v.kv_heads == 1:
-        heads += " share one key/value head (MQA)"
-    else:
-        heads += f" share {v.kv_heads} key/value heads (GQA: {v.group_size} query heads a group)"
-    heads += f"; head_dim {v.head_dim}" + (f", value head_dim {v.value_head_dim}" if v.value_head_dim != v.head_dim else "")
-    out.append(heads)
-
-    out.append("")
-    out.append("What is computed, for each batch row b, head h, query q and key kv:")
-    step = 1
-    for n in v.norms:
-        if n.target == NormTarget.O:
-            continue
-        what = "LayerNorm" if n.kind == NormKind.LAYERNORM else "RMSNorm"
-        over = (f"the whole {v.heads * v.head_dim}-wide hidden row (all heads; token scope)"
-                if n.scope == NormScope.TOKEN else f"each head's {v.head_dim} values (head scope, QK-norm)")
-        aff = "with learned weights" if n.affine else "without weights"
-        out.append(f"  {step}. {n.target.value} = {what}({n.target.value}) over {over}, eps {n.eps:g}, {aff}; rounded to {v.dtype.value}")
-        step += 1
-    scale_words = f"{v.effective_scale:.6g}" + (f" (1/sqrt({v.head_dim}))" if v.scale is None else " (given)")
-    hk = "h" if v.kv_heads == v.heads else f"h // {v.group_size}"
-    out.append(f"  {step}. s = {scale_words} * dot(q[b, h, q, :], k[b, {hk}, kv, :])")
-    step += 1
-    for sc in v.scores:
-        out.append(f"  {step}. score: {_score_line(sc, v)}")
-        step += 1
-    out.append(f"  {step}. mask:")
-    out += _mask_lines(v.mask, v, "       ")
-    if v.page_size is not None:
-        out.append(f"       and, implied by kv_cache paged: kv < {CACHE_LENS}[b] (keys past each row's length are invisible)")
-    step += 1
-    out.append(f"  {step}. P = softmax over the visible keys of s (running max, fp32); a row with no visible key gives O = 0, LSE = -inf")
-    step += 1
-    out.append(f"  {step}. o = P @ v[b, {hk}, :, :]")
-    step += 1
-    on = v.norm(NormTarget.O)
-    if on is not None:
-        what = "LayerNorm" if on.kind == NormKind.LAYERNORM else "RMSNorm"
-        out.append(f"  {step}. o = {what}(o) over each head's {v.value_head_dim} values, eps {on.eps:g}"
-                   + (" with learned weights" if on.affine else ""))
-        step += 1
-    if v.residual:
-        out.append(f"  {step}. o = x + o, x the q input before any norm (residual)")
-        step += 1
-    if v.nan_check:
-        out.append(f"  {step}. nan_check: the kernel raises a flag if o holds NaN or Inf")
+    out = _heading_lines(v) + _computation_lines(v)
 
     # Inputs and outputs
     out.append("")
@@ -546,6 +490,71 @@ def explain(
     out += describe_backward(v, arch)
     out += _bwd_partial_tile_lines(v, arch)
     return "\n".join(out)
+
+
+def _heading_lines(v: Variant) -> list[str]:
+    """The variant's name, kind, dtype, layout and heads."""
+    out: list[str] = []
+    kind = "self attention (Lq == Lk)" if v.kind == AttnKind.SELF else "cross attention (Lq and Lk independent)"
+    out.append(f"attention {v.name}: {kind}")
+    out.append(
+        f"  {v.dtype.value} Q/K/V/O, fp32 accumulation; layout {v.layout.value}"
+        + {Layout.BSHD: " (a [B, L, H*D] hidden state)", Layout.VARLEN: " (B packed sequences: [total, H, D] rows, split by "
+           "cu_seqlens; positions restart at 0 in each sequence, so q, kv, Lq and Lk below are those of one sequence)"}.get(v.layout, " ([B, H, L, D])")
+    )
+    heads = f"  {v.heads} query heads"
+    if v.kv_heads == v.heads:
+        heads += ", each with its own key/value head (MHA)"
+    elif v.kv_heads == 1:
+        heads += " share one key/value head (MQA)"
+    else:
+        heads += f" share {v.kv_heads} key/value heads (GQA: {v.group_size} query heads a group)"
+    heads += f"; head_dim {v.head_dim}" + (f", value head_dim {v.value_head_dim}" if v.value_head_dim != v.head_dim else "")
+    out.append(heads)
+    return out
+
+
+def _computation_lines(v: Variant) -> list[str]:
+    """What is computed, step by step: the norms, the score, the mask, softmax, P @ V and what follows it."""
+    out = ["", "What is computed, for each batch row b, head h, query q and key kv:"]
+    step = 1
+    for n in v.norms:
+        if n.target == NormTarget.O:
+            continue
+        what = "LayerNorm" if n.kind == NormKind.LAYERNORM else "RMSNorm"
+        over = (f"the whole {v.heads * v.head_dim}-wide hidden row (all heads; token scope)"
+                if n.scope == NormScope.TOKEN else f"each head's {v.head_dim} values (head scope, QK-norm)")
+        aff = "with learned weights" if n.affine else "without weights"
+        out.append(f"  {step}. {n.target.value} = {what}({n.target.value}) over {over}, eps {n.eps:g}, {aff}; rounded to {v.dtype.value}")
+        step += 1
+    scale_words = f"{v.effective_scale:.6g}" + (f" (1/sqrt({v.head_dim}))" if v.scale is None else " (given)")
+    hk = "h" if v.kv_heads == v.heads else f"h // {v.group_size}"
+    out.append(f"  {step}. s = {scale_words} * dot(q[b, h, q, :], k[b, {hk}, kv, :])")
+    step += 1
+    for sc in v.scores:
+        out.append(f"  {step}. score: {_score_line(sc, v)}")
+        step += 1
+    out.append(f"  {step}. mask:")
+    out += _mask_lines(v.mask, v, "       ")
+    if v.page_size is not None:
+        out.append(f"       and, implied by kv_cache paged: kv < {CACHE_LENS}[b] (keys past each row's length are invisible)")
+    step += 1
+    out.append(f"  {step}. P = softmax over the visible keys of s (running max, fp32); a row with no visible key gives O = 0, LSE = -inf")
+    step += 1
+    out.append(f"  {step}. o = P @ v[b, {hk}, :, :]")
+    step += 1
+    on = v.norm(NormTarget.O)
+    if on is not None:
+        what = "LayerNorm" if on.kind == NormKind.LAYERNORM else "RMSNorm"
+        out.append(f"  {step}. o = {what}(o) over each head's {v.value_head_dim} values, eps {on.eps:g}"
+                   + (" with learned weights" if on.affine else ""))
+        step += 1
+    if v.residual:
+        out.append(f"  {step}. o = x + o, x the q input before any norm (residual)")
+        step += 1
+    if v.nan_check:
+        out.append(f"  {step}. nan_check: the kernel raises a flag if o holds NaN or Inf")
+    return out
 
 
 def _self_step_lines(v: Variant, Lq: int, Lk: int) -> list[str]:

@@ -179,7 +179,9 @@ def test_header_for_runtime_inputs(capsys):
 
 
 def test_header_layout_arithmetic():
-    offsets, size = cmd_compile._c_layout(["const void*", "int", "int", "int", "long long", "int"])
+    from attngen.cuda.header import _c_layout
+
+    offsets, size = _c_layout(["const void*", "int", "int", "int", "long long", "int"])
     assert offsets == [0, 8, 12, 16, 24, 32] and size == 40
 
 
