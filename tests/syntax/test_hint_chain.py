@@ -230,6 +230,7 @@ FIXERS: dict[str, Callable[[str, Diagnostic], str]] = {
     "unknown kv_cache layout `{}`": replace_line(1),
     "`kv_cache paged` needs `kind cross`": insert(0),
     "`{}` is implied by `kv_cache paged`": delete_line,
+    "`{}` is implied by `kv_cache paged` as i32[B]": delete_line,
     "`sorted` input `{}` with `kv_cache paged`: the decode family, which runs paged caches, does not check `sorted` "
     "promises yet": drop_word,
     "`{}` is implied by `layout varlen`": delete_line,
@@ -282,6 +283,7 @@ CASES: dict[str, str] = {
     "unknown kv_cache layout `{}`": HEAD + "  kind cross\n  kv_cache pagd(16)\n}\n",
     "`kv_cache paged` needs `kind cross`": HEAD + "  kv_cache paged(16)\n}\n",
     "`{}` is implied by `kv_cache paged`": HEAD + "  kind cross\n  kv_cache paged(16)\n  input block_table: i32[B, max_pages]\n}\n",
+    "`{}` is implied by `kv_cache paged` as i32[B]": HEAD + "  kind cross\n  kv_cache paged(16)\n  input cache_lens: i32[B, Lk]\n}\n",
     "`sorted` input `{}` with `kv_cache paged`: the decode family, which runs paged caches, does not check `sorted` "
     "promises yet": HEAD + "  kind cross\n  kv_cache paged(16)\n  input st: i32[B, Lk] sorted\n  mask st[b, kv] > 0\n}\n",
     "`{}` is implied by `layout varlen`": HEAD + "  layout varlen\n  input cu_seqlens: i32[Bp1]\n}\n",
