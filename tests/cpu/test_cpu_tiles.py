@@ -1,5 +1,5 @@
 """The CPU kernel's tile machinery at lengths that cross its tiles: several query tiles and key
-blocks a stream (the online softmax rescaling across blocks), partial last tiles, GQA packing,
+blocks a stream (the online softmax rescaling across blocks), partial last tiles, GQA packing, the half tiles of a short masked stream,
 fp32 keys and values read in place (the AVX-512 transpose) and converted ones, and the tile sizes
 render.py picks for a variant with and without a mask."""
 
@@ -27,6 +27,8 @@ CASES = [
     ("dense_d128_fp32", "fp32", 128, 2, 2, "self", "", (1, 200, 200)),
     ("dense_cross_fp16", "fp16", 64, 2, 1, "cross", "", (1, 150, 389)),
     ("causal_d96_fp32", "fp32", 96, 2, 2, "self", "  mask causal\n", (2, 333, 333)),
+    # G * Lq = 180 packed rows: a masked stream this short takes half tiles (4 of them).
+    ("causal_short_gqa_fp32", "fp32", 64, 2, 1, "self", "  mask causal\n", (2, 90, 90)),
     ("window_bf16", "bf16", 64, 2, 2, "self", "  mask causal && q - kv < 100\n", (1, 290, 290)),
     ("alibi_causal_fp32", "fp32", 64, 4, 4, "self", "  mask causal\n  score alibi\n", (1, 257, 257)),
 ]
