@@ -28,11 +28,13 @@ from attngen.resources import cpu_template_dir
 DEFAULT_PREFIX = "attngen"
 # Tiles: query rows (packed rows of the G heads of a kv head) x keys a block. Without a mask every
 # block is computed, and large tiles amortise the K^T packing and the per-row softmax over more
-# work (one thread, D128 L2k: 188 -> 144 ms). A mask skips NEVER blocks and evaluates MAYBE blocks
-# per element, both at tile granularity: smaller tiles skip more and mask fewer elements (causal
-# D64 L2k: 48 ms at 48 x 64, 42 at 96 x 64; window and padding lose up to 15% at 192 x 128).
+# work (one thread, D128 L2k: 188 ms at 64 x 64, 144 at 192 x 128, 133-135 at 384 x 128 against
+# 139 at 192 in the same runs; about 0.7 MiB of scratch at D128, within a core's 2 MiB L2). A
+# mask skips NEVER blocks and evaluates MAYBE blocks per element, both at tile granularity:
+# smaller tiles skip more and mask fewer elements (causal D64 L2k: 48 ms at 48 x 64, 42 at
+# 96 x 64; window and padding lose up to 15% at 192 x 128).
 # Multiples of every register block's rows (12, 6, 4) and columns (32, 64).
-BLOCK_M, BLOCK_N = 192, 128  # no mask
+BLOCK_M, BLOCK_N = 384, 128  # no mask
 MASKED_BLOCK_M, MASKED_BLOCK_N = 96, 64
 VECTOR = 32  # DV is padded to it: every register block's columns divide it (P V takes 64 where DVP allows)
 
