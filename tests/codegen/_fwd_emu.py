@@ -232,12 +232,13 @@ def _grid(k, v, B: int, Lq: int, persistent: int) -> tuple[int, int, int]:
 
 
 def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdir: str | None = None,
-        timeout: float = 600.0, wait_seconds: int = 30,
+        timeout: float = 600.0, wait_seconds: int = 120,
         heads: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Compile the rendered forward `src` (plan `kp`, variant `v`, bhsd or bshd) for the host and run
     it on `arrays` (numpy q, k, v and runtime inputs in the variant's layout and dtypes); returns O
     (float64) and the LSE (or None). `grid` persistent CTAs (any grid is correct). A thread that
-    waits on one mbarrier phase for `wait_seconds` aborts the run (a lost arrival: RuntimeError).
+    waits on one mbarrier phase for `wait_seconds` aborts the run (a lost arrival: RuntimeError);
+    the default leaves room for a loaded machine, where hundreds of emulated threads share two cores.
     `heads`: the query heads the attention kernel runs (one with a CTA
     a (query tile, head, batch) only; prep kernels run whole); the others' outputs stay NaN."""
     from attngen.check.reference import dtype_of
