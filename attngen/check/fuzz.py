@@ -1,9 +1,10 @@
 """`attngen fuzz`: hypothesis-driven differential testing of generated kernels, and of the compiler.
 
-    attngen fuzz FILE [--variant NAME] [--max-examples N] [--seconds S] [--seed K] [--out DIR]
+    attngen fuzz FILE [--variant NAME] [--shape B=..,Lq=..,Lk=..] [--max-examples N] [--seconds S] [--seed K] [--out DIR]
     attngen fuzz --specs [--max-examples N] [--seconds S] [--seed K] [--out DIR] [--nvcc | --no-nvcc] [--jobs N]
 
-FILE mode draws shapes (B, Lq, Lk from 1 upwards, tile-boundary values favoured), input
+FILE mode draws shapes (B, Lq, Lk from 1 upwards, tile-boundary values favoured; `--shape`
+pins them, self attention's Lq < Lk being a decode step as in `explain`), input
 distributions (normal, and large magnitudes that overflow a naive fp16 softmax) and runtime inputs
 (padding lengths including 0 and full, single-document / one-token-per-document ids, empty and full
 block masks, so some rows end up fully masked), runs the kernel on outputs poisoned with NaN, and
@@ -59,9 +60,10 @@ __all__ = [
 
 
 def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, seconds: float | None, seed: int,
-                 out_dir: str, quiet: bool = False, cpu: bool = False) -> Outcome:
+                 out_dir: str, quiet: bool = False, cpu: bool = False, shape: tuple[int, int, int] | None = None) -> Outcome:
     """Fuzz one variant: kernel vs reference on the GPU (or, `cpu`, the CPU backend's kernel),
-    reference sanity (+ flex, render) without either."""
+    reference sanity (+ flex, render) without either. `shape` = (B, Lq, Lk) pins every case's
+    sizes (`case_strategy`)."""
     outcome = Outcome(v.name)
     kernel = None
     if gpu or cpu:
@@ -95,7 +97,7 @@ def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, se
         except Exception:
             do_flex = False
     # Without a GPU the reference (and CPU flex) is the cost: smaller shapes.
-    strategy = case_strategy(v, max_len=2048 if gpu else 300, max_work=MAX_SCORE_ELEMENTS if gpu else 1 << 18)
+    strategy = case_strategy(v, max_len=2048 if gpu else 300, max_work=MAX_SCORE_ELEMENTS if gpu else 1 << 18, shape=shape)
     last_arrays: list[Any] = [None]
 
     def body(case: Case) -> None:

@@ -252,9 +252,10 @@ def _refusal(v: Variant) -> str | None:
 
 
 def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, seconds: float | None, seed: int,
-                          out_dir: str, quiet: bool = False) -> Outcome:
+                          out_dir: str, quiet: bool = False, shape: tuple[int, int, int] | None = None) -> Outcome:
     """Fuzz one variant's backward (see the module doc). A variant the backward kernels refuse is
-    a failure that says why (the user asked for that pass)."""
+    a failure that says why (the user asked for that pass). `shape` = (B, Lq, Lk) pins every
+    case's sizes (whole sequences only: the backward fuzz places no decode step)."""
     from hypothesis import strategies as st
 
     outcome = Outcome(f"{v.name} (backward)")
@@ -285,7 +286,7 @@ def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples
         outcome.reproducer = _write_repro(out_dir, spec_text, v, None, None, None, outcome.failure)
         return outcome
     # The float64 reference backward is the cost: smaller shapes than the forward's fuzzing.
-    cases = case_strategy(v, max_len=700 if gpu else 40, max_work=(1 << 20) if gpu else (1 << 12))
+    cases = case_strategy(v, max_len=700 if gpu else 40, max_work=(1 << 20) if gpu else (1 << 12), shape=shape)
     strategy = st.tuples(cases, st.booleans())
     last: list[Any] = [None, None]
 

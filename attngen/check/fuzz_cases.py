@@ -1,5 +1,7 @@
 """`attngen fuzz`'s cases: a shape, an input distribution and runtime-input overrides for one
-variant, drawn by hypothesis (tile-boundary lengths favoured, work capped) and turned into arrays."""
+variant, drawn by hypothesis (tile-boundary lengths favoured, work capped) and turned into arrays.
+A pinned shape (`attngen fuzz --shape`) fixes B, Lq and Lk and leaves the rest to hypothesis; for
+self attention, Lq < Lk is a decode step (`decode_positions`)."""
 
 from __future__ import annotations
 
@@ -78,9 +80,28 @@ def tensor_roles(v: Variant) -> dict[str, str]:
     return roles
 
 
-def case_strategy(v: Variant, *, max_len: int = 2048, max_work: int = MAX_SCORE_ELEMENTS):
-    """A hypothesis strategy of `Case`s for a variant (shapes capped to `max_work` score elements)."""
+def decode_positions(v: Variant, Lq: int, Lk: int) -> dict[str, int]:
+    """Call positions (`abi.Positions` keywords) of a self-attention call with Lq < Lk: a decode
+    or extend step whose Lq queries are the last Lq positions of the Lk-long sequence, as
+    `explain --shape` reads such a shape. Empty for any other call (a whole sequence)."""
+    if v.kind != AttnKind.SELF or v.layout == Layout.VARLEN or v.page_size is not None or Lq >= Lk:
+        return {}
+    return {"q_offset": Lk - Lq, "Lq_total": Lk, "Lk_total": Lk}
+
+
+def case_strategy(v: Variant, *, max_len: int = 2048, max_work: int = MAX_SCORE_ELEMENTS,
+                  shape: tuple[int, int, int] | None = None):
+    """A hypothesis strategy of `Case`s for a variant (shapes capped to `max_work` score elements).
+    `shape` = (B, Lq, Lk) pins every case's sizes exactly (no cap: the user asked for them); for
+    self attention it needs Lq <= Lk (Lq < Lk: a decode step), and `layout varlen` refuses it
+    (ValueError), its lengths being per sequence."""
     from hypothesis import strategies as st
+
+    if shape is not None:
+        if v.layout == Layout.VARLEN:
+            raise ValueError(f"{v.name}: a pinned shape does not apply to `layout varlen` (its lengths are per sequence)")
+        if v.kind == AttnKind.SELF and shape[1] > shape[2]:
+            raise ValueError(f"{v.name}: self attention takes Lq <= Lk, got Lq={shape[1]}, Lk={shape[2]}")
 
     bounds = [x for x in BOUNDARY_LENGTHS if x <= max_len]
 
@@ -124,8 +145,9 @@ def case_strategy(v: Variant, *, max_len: int = 2048, max_work: int = MAX_SCORE_
     if v.layout == Layout.VARLEN:
         return build_varlen()
 
-    @st.composite
-    def build(draw) -> Case:
+    def sizes(draw) -> tuple[int, int, int]:
+        if shape is not None:
+            return shape
         B = draw(st.integers(1, 4))
         Lq = draw(lengths())
         Lk = Lq if v.kind == AttnKind.SELF else draw(lengths())
@@ -136,6 +158,13 @@ def case_strategy(v: Variant, *, max_len: int = 2048, max_work: int = MAX_SCORE_
             Lk = max(1, max_work // (B * v.heads * Lq))
         if B * v.heads * Lq * Lk > max_work and v.kind == AttnKind.SELF:
             Lq = Lk = max(1, int(math.isqrt(max_work // (B * v.heads))))
+        return B, Lq, Lk
+
+    @st.composite
+    def build(draw) -> Case:
+        B, Lq, Lk = sizes(draw)
+        # A decode step's q_lens are global lengths (of the Lk-long sequence), as the kernel sees them.
+        Lq_seen = Lk if decode_positions(v, Lq, Lk) else Lq
         dist = draw(st.sampled_from(["normal", "normal", "large", "uniform"]))
         seed = draw(st.integers(0, 2**31 - 1))
 
@@ -143,7 +172,7 @@ def case_strategy(v: Variant, *, max_len: int = 2048, max_work: int = MAX_SCORE_
             return st.lists(st.one_of(st.sampled_from([0, L, 1, L - 1 if L > 1 else L]), st.integers(0, L)),
                             min_size=B, max_size=B).map(tuple)
 
-        q_lens = draw(st.one_of(st.none(), lens(Lq))) if PADDING_Q_LENS in names else None
+        q_lens = draw(st.one_of(st.none(), lens(Lq_seen))) if PADDING_Q_LENS in names else None
         kv_lens = draw(st.one_of(st.none(), lens(Lk))) if PADDING_KV_LENS in names else None
         docs = draw(st.sampled_from(["default", "single", "per_token"])) if has_docs else "default"
         blocks = draw(st.sampled_from(["default", "default", "empty", "full"])) if has_blocks else "default"
@@ -157,7 +186,15 @@ def case_inputs(v: Variant, case: Case) -> dict[str, np.ndarray]:
     from attngen.check import workload
 
     rng = np.random.default_rng(case.seed)
-    arrays = workload.make_inputs(v, case.B, case.Lq, case.Lk, rng, dist=case.dist)
+    if decode_positions(v, case.Lq, case.Lk):
+        # A decode step: the whole Lk-long sequence's inputs (runtime inputs sized by Lq see it all),
+        # then q's last Lq rows, the new tokens.
+        arrays = workload.make_inputs(v, case.B, case.Lk, case.Lk, rng, dist=case.dist)
+        q = arrays["q"]
+        axis = 2 if (v.layout == Layout.BHSD and q.ndim == 4) else 1
+        arrays["q"] = np.ascontiguousarray(np.take(q, np.arange(case.Lk - case.Lq, case.Lk), axis=axis))
+    else:
+        arrays = workload.make_inputs(v, case.B, case.Lq, case.Lk, rng, dist=case.dist)
     if case.seq_q is not None:
         cu_q, cu_k = v.cu_seqlens_names
         arrays[cu_q] = workload.cu_seqlens_of(case.seq_q)

@@ -21,11 +21,27 @@ def split_inputs(arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarr
     return arrays["q"], arrays["k"], arrays["v"], rest
 
 
+def positions_of(v: Variant, arrays: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """The call positions the arrays imply: for self attention with fewer query rows than key rows,
+    a decode step (`fuzz_cases.decode_positions`); else none. Read from the arrays, so a written
+    reproducer places its call the same way."""
+    from attngen.check.fuzz_cases import decode_positions
+
+    if v.layout == Layout.VARLEN or v.page_size is not None:
+        return {}
+    q, k = arrays["q"], arrays["k"]
+    bhsd = v.layout == Layout.BHSD
+    Lq = q.shape[2] if (bhsd and q.ndim == 4) else q.shape[1]
+    Lk = k.shape[2] if bhsd else k.shape[1]
+    return decode_positions(v, int(Lq), int(Lk))
+
+
 def run_kernel(kernel: Any, v: Variant, arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
     """Launch a compiled kernel on device copies of `arrays` into NaN-poisoned outputs; host O, LSE.
     A CPU-backend kernel (`attngen.cpu.kernel.CpuKernel`) runs on the host arrays themselves."""
     if getattr(kernel, "target", None) == "cpu":
         return _run_kernel_cpu(kernel, v, arrays)
+    pos = positions_of(v, arrays)
     q, k, vv, rest = split_inputs(arrays)
     B = q.shape[0]
     Lq = q.shape[2] if (v.layout == Layout.BHSD and q.ndim == 4) else q.shape[1]
@@ -37,7 +53,7 @@ def run_kernel(kernel: Any, v: Variant, arrays: Mapping[str, np.ndarray]) -> tup
     kwargs: dict[str, Any] = {"out": out}
     if lse is not None:
         kwargs["lse"] = lse
-    res = kernel(to_device(q), to_device(k), to_device(vv), **kwargs, **dev)
+    res = kernel(to_device(q), to_device(k), to_device(vv), **kwargs, **pos, **dev)
     synchronize()
     if isinstance(res, tuple):
         o_dev, lse_dev = res[0], res[1]
@@ -56,7 +72,7 @@ def _run_kernel_cpu(kernel: Any, v: Variant, arrays: Mapping[str, np.ndarray]) -
         B, Lq = len(rest[v.cu_seqlens_names[0]]) - 1, q.shape[0]
     out = np.full(abi.o_shape(v, B, Lq), np.nan, dtype=dtype_of(v.dtype))
     lse = np.full(abi.lse_shape(v, B, Lq), np.nan, dtype=np.float32) if v.lse else None
-    res = kernel(q, k, vv, out=out, **({"lse": lse} if lse is not None else {}), **rest)
+    res = kernel(q, k, vv, out=out, **({"lse": lse} if lse is not None else {}), **positions_of(v, arrays), **rest)
     return (res[0], res[1]) if isinstance(res, tuple) else (res, lse)
 
 
@@ -67,7 +83,7 @@ def compare(v: Variant, arrays: Mapping[str, np.ndarray], out: np.ndarray, lse: 
 
     q, k, vv, rest = split_inputs(arrays)
     if ref is None:
-        ref = reference.attention(v, q, k, vv, rest)
+        ref = reference.attention(v, q, k, vv, rest, **positions_of(v, arrays))
     o_ref, lse_ref = ref
     se = reference.score_error(v, q, k, rest)
     reps = [tolerance.check(out, o_ref, v.dtype, "O", score_err=se)]
@@ -82,7 +98,7 @@ def reference_invariants(v: Variant, arrays: Mapping[str, np.ndarray]) -> list[s
     from attngen.check import reference
 
     q, k, vv, rest = split_inputs(arrays)
-    o, lse = reference.attention(v, q, k, vv, rest)
+    o, lse = reference.attention(v, q, k, vv, rest, **positions_of(v, arrays))
     probs = []
     of = np.asarray(o).astype(np.float64)
     if np.isnan(of).any():
@@ -120,6 +136,8 @@ def flex_crosscheck(v: Variant, arrays: Mapping[str, np.ndarray]) -> tolerance.R
     from attngen.check import flex
 
     q, k, vv, rest = split_inputs(arrays)
+    if positions_of(v, arrays):
+        return None  # flex.run_flex runs whole sequences, not a decode step placed in one
     if v.layout == Layout.VARLEN:
         return None  # flex.run_flex takes padded batches; the reference's varlen path is tested against its dense one
     if v.page_size is not None:

@@ -357,6 +357,9 @@ def fuzz_arguments(z: argparse.ArgumentParser) -> None:
     """`attngen fuzz`'s arguments (their one definition: also attngen.tools.cmd_fuzz's own parser)."""
     z.add_argument("file", nargs="?", metavar="FILE", help="the spec whose kernels are fuzzed (or --specs)")
     z.add_argument("--variant", help="the variant to fuzz (default: every variant of FILE)")
+    z.add_argument("--shape", default=None,
+                   help=f"FILE: every case at these sizes (inputs, distributions and seeds still drawn): {SHAPE_HELP}; "
+                   "for self attention Lq < Lk is a decode step; not for `layout varlen`")
     z.add_argument("--specs", action="store_true", help="fuzz the compiler with generated and mutated specs")
     z.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="where kernels run: cuda (the GPU), cpu (the CPU backend: needs a C++ compiler) or auto "

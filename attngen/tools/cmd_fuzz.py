@@ -11,7 +11,9 @@ from pathlib import Path
 from collections.abc import Sequence
 
 from attngen.check import fuzz
+from attngen.ir.nodes import AttnKind, Layout, Variant
 from attngen.tools.exit_codes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from attngen.tools.shape import SHAPE_HELP, Shape, ShapeError, parse_shape
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +49,25 @@ def _pick_device(args: argparse.Namespace) -> tuple[str | None, str]:
     return "cpu", f"CPU backend ({cxx})" + ("" if dev == "cpu" else f"; no GPU: {why}")
 
 
+def _pinned_sizes(shape: Shape | None, variants: Sequence[Variant], which: str | None) -> tuple[int, int, int] | None:
+    """(B, Lq, Lk) for every case, checked against each variant as `explain --shape` checks it;
+    ShapeError where a variant cannot take it."""
+    if shape is None:
+        return None
+    for v in variants:
+        shape.check(v.name, v.kind == AttnKind.SELF, v.heads, v.head_dim)
+        if v.layout == Layout.VARLEN:
+            raise ShapeError(f"--shape: {v.name} is `layout varlen`, whose lengths are per sequence (drawn by the "
+                             "fuzzer); fuzz it without --shape")
+        decode = v.kind == AttnKind.SELF and shape.Lq < shape.Lk
+        if decode and v.page_size is not None:
+            raise ShapeError(f"--shape: {v.name} is self attention on a paged cache: give Lq = Lk")
+        if decode and which in ("backward", "both"):
+            raise ShapeError(f"--shape: Lq < Lk is a decode step of self attention, which the backward fuzz does not "
+                             f"place; give Lq = Lk for {v.name} or --pass forward")
+    return shape.B, shape.Lq, shape.Lk
+
+
 def _hypothesis_home() -> None:
     """Hypothesis keeps its files (example database, caches) under the attngen cache directory,
     not in the current directory."""
@@ -68,6 +89,15 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     out_dir = args.out or "fuzz-failures"
     seed = args.seed if args.seed is not None else int(time.time()) % (2**31)
     _hypothesis_home()
+    if args.specs and getattr(args, "shape", None) is not None:
+        print("attngen fuzz: error: --shape pins the sizes of FILE's variants; --specs draws its own specs and shapes",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        shape = None if getattr(args, "shape", None) is None else parse_shape(args.shape)
+    except ShapeError as e:
+        print(f"attngen fuzz: error: {e}\n  --shape: {SHAPE_HELP}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         device, mode = _pick_device(args)
     except ValueError as e:
@@ -125,17 +155,24 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         except KeyError as e:
             print(f"attngen fuzz: error: {e.args[0] if e.args else e}", file=sys.stderr)
             return EXIT_USAGE
+        try:
+            sizes = _pinned_sizes(shape, variants, getattr(args, "pass_", None))
+        except ShapeError as e:
+            print(f"attngen fuzz: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
         n = args.max_examples or (100 if gpu else 30)
         per = None if args.seconds is None else args.seconds / len(variants)
         if getattr(args, "pass_", None) in ("backward", "both"):  # attngen.check.fuzz_bwd
             from attngen.check import fuzz_bwd
 
-            outcomes = [fuzz_bwd.fuzz_backward_variant(v, text, gpu=gpu, max_examples=n, seconds=per, seed=seed, out_dir=out_dir)
+            outcomes = [fuzz_bwd.fuzz_backward_variant(v, text, gpu=gpu, max_examples=n, seconds=per, seed=seed, out_dir=out_dir,
+                                                     shape=sizes)
                         for v in variants]
         else:
             outcomes = []
         if getattr(args, "pass_", None) != "backward":
-            outcomes = [fuzz.fuzz_variant(v, text, gpu=gpu, max_examples=n, seconds=per, seed=seed, out_dir=out_dir, cpu=cpu)
+            outcomes = [fuzz.fuzz_variant(v, text, gpu=gpu, max_examples=n, seconds=per, seed=seed, out_dir=out_dir, cpu=cpu,
+                                          shape=sizes)
                         for v in variants] + outcomes
     failed = [o for o in outcomes if o.failure]
     for o in failed:
