@@ -407,7 +407,7 @@ def execute(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             op = _TORCH_OPS.setdefault(id(variant), register(variant))  # (variants live on in _SPECS)
         # The integration builds every runtime input itself (doc_ids, the one `sorted` input, is a
         # cumsum), so the device check, and the read-back it costs at every layer, is skipped.
-        return op(q, k, v, *(inputs[n] for n in op.input_names), check_inputs=False)
+        return op(q, k, v, check_inputs=False, **{n: inputs[n] for n in op.input_names})
     if q.device.type != "cpu":
         raise RuntimeError(f"attngen runs on CUDA or CPU tensors, got tensors on {q.device}")
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *inputs.values()))

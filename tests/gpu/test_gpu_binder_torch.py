@@ -158,11 +158,11 @@ def test_torch_op_in_a_cuda_graph_defers_nan_check_and_input_checks():
     dop = at.register(DOC)
     q, k, v, doc = _doc_inputs(seed=5)
     with torch.cuda.stream(s):
-        dop(q, k, v, doc)
+        dop(q, k, v, doc=doc)
     torch.cuda.current_stream().wait_stream(s)
     g2 = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g2):
-        dop(q, k, v, doc)
+        dop(q, k, v, doc=doc)
     doc[0, 1] = -1  # below doc[0, 0] >= 0: the first offending element is [0, 1]
     g2.replay()
     with pytest.raises(InputCheckError, match=r"doc\[0, 1\]"):
