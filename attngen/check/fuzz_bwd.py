@@ -381,7 +381,7 @@ def fuzz_specs_backward(*, gpu: bool, max_examples: int, seconds: float | None, 
     if refused:
         out.notes.append("refused by the backward kernels: " + ", ".join(f"{k} x{c}" for k, c in sorted(refused.items())))
     if not gpu:
-        out.notes.append("no GPU: backward sources rendered only")
+        out.notes.append("no GPU kernels: backward sources rendered only")
     if pool is not None:
         if not quiet and futures:
             print(f"attngen fuzz: waiting for {len(futures)} backward nvcc compiles", file=sys.stderr, flush=True)

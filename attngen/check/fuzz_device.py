@@ -15,23 +15,13 @@ from attngen.ir.nodes import DType
 
 
 def gpu_status() -> tuple[bool, str]:
-    """(True, device name) when a CUDA device is usable through CuPy, else (False, why not)."""
-    try:
-        import cupy
-    except Exception as e:
-        return False, f"CuPy is not importable ({type(e).__name__}: {e})"
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:
-        return False, f"the CUDA runtime reports no device ({type(e).__name__})"
-    if n < 1:
-        return False, "the CUDA runtime reports 0 devices"
-    try:
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    except Exception:
-        name = "CUDA device 0"
-    return True, name
+    """(True, device name) when a CUDA device is usable through CuPy, else (False, why not): the
+    missing `cuda` extra with its install line, a driver problem, or no GPU, told apart
+    (attngen.runtime.extras), so that a machine with a GPU but no CuPy is never called GPU-less."""
+    from attngen.runtime.extras import gpu_check
+
+    report = gpu_check()
+    return (True, report.detail) if report.ok else (False, report.message("running kernels on the GPU"))
 
 
 def _torch_or_none():

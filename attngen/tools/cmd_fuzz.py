@@ -31,12 +31,12 @@ def _pick_device(args: argparse.Namespace) -> tuple[str | None, str]:
     ValueError for a device that cannot be had."""
     gpu, why = fuzz.gpu_status()
     if getattr(args, "reference_only", False):
-        return None, (f"GPU present ({why})" if gpu else f"no GPU ({why})") + \
+        return None, (f"GPU present ({why})" if gpu else f"GPU kernels unavailable ({why})") + \
             "; --reference-only: fuzzing the front end and reference only, no kernels run"
     dev = getattr(args, "device", None) or "auto"
     if dev == "cuda" or (dev == "auto" and gpu):
         if not gpu:
-            raise ValueError(f"--device cuda: no usable GPU ({why})")
+            raise ValueError(f"--device cuda: {why}")
         return "cuda", f"GPU: {why}"
     from attngen.cpu.compile import CompilerNotFound, compiler_version, find_compiler
 
@@ -45,8 +45,8 @@ def _pick_device(args: argparse.Namespace) -> tuple[str | None, str]:
     except CompilerNotFound as e:
         if dev == "cpu":
             raise ValueError(f"--device cpu: {e}") from None
-        return None, f"no GPU ({why}) and no CPU backend ({e}): no kernels run"
-    return "cpu", f"CPU backend ({cxx})" + ("" if dev == "cpu" else f"; no GPU: {why}")
+        return None, f"GPU kernels unavailable ({why}) and no CPU backend ({e}): no kernels run"
+    return "cpu", f"CPU backend ({cxx})" + ("" if dev == "cpu" else f"; GPU kernels unavailable: {why}")
 
 
 def _pinned_sizes(shape: Shape | None, variants: Sequence[Variant], which: str | None) -> tuple[int, int, int] | None:

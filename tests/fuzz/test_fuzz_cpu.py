@@ -146,7 +146,11 @@ def test_fuzz_command_summary_says_cpu_only(tmp_path, capsys) -> None:
                     "--reference-only"])
     cap = capsys.readouterr()
     assert rc == 0
-    assert "no GPU" in cap.err and "CPU only (no kernels ran)" in cap.out and "0 failing" in cap.out
+    assert "GPU kernels unavailable" in cap.err and "CPU only (no kernels ran)" in cap.out and "0 failing" in cap.out
+    from attngen.runtime.extras import GpuStatus, gpu_check
+
+    if gpu_check().status is GpuStatus.NO_CUPY:  # the missing extra is named, and no GPU is claimed absent
+        assert "pip install 'attngen[cuda]'" in cap.err and "no GPU" not in cap.err
 
 
 def test_fuzz_specs_command(tmp_path, capsys) -> None:
