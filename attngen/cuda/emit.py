@@ -6,7 +6,7 @@ Two emitters over the same IR:
 - `IntervalEmitter` renders the three-valued tile classification of a boolean mask as straight-line
   C++ statements over inclusive integer intervals (q in [q0, q1], kv in [k0, k1]); the answer is
   NEVER (0), MAYBE (1) or ALWAYS (2). It may be conservative (MAYBE) but never wrong; its rules
-  mirror `attngen.intervals`.
+  mirror `attngen.analysis.intervals`.
 
 Both read global positions: the local row q of a launch is position `q + p.q_offset` of the whole
 sequence (and kv is `kv + p.kv_offset`), and the sizes Lq, Lk are the whole sequence's

@@ -2,8 +2,8 @@
 (dq, dk, dv), the gradients of sum(dO * O) for O = kernel(q, k, v, ...).
 
     kern = attngen.compile("examples/llama3_gqa_causal.attn")
-    dq, dk, dv = attngen.runtime_bwd.backward(kern, q, k, v, dO)            # runs the forward for O, LSE
-    dq, dk, dv = attngen.runtime_bwd.backward(kern, q, k, v, dO, o=o, lse=lse)  # with the forward's saved ones
+    dq, dk, dv = attngen.runtime.bwd.backward(kern, q, k, v, dO)            # runs the forward for O, LSE
+    dq, dk, dv = attngen.runtime.bwd.backward(kern, q, k, v, dO, o=o, lse=lse)  # with the forward's saved ones
 
 The forward's O and LSE are what the backward reads (P is recomputed from the LSE); without them the
 forward of the same variant with `output lse` runs first (`training_variant`). With `norm o`, `o`
