@@ -29,6 +29,7 @@ from attngen.plan.decode import MAX_UNITS_TIMES_CTAS, DecodePlan, Family, choose
 from attngen.cuda.render_decode import render_decode
 from attngen.cuda.render_decode import decode_fields
 from attngen.runtime import binder
+from attngen.runtime.inputs import positional_inputs_message
 from attngen.runtime.binder import (
     MAX_BINDINGS,
     POOL,
@@ -102,7 +103,7 @@ class DecodeKernel:
         """Both decode kernels' ABI fields, in order."""
         return decode_fields(self.variant)
 
-    def __call__(self, q: Any, k: Any, v: Any, *, out: Any = None, lse: Any = None, stream: Any = None,
+    def __call__(self, q: Any, k: Any, v: Any, *positional: Any, out: Any = None, lse: Any = None, stream: Any = None,
                  splits: int | None = None, ctas: int | None = None, fused: bool | None = None, check_pages: bool = True,
                  **inputs: Any) -> Any:
         """Runs split-KV attention then the combine; returns `o`, or `(o, lse)` with `output lse`.
@@ -119,7 +120,9 @@ class DecodeKernel:
         page as zeros, never outside the cache, and clamps cache_lens to the capacity; a length
         below Lq is then the caller's contract). Each call signature (shapes, strides, dtypes,
         devices, stream and these options) is validated and packed once; later calls patch
-        pointers and launch through the driver."""
+        pointers and launch through the driver. Runtime inputs go by name, as on every kernel."""
+        if positional:
+            raise TypeError(positional_inputs_message(f"kernel {self.variant.name}", self._input_names, len(positional)))
         return self._run(q, k, v, out, lse, stream, (splits, ctas, fused, bool(check_pages)), inputs, False)
 
     def _run(self, q: Any, k: Any, v: Any, out: Any, lse: Any, stream: Any, options: tuple, inputs: dict[str, Any],
@@ -466,7 +469,10 @@ class Dispatch:
             fam = self._families[Lq] = choose_family(self.forward.variant, Lq)
         return fam
 
-    def __call__(self, q: Any, k: Any, v: Any, **kw: Any) -> Any:
+    def __call__(self, q: Any, k: Any, v: Any, *positional: Any, **kw: Any) -> Any:
+        if positional:
+            raise TypeError(positional_inputs_message(f"kernel {self.forward.variant.name}", self.forward._input_names,
+                                                      len(positional)))
         lq = _lq_of(self.forward.variant, q)
         # Calls placed in a longer sequence (q_offset, kv_offset, Lq_total, Lk_total) run on the
         # forward family, the one whose ABI carries positions.

@@ -444,7 +444,9 @@ def test_runtime_modules_import_without_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m, [])
-    assert graph["bwd"] <= {"binder", "arrays"} and graph["decode"] <= {"binder", "arrays"}
+    # The families import the binder and its leaves (arrays, inputs: no attngen imports), never kernel.py.
+    shared = {"binder", "arrays", "inputs"}
+    assert not graph["inputs"] and graph["bwd"] <= shared and graph["decode"] <= shared
 
 
 def test_dispatch_and_backward_remember_their_plans(fake, monkeypatch):
@@ -475,3 +477,13 @@ def test_dlse_subtraction_touches_only_the_calls_rows(monkeypatch):
     delta = torch.zeros(10)
     bwd._subtract(delta, 6, torch.ones(2, 3), 0, True)
     assert delta.tolist() == [-1.0] * 6 + [0.0] * 4
+
+
+def test_decode_refuses_positional_runtime_inputs_by_name(fake):
+    v, k, _ = _decode_kernel(DEC_SPECS["gqa_bf16"])
+    a, inputs = _decode_arrays(v, 2, 300)
+    with pytest.raises(TypeError, match=r"runtime inputs go by name.*cache_lens=cache_lens"):
+        k(a["q"], a["k"], a["v"], inputs["cache_lens"])
+    assert not fake.launches
+    k(a["q"], a["k"], a["v"], **inputs)
+    assert fake.launches
