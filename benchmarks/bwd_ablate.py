@@ -4,30 +4,28 @@ wrong gradients; only their time means anything, as the share of the step each p
 critical path.
 
     python benchmarks/bwd_ablate.py [--out PATH] [--iters N] [--only ROW ...] [--ablations A ...]
-                                    [--wg-dq red2|red4|rows|tile|wg|wgbulk]
 
 Ablations (each a text edit of the rendered source, refused if its text is not found):
   base          the kernel as rendered;
-  no_dq_red     the dQ product stays, its fp32 reductions into ws_dq go (red2: the
-                red.global.add.v2 of each pair; tile: the step's bulk reduction; wg: the dQ
-                warpgroup's red.global.add.v4 and v2, its hand-off kept);
+  no_dq_red     the dQ product and its hand-off stay, the dQ warpgroup's bulk reduction of each
+                row into ws_dq goes;
   no_dq         the whole dQ part goes: the barrier that publishes dS^T, the dQ product, the
-                reductions (the step's last wait stays);
+                hand-off (the step's last wait stays);
   no_dq_bar     only that barrier goes (the dQ product reads dS^T half written);
-  no_dq_store   (wg) the consumers' stores of their dQ tile into the shared buffer go; the
-                barriers of the hand-off and the header stay (the dQ warpgroup adds stale tiles);
-  no_dq_handoff (wg) the whole hand-off goes (the EMPTY wait, the stores, the FULL arrive): the
-                dQ product stays, and the dQ warpgroup sees only the stop header;
+  no_dq_store   the consumers' stores of their dQ rows into the shared buffer go; the barriers of
+                the hand-off and the header stay (the dQ warpgroup adds stale rows);
+  no_dq_handoff the whole hand-off goes (the EMPTY wait, the stores, the FULL arrive): the dQ
+                product stays, and the dQ warpgroup sees only the stop header;
   no_loop_bar   the barrier at the top of each step goes (stage buffers race);
   no_exp        P = exp2(x) becomes P = x (the MUFU work of the softmax);
   no_steps      the dK/dV kernel's loop over its query tiles goes: what is left is each CTA's
                 fixed cost (K/V in, the first walk, dK/dV out) and the pre and finish kernels;
   no_dkdv       the dK/dV kernel returns at once: the pre and finish kernels, the workspace
                 clearing and the launches alone.
-no_dq and no_dq_bar find their text only in the red2, red4 and wg kernels, no_dq_store and
-no_dq_handoff only in wg's; an ablation whose text a mode's kernel lacks is recorded as skipped.
-Under wg the cuts that remove the hand-off also keep the dQ buffer index at 0, so that the stop
-header lands in the buffer the dQ warpgroup waits on first (an odd step count would hang it).
+An ablation whose text the kernel lacks is recorded as skipped. The cuts that remove the hand-off
+also keep the dQ buffer index at 0, so that the stop header lands in the buffer the dQ warpgroup
+waits on first (an odd step count would hang it). The kernel's dQ reductions are its one mode
+(docs/DECISIONS.md#dq-reductions).
 Rows: the backward bench's D128 B2 H16 L16k dense and causal, its D128 B16 H16 L2k causal, and a
 1024-key causal sliding window at D128 B2 H16 L16k.
 Inputs random normal; every timed launch queued behind a spin kernel. Results: JSON to PATH
@@ -56,30 +54,22 @@ H, D = 16, 128
 ROWS = {"d128_l16k_dense": ("mask true", 2, 16384), "d128_l16k_causal": ("mask causal", 2, 16384),
         "d128_l2k_causal": ("mask causal", 16, 2048), "d128_l16k_window": ("mask causal && window(1023, 0)", 2, 16384)}
 
-_DQ_START = "  ag_fence_proxy_async();\n  __syncthreads();\n  {\n    float dq[DQ_N / 2];"
+# the consumer warpgroups' named barrier (the dQ warpgroup stays out of it)
+_BAR = "ag_nbar_sync(CONS_BAR, WG_THREADS);"
+_DQ_START = f"  ag_fence_proxy_async();\n  {_BAR}\n  {{\n    float dq[DQ_N / 2];"
 _DQ_END = "\n  }\n  ag_reg_fence(dv);"
-_RED = "ag_red_add2(row + j * 8, SCALE * dq[4 * j + 2 * half], SCALE * dq[4 * j + 2 * half + 1]);"
-_RED_TILE = ("ag_bulk_reduce_add(p.ws_dq + (((long long)b * H + h) * p.Lq + q0) * D, base + SDQ_OFF, "
-             "(unsigned)(min(WG_BLOCK_M, p.Lq - q0) * D * 4));")
-# the dQ warpgroup's two reductions (WgDq.WG)
-_RED_WG = ("ag_red_add4(g4 + j * 8, SCALE * (odd ? y0 : x.x), SCALE * (odd ? y1 : x.y), SCALE * (odd ? x.z : y0), SCALE * (odd ? x.w : y1));",
-           "ag_red_add2(g + j * 8, SCALE * x.x, SCALE * x.y);", "ag_red_add2(g + 8 * D + j * 8, SCALE * x.z, SCALE * x.w);")
-# the dQ warpgroup's bulk reduction a row (WgDq.WG_BULK)
-_RED_WGB = "ag_bulk_reduce_add(p.ws_dq + (row0 + r) * D, base + SDQ_OFF + (unsigned)(buf * SDQ_BUF_BYTES + r * DQ_ROW_LD * 4), D * 4);"
-# WgDq.WG's consumer warpgroups meet at a named barrier where the other modes' CTAs __syncthreads
-_BARS = ("__syncthreads();", "ag_nbar_sync(CONS_BAR, WG_THREADS);")
-# WgDq.WG's hand-off of the dQ tile (consumer side) and its buffer index's turn a step
-_WG_STORE = ("#pragma unroll\n      for (int j = 0; j < DQ_N / 8; ++j) buf[j * WG_THREADS + tid] = "
-             "make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);\n")
-_WGB_STORE = ("#pragma unroll\n        for (int j = 0; j < DQ_N / 8; ++j) *reinterpret_cast<float2*>(r + j * 8) = "
-              "make_float2(SCALE * dq[4 * j + 2 * half], SCALE * dq[4 * j + 2 * half + 1]);\n")
+# the dQ warpgroup's bulk reduction a row
+_RED = "ag_bulk_reduce_add(p.ws_dq + (row0 + r) * D, base + SDQ_OFF + (unsigned)(buf * SDQ_BUF_BYTES + r * DQ_ROW_LD * 4), D * 4);"
+# the consumers' stores of their dQ rows into the hand-off buffer
+_STORE = ("#pragma unroll\n        for (int j = 0; j < DQ_N / 8; ++j) *reinterpret_cast<float2*>(r + j * 8) = "
+          "make_float2(SCALE * dq[4 * j + 2 * half], SCALE * dq[4 * j + 2 * half + 1]);\n")
 _WG_HANDOFF = ("    ag_nbar_sync(DQ_EMPTY_BAR + dq_buf, WG_CTA_THREADS);\n", "    ag_nbar_arrive(DQ_FULL_BAR + dq_buf, WG_CTA_THREADS);\n")
 _WG_TURN = "    dq_buf ^= 1;\n"
 _STEPS = "  while (cur < end) {\n    const int cp = ag_walk_pair(cur, off, end);"
 _DKDV = "  const int k0 = blockIdx.x * WG_BLOCK_N, hk = blockIdx.y, b = blockIdx.z;\n  if (k0 >= p.Lk) return;"
 _LOOP_BAR = ("    // This step's tiles have landed (and are visible to wgmma), and every warp is done with the\n"
              "    // previous step (its stage buffers and dS^T: each step waits for its products), so the next\n"
-             "    // step may load into the other stage.\n    __syncthreads();\n")
+             f"    // step may load into the other stage.\n    {_BAR}\n")
 _EXP = "ag_ex2(s[4 * j + e] * (SCALE * LOG2E) - sl[qc])"
 
 
@@ -92,39 +82,22 @@ def ablate(src: str, what: str) -> str:
     if what == "base":
         return src
 
-    def barrier_form(text: str) -> tuple[str, str]:
-        """`text` as this kernel spells its consumers' barrier (ValueError if in neither form), and
-        that barrier."""
-        forms = [(text.replace(_BARS[0], bar), bar) for bar in _BARS]
-        for form, bar in forms:
-            if src.count(form) == 1:
-                return form, bar
-        need(forms[0][0])  # raises: found in neither form
-        raise ValueError(f"ablation {what}: expected text not found")
-
     if what == "no_dq_red":
-        if _RED_WG[0] in src:  # whole tiles' and partial tiles' reductions alike
-            for red in _RED_WG:
-                need(red)
-                src = src.replace(red, ";")
-            return src
-        red = _RED_WGB if _RED_WGB in src else _RED_TILE if _RED_TILE in src else _RED
-        need(red)
-        return src.replace(red, ";")
-    if what == "no_dq":  # with WgDq.WG the hand-off goes too: the dQ warpgroup sees only the last header
-        start, _ = barrier_form(_DQ_START)
-        a = src.index(start)
+        need(_RED)
+        return src.replace(_RED, ";")
+    if what == "no_dq":  # the hand-off goes too: the dQ warpgroup sees only the last header
+        need(_DQ_START)
+        a = src.index(_DQ_START)
         e = src.index(_DQ_END, a)
         # the next step's loads, issued under the dQ product (WgPrefetch.UNDER_DQ), stay
         keep = "  prefetch();\n" if "    prefetch();\n" in src[a:e] else ""
         return src[:a] + keep + "  ag_wgmma_wait<0>();" + src[e + len("\n  }"):].replace(_WG_TURN, "")
     if what == "no_dq_bar":
-        start, bar = barrier_form(_DQ_START)
-        return src.replace(start, start.replace(f"  {bar}\n", "", 1))
+        need(_DQ_START)
+        return src.replace(_DQ_START, _DQ_START.replace(f"  {_BAR}\n", "", 1))
     if what == "no_dq_store":
-        store = _WGB_STORE if _WGB_STORE in src else _WG_STORE
-        need(store)
-        return src.replace(store, "")
+        need(_STORE)
+        return src.replace(_STORE, "")
     if what == "no_dq_handoff":
         for part in (*_WG_HANDOFF, _WG_TURN):
             need(part)
@@ -132,8 +105,8 @@ def ablate(src: str, what: str) -> str:
         e = src.index(_WG_HANDOFF[1], a) + len(_WG_HANDOFF[1])
         return (src[:a] + src[e:]).replace(_WG_TURN, "")
     if what == "no_loop_bar":
-        loop, bar = barrier_form(_LOOP_BAR)
-        return src.replace(loop, loop.replace(f"    {bar}\n", ""))
+        need(_LOOP_BAR)
+        return src.replace(_LOOP_BAR, _LOOP_BAR.replace(f"    {_BAR}\n", ""))
     if what == "no_exp":
         need(_EXP)
         return src.replace(_EXP, "(s[4 * j + e] * (SCALE * LOG2E) - sl[qc])")
@@ -179,7 +152,7 @@ def _row(name: str, iters: int, ablations: tuple[str, ...] = ABLATIONS) -> list[
         for what in ablations:
             try:
                 ablate(src, what)
-            except ValueError as e:  # this mode's kernel has no such part
+            except ValueError as e:  # the kernel has no such part
                 out.append({"row": name, "ablation": what, "skipped": str(e)})
                 print(f"{name:18s} {what:12s} skipped: {e}", flush=True)
                 continue
@@ -201,11 +174,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--only", choices=sorted(ROWS), nargs="*", default=None)
     ap.add_argument("--ablations", choices=ABLATIONS, nargs="*", default=None)
-    ap.add_argument("--wg-dq", choices=[m.value for m in plan_bwd.WgDq], default=None,
-                    help="the wgmma kernel's dQ reductions (plan_bwd.WgDq; the plan's choice otherwise)")
     args = ap.parse_args()
-    if args.wg_dq:
-        plan_bwd.force_wg_dq(args.wg_dq)
     from attngen.check import fuzz
 
     ok, why = fuzz.gpu_status()

@@ -2,7 +2,7 @@
 FlashAttention-2 (SDPA flash), same run, bf16.
 
     python benchmarks/bwd_bench.py [--out PATH] [--iters N] [--only ROW --once] [--also-engine mma|wgmma]
-                                   [--alt-templates DIR] [--also-loads tma|cp.async] [--also-dq MODE]
+                                   [--alt-templates DIR] [--also-loads tma|cp.async]
 
 Rows: D128 B2 H16 L16k dense and causal, D64 B8 H16 L4k dense and causal, D128 B16 H16 L2k causal.
 TFLOP/s count the backward as 2.5x the forward's 4 B H Lq Lk D (causal: half), the FlashAttention
@@ -45,8 +45,8 @@ def _spec(D: int, H: int, causal: bool) -> str:
     return f"attention bwdbench {{\n  dtype bf16\n  head_dim {D}\n  heads {H}{mask}\n  output lse\n}}\n"
 
 
-def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str | None = None, also_loads: str | None = None,
-         also_dq: str | None = None) -> dict:
+def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str | None = None,
+         also_loads: str | None = None) -> dict:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -116,18 +116,22 @@ def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str
             res[f"{eng}_tflops"] = bwd_flops / ms_e / 1e9
         except Exception as ex:  # an engine that refuses the variant: recorded, not fatal
             res[f"{eng}_error"] = f"{type(ex).__name__}: {ex}"[:300]
-    # The wgmma kernel with its tiles copied the other way (--also-loads: plan_bwd.WG_LOADS, keys
-    # loads_<name>_*) or another dQ mode (--also-dq: plan_bwd.WG_DQ, keys dq_<mode>_*), timed the
-    # same way; its dK and dV (no atomics) compared bit for bit with the default kernel's on the
-    # same inputs, and the default timed again after (attngen_after_tflops: the clocks' drift).
-    from attngen.plan import bwd as pb
+    # The wgmma kernel with its tiles copied the other way (--also-loads: plan_bwd.WG_LOADS, which
+    # keys the backward's kernel cache; keys loads_<name>_*), timed the same way; its dK and dV (no
+    # atomics) compared bit for bit with the default kernel's on the same inputs, and the default
+    # timed again after (attngen_after_tflops: the clocks' drift).
+    if also_loads:
+        from attngen.plan import bwd as pb
+        from attngen.plan.schedule import WgmmaLoads
 
-    def other_plan(key: str, switch, restore, what) -> None:
+        key = f"loads_{WgmmaLoads(also_loads).value}"
+        base_loads = pb.WG_LOADS
         ref = ours()
-        switch()
+        pb.WG_LOADS = WgmmaLoads(also_loads)
         try:
             got = ours()
-            res[f"{key}_plan"] = what(pb.plan(v, kern.plan.arch))
+            loads = pb.plan(v, kern.plan.arch).wg_loads
+            res[f"{key}_plan"] = loads.value if loads else None
             res[f"{key}_dk_dv_bit_identical"] = bool(torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2]))
             res[f"{key}_dq_max_rel_diff"] = float((got[0].float() - ref[0].float()).abs().max() / ref[0].float().abs().max())
             del got, ref
@@ -135,19 +139,8 @@ def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str
             res[f"{key}_ms"] = ms_o
             res[f"{key}_tflops"] = bwd_flops / ms_o / 1e9
         finally:
-            restore()
+            pb.WG_LOADS = base_loads
         res["attngen_after_tflops"] = bwd_flops / queued_ms(ours, iters) / 1e9
-
-    if also_loads:
-        from attngen.plan.schedule import WgmmaLoads
-
-        base_loads = pb.WG_LOADS
-        other_plan(f"loads_{WgmmaLoads(also_loads).value}", lambda: pb.force_wg_loads(also_loads),
-                   lambda: pb.force_wg_loads(base_loads), lambda p: p.wg_loads.value)
-    if also_dq:
-        base_dq = dict(pb.WG_DQ)
-        res["wg_dq"] = bp.wg_dq.value if bp.wg_dq else None
-        other_plan(f"dq_{also_dq}", lambda: pb.force_wg_dq(also_dq), lambda: pb.WG_DQ.update(base_dq), lambda p: p.wg_dq.value)
     # The same backward rendered from another template tree (--alt-templates: an A/B of a template
     # change in one process, beside the peers), timed the same way (keys alt_ms, alt_tflops).
     if alt:
@@ -190,8 +183,6 @@ def _alt_environment(root: str):
 
 
 def main() -> int:
-    from attngen.plan.bwd import WgDq  # the --wg-dq choices
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=5)
@@ -199,28 +190,14 @@ def main() -> int:
     ap.add_argument("--once", action="store_true", help="one attngen backward of each --only row, nothing timed")
     ap.add_argument("--tc-block-n", type=int, choices=[64, 128], default=None,
                     help="experiment: force the tensor-core kernel's key tile (the plan's choice otherwise)")
-    ap.add_argument("--no-rotate", action="store_true", help="experiment: every CTA walks the query tiles from the first")
     ap.add_argument("--also-engine", choices=["mma", "wgmma"], action="append", default=[],
                     help="also time attngen's backward with this dK/dV engine (keys <engine>_ms, <engine>_tflops)")
-    ap.add_argument("--wg-dq", choices=[m.value for m in WgDq], default=None,
-                    help="experiment: the wgmma kernel's dQ reductions (plan_bwd.WgDq: red.global.add.v2 or .v4, bulk "
-                         "reductions a row, or one of the step's tile; the plan's choice otherwise)")
     ap.add_argument("--alt-templates", metavar="DIR", default=None,
                     help="A/B: also time the backward rendered from the templates under DIR (a copy of backends/cuda, "
                          "e.g. an earlier commit's), in the same process (keys alt_ms, alt_tflops)")
     ap.add_argument("--also-loads", choices=["tma", "cp.async"], default=None,
                     help="A/B: also time the wgmma kernel copying its tiles this way (plan_bwd.WG_LOADS; keys loads_<name>_ms, _tflops)")
-    ap.add_argument("--also-dq", choices=[m.value for m in WgDq], default=None,
-                    help="A/B: also time the wgmma kernel with this dQ mode (plan_bwd.WG_DQ; keys dq_<mode>_ms, _tflops)")
     args = ap.parse_args()
-    if args.wg_dq:
-        from attngen.plan import bwd as plan_bwd
-
-        plan_bwd.force_wg_dq(args.wg_dq)
-    if args.no_rotate:
-        from attngen.plan import bwd as plan_bwd
-
-        plan_bwd.TC_ROTATE = False
     if args.tc_block_n:
         from attngen.plan import bwd as plan_bwd
 
@@ -228,7 +205,7 @@ def main() -> int:
     rows = args.only or list(ROWS)
     results = []
     for name in rows:
-        r = _row(name, args.iters, args.once, tuple(args.also_engine), args.alt_templates, args.also_loads, args.also_dq)
+        r = _row(name, args.iters, args.once, tuple(args.also_engine), args.alt_templates, args.also_loads)
         if args.once:
             continue
         results.append(r)
@@ -240,9 +217,7 @@ def main() -> int:
                         else f"  | {e} {r.get(e + '_error')}" for e in args.also_engine)
               + (f"  | alt {r['alt_tflops']:6.1f} TFLOP/s err {r.get('alt_max_rel_err_vs_cudnn')}" if "alt_tflops" in r else "")
               + "".join(f"  | {k[6:-7]} {r[k]:6.1f} TFLOP/s (default after {r.get('attngen_after_tflops', 0):6.1f}; dK dV bit-identical "
-                        f"{r.get(k[:-7] + '_dk_dv_bit_identical')})" for k in r if k.startswith("loads_") and k.endswith("_tflops"))
-              + "".join(f"  | {k[:-7]} {r[k]:6.1f} TFLOP/s (default {r.get('wg_dq')} after {r.get('attngen_after_tflops', 0):6.1f}; dK dV bit-identical "
-                        f"{r.get(k[:-7] + '_dk_dv_bit_identical')})" for k in r if k.startswith("dq_") and k.endswith("_tflops")), flush=True)
+                        f"{r.get(k[:-7] + '_dk_dv_bit_identical')})" for k in r if k.startswith("loads_") and k.endswith("_tflops")), flush=True)
     if args.once:
         return 0
     out = args.out or (os.path.join(os.environ["OUT"], "h200_bwd.json") if os.environ.get("OUT") else str(ROOT / "benchmarks/results/h200_bwd.json"))

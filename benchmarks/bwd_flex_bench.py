@@ -95,19 +95,11 @@ def _row(name: str, iters: int) -> dict:
 
 
 def main() -> int:
-    from attngen.plan.bwd import WgDq  # the --wg-dq choices
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--only", choices=sorted(ROWS), nargs="*", default=None)
-    ap.add_argument("--wg-dq", choices=[m.value for m in WgDq], default=None,
-                    help="experiment: the wgmma kernel's dQ reductions (plan_bwd.WgDq; the plan's choice otherwise)")
     args = ap.parse_args()
-    if args.wg_dq:
-        from attngen.plan import bwd as plan_bwd
-
-        plan_bwd.force_wg_dq(args.wg_dq)
     from attngen.check import fuzz
 
     ok, why = fuzz.gpu_status()

@@ -1,5 +1,5 @@
 """Host time per call of the seed kernel (fp32 B4 H8 L128 D64, padding) in a loop of 2000 calls,
-for each launch path, beside SDPA's efficient kernel with a mask in the same run; plus the cost of
+for each way of calling it, beside SDPA's efficient kernel with a mask in the same run; plus the cost of
 the input check on a variant with a `sorted` input. Prints a table; writes host_overhead.json to
 $OUT (or the current directory).
 
@@ -90,10 +90,6 @@ def main() -> int:
         "default path; allocates the output each call")
     o = kern(q, k, v, q_lens=ql, kv_lens=kl)
     row("attngen Kernel, out= given", lambda: _loop(lambda: kern(q, k, v, out=o, q_lens=ql, kv_lens=kl), args.calls))
-    kern.launcher = "cupy"
-    row("attngen Kernel, binder + CuPy RawKernel", lambda: _loop(lambda: kern(q, k, v, q_lens=ql, kv_lens=kl), args.calls),
-        "numpy scalars rebuilt each call, as before the binder")
-    kern.launcher = "driver"
 
     def rebuilt():
         kern._bindings.clear()

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Instruction-level ncu profiles (issues 14 and 16): one backward of our wgmma dK/dV kernel and of
-# cuDNN's (tools/ncu_bwd.py, D128 B2 H16 L16k dense, and D64 B8 H16 L4k dense), and the first two forward cells of
+# Instruction-level ncu profiles (issue 16): the first two forward cells of
 # tools/ncu_fwd.py (ours and cuDNN's each), with the SourceCounters section (warp-stall samples per
 # SASS instruction) and the pipe and shared-memory counters. On a GPU machine with ncu, from the tree root:
 #   bash tools/ncu_source.sh
@@ -22,11 +21,9 @@ run() {  # name, kernel regex, launch count, command...
   ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass 2> "$OUT/${name}_src_err.txt" | gzip > "$OUT/${name}_sass.csv.gz"
   echo "$name: source page $(zcat "$OUT/${name}_sass.csv.gz" | wc -l) lines" | tee -a "$OUT/summary.txt"
 }
-# $ITEMS: bwd (D128 B2 H16 L16k dense), bwd64 (D64 B8 H16 L4k dense), fwd; default all three
-for it in ${ITEMS:-bwd bwd64 fwd}; do
+# $ITEMS: the items to run (fwd, the default)
+for it in ${ITEMS:-fwd}; do
   case $it in
-    bwd) run bwd 'dkdv|cudnn' 2 python3 tools/ncu_bwd.py --only ${NCU_CASES:-wgbulk} ;;
-    bwd64) run bwd64 'dkdv|cudnn' 2 python3 tools/ncu_bwd.py --only ${NCU_CASES:-wgbulk} --shape 8 16 4096 64 ;;
     fwd) run fwd 'attngen|cudnn|sm90|fmha' 4 python3 tools/ncu_fwd.py ;;
   esac
   grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|hmma_cycles|wavefronts_mem_shared|bank_conflicts" "$OUT/${it}_details.txt" | tee -a "$OUT/summary.txt"

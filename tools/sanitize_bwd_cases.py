@@ -4,13 +4,10 @@
 
 Each case runs the backward (tensor-core engine for fp16/bf16, FFMA for fp32; atomics and
 deterministic dQ) and compares dq, dk, dv with the float64 reference, as tests/gpu/test_gpu_backward.py
-does; exits non-zero if any disagrees (the sanitizer reports access errors and hazards itself).
-AG_WG_DQ=red2|red4|rows|tile|wg|wgbulk|wgtma forces the wgmma kernel's dQ mode (plan_bwd.force_wg_dq), so an
-experimental mode is sanitized before it becomes the default."""
+does; exits non-zero if any disagrees (the sanitizer reports access errors and hazards itself)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -34,11 +31,6 @@ QUICK = CASES[:2] + CASES[4:6]  # racecheck is slow: the GQA local softcap, the 
 
 def main() -> int:
     cases = QUICK if "--quick" in sys.argv[1:] else CASES
-    if os.environ.get("AG_WG_DQ"):
-        from attngen.plan import bwd as plan_bwd
-
-        plan_bwd.force_wg_dq(os.environ["AG_WG_DQ"])
-        print(f"wgmma backward dQ mode forced to {os.environ['AG_WG_DQ']}", flush=True)
     bad = 0
     for name, (B, Lq, Lk) in cases:
         v = T._variant(name)

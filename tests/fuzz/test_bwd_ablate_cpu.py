@@ -1,8 +1,6 @@
 """The backward ablation script's CPU parts: every ablation finds its text in the rendered wgmma
 backward of every row (so a template change cannot silently turn one into the base kernel), each
-removes something, and every ablated source still compiles for sm_90a; under the tile and wg dQ
-modes the ablations whose part that kernel has apply too, and the others are refused (recorded as
-skipped)."""
+removes something, and every ablated source still compiles for sm_90a."""
 
 from __future__ import annotations
 
