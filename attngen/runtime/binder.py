@@ -703,3 +703,29 @@ def _sorted_checks(k: Any, given: Mapping[str, ArrayView], check_inputs: bool) -
         checks.append(Launch(cu_function(fn), (check_grid(pairs), 1, 1), CHECK_THREADS, 0, ArgBuffer(vals)))
         check_slots.append((len(checks) - 1, 3 + order.index(d.name)))
     return checks, check_slots, check_shapes
+
+
+def call_outputs(b: Any, dtype: DType, ptrs: Sequence[int], out: Any, op: int, lse: Any,
+                 is_torch: bool) -> tuple[Any, int, Any, int]:
+    """A bound call's per-call output step, shared by every family: q, k, v 16-byte aligned; `out`
+    allocated (or checked: aligned, not overlapping an input) and the LSE allocated where the
+    spec declares it. Returns (out, its pointer, lse, its pointer or 0)."""
+    if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
+        n = next(n for n, p in zip("qkv", ptrs) if p & 15)
+        raise ValueError(f"{n}: expected a 16-byte aligned data pointer")
+    if out is None:
+        out = b.alloc(b.out_shape, dtype)
+        op = out.data_ptr() if is_torch else out.data.ptr
+    else:
+        if op & 15:
+            raise ValueError("out: expected a 16-byte aligned data pointer")
+        o0, o1 = op + b.out_extent[0], op + b.out_extent[1]
+        for n, p, (lo, hi) in zip("qkv", ptrs, b.extents):
+            if o0 < p + hi and p + lo < o1:
+                raise ValueError(f"out: expected memory separate from the inputs, but it overlaps {n}")
+    lp = 0
+    if b.lse_shape is not None:
+        if lse is None:
+            lse = b.alloc(b.lse_shape, DType.FP32)
+        lp = sig_fn(lse)(lse)[1]
+    return out, op, lse, lp

@@ -30,7 +30,7 @@ from attngen.cuda.render_decode import render_decode
 from attngen.cuda.render_decode import decode_fields
 from attngen.runtime import binder
 from attngen.runtime.inputs import positional_inputs_message
-from attngen.runtime.binder import (
+from attngen.runtime.binder import (call_outputs,
     MAX_BINDINGS,
     POOL,
     SIG_FNS,
@@ -153,24 +153,7 @@ class DecodeKernel:
                 self._bindings[key] = b
                 while len(self._bindings) > MAX_BINDINGS:
                     self._bindings.popitem(last=False)
-        if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
-            n = next(n for n, p in zip("qkv", ptrs) if p & 15)
-            raise ValueError(f"{n}: expected a 16-byte aligned data pointer")
-        if out is None:
-            out = b.alloc(b.out_shape, self.variant.dtype)
-            op = out.data_ptr() if is_torch else out.data.ptr
-        else:
-            if op & 15:
-                raise ValueError("out: expected a 16-byte aligned data pointer")
-            o0, o1 = op + b.out_extent[0], op + b.out_extent[1]
-            for n, p, (lo, hi) in zip("qkv", ptrs, b.extents):
-                if o0 < p + hi and p + lo < o1:
-                    raise ValueError(f"out: expected memory separate from the inputs, but it overlaps {n}")
-        lp = 0
-        if b.lse_shape is not None:
-            if lse is None:
-                lse = b.alloc(b.lse_shape, DType.FP32)
-            lp = sig_fn(lse)(lse)[1]
+        out, op, lse, lp = call_outputs(b, self.variant.dtype, ptrs, out, op, lse, is_torch)
         ws: Any = ()
         if b.ws_specs:
             ws = [b.alloc((n,), dt) for n, dt in b.ws_specs] if capturing(sp) else POOL.take(b.pool_keys, b.ws_specs, b.alloc)

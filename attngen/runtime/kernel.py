@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from attngen.cuda.compile import compile_source
 from attngen.ir.nodes import DType, Layout, Program, TileConfig, TileHint, Variant
-from attngen.runtime.binder import (CALL_SCALARS, MAX_BINDINGS, POOL, SIG_FNS, Binding, InputCheckError, NaNCheckError, bind_forward,
+from attngen.runtime.binder import (CALL_SCALARS, MAX_BINDINGS, call_outputs, POOL, SIG_FNS, Binding, InputCheckError, NaNCheckError, bind_forward,
                                     capturing, driver, launch_driver, load_functions, sig_fn,
                                     stream_ptr, torch_current_stream, torch_sig)
 from attngen.runtime.extras import require_cupy
@@ -192,25 +192,7 @@ class Kernel:
         b = self._bindings.get(key)
         if b is None:
             b = self._build(arrays, inputs, out, lse, stream, check_inputs, key, sp, positions)
-        if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
-            for n, p in zip("qkv", ptrs):
-                if p & 15:
-                    raise ValueError(f"{n}: expected a 16-byte aligned data pointer")
-        if out is None:
-            out = b.alloc(b.out_shape, self.variant.dtype)
-            op = out.data_ptr() if is_torch else out.data.ptr
-        else:
-            if op & 15:
-                raise ValueError("out: expected a 16-byte aligned data pointer")
-            o0, o1 = op + b.out_extent[0], op + b.out_extent[1]
-            for n, p, (lo, hi) in zip("qkv", ptrs, b.extents):
-                if o0 < p + hi and p + lo < o1:
-                    raise ValueError(f"out: expected memory separate from the inputs, but it overlaps {n}")
-        lp = 0
-        if b.lse_shape is not None:
-            if lse is None:
-                lse = b.alloc(b.lse_shape, DType.FP32)
-            lp = sig_fn(lse)(lse)[1]
+        out, op, lse, lp = call_outputs(b, self.variant.dtype, ptrs, out, op, lse, is_torch)
         ws: Any = ()
         if b.ws_specs:
             # Workspaces from the pool, shared by this stream's calls (fresh under graph capture)
