@@ -89,18 +89,18 @@ def ring_backward(ring: Ring, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: 
     # The travelling dK/dV accumulators: one is sent on while the next is received into the other.
     g_bufs = ring_buffers(ring, (k, v), (torch.float32, torch.float32), 2 if world > 1 else 1)
     cur_k, cur_v = k.contiguous(), v.contiguous()
-    kv_reqs: list[Any] = []
+    prev_kv: list[Any] = []
     g_reqs: list[Any] = []
     acc = None
     for step in range(world):
         src = (rank - step) % world
         n_src, n_next = ring.rows(src), ring.rows((src - 1) % world)
-        nxt = None
+        nxt, kv_reqs = None, []
         if step + 1 < world and exchange:
             fk, fv = kv_bufs[step % len(kv_bufs)]
             nxt = (shaped(ring, fk, k, n_next), shaped(ring, fv, v, n_next))
             kv_reqs = _post_exchange(ring.group, (cur_k, cur_v), nxt, n_src > 0, n_next > 0,
-                                     ring.succ, ring.pred, comm, ready, kv_reqs)
+                                     ring.succ, ring.pred, comm, ready, prev_kv)
         shares = []
         for kr, kv_at, i, qr, q_at in step_blocks(ring, src, q.shape[0]):
             nk, nq = kr[1] - kr[0], qr[1] - qr[0]
@@ -131,7 +131,7 @@ def ring_backward(ring: Ring, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: 
                                     n_src > 0, n_next > 0, ring.succ, ring.pred, comm, ready, [], tag=2)
         for r in kv_reqs:
             r.wait()  # on a GPU: the compute stream waits for the block before the next step reads it
-        kv_reqs = []
+        prev_kv = kv_reqs
         if nxt is not None:
             cur_k, cur_v = nxt
     if exchange and world > 1:

@@ -40,3 +40,5 @@ def test_unmergeable_variants_are_refused() -> None:
         _check_variant(_v("mask causal; norm o rmsnorm(1e-5)"))
     with pytest.raises(ValueError, match="residual"):
         _check_variant(_v("mask causal; residual"))
+    with pytest.raises(ValueError, match="sink"):
+        _check_variant(_v("input sinks: fp32[H]; mask causal; sink sinks"))
