@@ -172,11 +172,17 @@ class ReferenceKernel:
         return torch.from_numpy(np.asarray(o, dtype=np.float32)).to(q.dtype), torch.from_numpy(lse)
 
 
-def _local_kernel(kernel: Any) -> Any:
+def _local_kernel(kernel: Any, device: str = "cuda") -> Any:
     """A callable that returns (o, lse): the kernel itself when its variant has `output lse`, else
-    the same variant with the LSE added, compiled (a ring cannot merge without the LSE)."""
+    the same variant with the LSE added, compiled (a ring cannot merge without the LSE). A Variant
+    or spec is compiled for `device` ("cuda", or "cpu": the CPU backend); a CPU backend kernel
+    without the LSE is recompiled on the CPU backend."""
     var = getattr(kernel, "variant", None)
     if isinstance(kernel, Variant) or not callable(kernel):
+        if device == "cpu":
+            from attngen import backend
+
+            return _local_kernel(backend.compile(kernel, device="cpu"), device)
         from attngen.runtime import kernel as runtime
 
         return _local_kernel(runtime.compile(kernel))
@@ -184,6 +190,10 @@ def _local_kernel(kernel: Any) -> Any:
         raise ValueError("ring_attention: expected an attngen Kernel (attngen.compile), a Variant or a spec, "
                          f"got {type(kernel).__name__}")
     if not var.lse:
+        if getattr(kernel, "target", None) == "cpu":
+            from attngen import backend
+
+            return backend.compile(dataclasses.replace(var, lse=True), device="cpu")
         from attngen.runtime import kernel as runtime
 
         return runtime.compile(dataclasses.replace(var, lse=True), arch=getattr(getattr(kernel, "plan", None), "arch", None))
@@ -286,7 +296,7 @@ def _ring(kernel: Any, q: Any, k: Any, v: Any, group: Any, seq_len: int | None, 
     """The checked `Ring` of one call (an all-reduce finds `seq_len` when not given)."""
     import torch.distributed as dist
 
-    fn = _local_kernel(kernel)
+    fn = _local_kernel(kernel, "cuda" if q.is_cuda else "cpu")
     var: Variant = fn.variant
     _check_variant(var)
     if abi.q_token_flat(var) and q.dim() == 3:

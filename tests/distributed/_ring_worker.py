@@ -2,7 +2,8 @@
 group of ranks given, its members run `attngen.distributed.ring_attention` over that subgroup with
 the NumPy reference as the local attention, and compare their rows with the reference on the whole
 sequence (CASES), then differentiate it with autograd and compare their shards of dq, dk and dv
-with the float64 reference backward on the whole sequence (BWD_CASES). Subgroups (e.g. ranks 6,7
+with the float64 reference backward on the whole sequence (BWD_CASES); the world-2 ring also runs with the CPU backend's kernel as its local attention when
+a host compiler exists. Subgroups (e.g. ranks 6,7
 or 1,2,3) also check that peers are named by global rank.
 
 usage: python _ring_worker.py TOTAL PORT OUTDIR GROUPS      (GROUPS like "6,7;1,2,3;0,1,2,3")
@@ -12,6 +13,7 @@ Each rank writes OUTDIR/rank<r>.json: a list of {world, case, pass ("fwd" or "bw
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -178,6 +180,53 @@ def _torch_backward(q, k, v, dO, dl, layout: str, causal: bool, scale: float) ->
     return out
 
 
+# The CPU backend as the ring's forward kernel (compiled without `output lse`: the ring recompiles
+# it with the LSE), run by the world-2 ring when a host compiler exists; the parent builds both
+# kernels first so that the ranks read them from the cache.
+CPU_SPEC = "attention ring_cpu_backend { dtype fp32; head_dim 32; heads 4 kv 2; layout bshd; mask causal && window(9, 0) }"
+
+
+def build_cpu_kernels() -> bool:
+    """Build the CPU backend's kernels of CPU_SPEC (with and without the LSE); False without a compiler."""
+    import dataclasses
+
+    import attngen
+    from attngen import backend
+    from attngen.cpu.compile import CompilerNotFound, find_compiler
+
+    try:
+        find_compiler()
+    except CompilerNotFound:
+        return False
+    kern = attngen.compile(CPU_SPEC, device="cpu")
+    backend.compile(dataclasses.replace(kern.variant, lse=True), device="cpu")
+    return True
+
+
+def run_cpu_backend_case(rank: int, world: int, group=None):
+    """Forward and gradients of a ring whose local kernel is the CPU backend's, against the reference."""
+    import torch
+
+    import attngen
+    from attngen.check import reference, reference_bwd
+    from attngen.runtime import distributed as D
+
+    kern = attngen.compile(CPU_SPEC, device="cpu")
+    L = 35
+    g = torch.Generator().manual_seed(L)
+    q, k, v, dO = (torch.randn(2, L, h, 32, generator=g) for h in (4, 2, 2, 4))
+    want_o, _ = reference.attention(kern.variant, q.numpy(), k.numpy(), v.numpy())
+    want = reference_bwd.attention_backward(kern.variant, q.numpy(), k.numpy(), v.numpy(), {}, dO.numpy())
+    shards = [D.shard(t, world, rank, 1).requires_grad_() for t in (q, k, v)]
+    o, _ = D.ring_attention(kern, *shards, group, seq_len=L)
+    o.backward(D.shard(dO, world, rank, 1))
+    errs = {"o": float((o.detach() - D.shard(torch.from_numpy(np.asarray(want_o, dtype=np.float32)), world, rank, 1)).abs().max())}
+    for n, t in zip(("dq", "dk", "dv"), shards):
+        errs[n] = float((t.grad.double() - D.shard(torch.from_numpy(want[n]), world, rank, 1)).abs().max())
+    # The CPU kernel's forward is fp32 (its own summation order): 2e-5 as for the forward cases.
+    return max(errs.values()) <= 2e-5, max(errs.values()), ", ".join(f"{n} err {e:.3g}" for n, e in errs.items())
+
+
 def worker(rank: int, total: int, port: int, outdir: str, groups: list[list[int]]) -> None:
     import torch.distributed as dist
 
@@ -199,6 +248,12 @@ def worker(rank: int, total: int, port: int, outdir: str, groups: list[list[int]
                     except Exception:
                         ok, err, detail = False, float("inf"), traceback.format_exc()[-2000:]
                     out.append({"world": len(members), "case": case[0], "pass": "bwd", "ok": bool(ok), "err": err, "detail": detail})
+                if len(members) == 2 and os.environ.get("RING_CPU_BACKEND") == "1":
+                    try:
+                        ok, err, detail = run_cpu_backend_case(members.index(rank), len(members), g)
+                    except Exception:
+                        ok, err, detail = False, float("inf"), traceback.format_exc()[-2000:]
+                    out.append({"world": 2, "case": "cpu_backend", "pass": "cpu_backend", "ok": bool(ok), "err": err, "detail": detail})
             dist.barrier()  # one group at a time
     finally:
         Path(outdir, f"rank{rank}.json").write_text(json.dumps(out))
@@ -210,6 +265,7 @@ def main() -> None:
 
     total, port, outdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     groups = [[int(x) for x in part.split(",")] for part in sys.argv[4].split(";")]
+    os.environ["RING_CPU_BACKEND"] = "1" if build_cpu_kernels() else "0"  # the spawned ranks inherit it
     mp.spawn(worker, args=(total, port, outdir, groups), nprocs=total, join=True)
 
 

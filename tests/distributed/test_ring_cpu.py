@@ -114,3 +114,17 @@ def test_merge_is_exact_with_an_empty_partial_and_safe_when_both_are_empty() -> 
     m, ml = merge_partials(o.float(), l1, o2, l2, seq_dim=1)
     assert torch.allclose(m, 0.25 * o.float() + 0.75 * o2, atol=1e-4)  # fp32 LSEs near 500: ulp 3e-5
     assert torch.allclose(ml, torch.full_like(ml, 500.0 + np.log(4.0)))
+
+
+def test_the_cpu_backend_kernel_runs_a_ring_forward_and_backward(ring_results) -> None:
+    """The CPU backend's kernel (compiled without `output lse`; the ring recompiles it with the
+    LSE) as a 2-rank ring's local attention: outputs and gradients against the reference."""
+    from attngen.cpu.compile import CompilerNotFound, find_compiler
+
+    try:
+        find_compiler()
+    except CompilerNotFound as e:
+        pytest.skip(str(e))
+    got = [(rank, x) for rank, x in ring_results if x["pass"] == "cpu_backend"]
+    assert sorted(rank for rank, _ in got) == GROUPS[2]
+    assert all(x["ok"] for _, x in got), [x["detail"] for _, x in got]
