@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Any
 
@@ -232,7 +231,7 @@ def _block_visible(var: Variant, B: int, length: int, q: tuple[int, int], kv: tu
 # The ring
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Ring:
     """One call's ring, the same for its forward and its backward: the local kernel and its
     variant, the sequence axis, this rank's place and peers (global ranks), the whole length, every
@@ -275,9 +274,9 @@ def ring_attention(
     positions `shard_ranges(seq_len, world, rank, scheme)` in that order. `seq_len`: the whole
     sequence's length (found by an all-reduce when not given). `inputs`: the variant's runtime
     inputs for the WHOLE sequence (e.g. `doc_ids` [B, seq_len]; small), identical on every rank.
-    (`_exchange=False` is for benchmarks only: the same launches, with this rank's own K/V standing
-    in for every remote block, no communication; it needs shards of equal size and gives wrong
-    outputs.)
+    (`_exchange=False` is for benchmarks only: the same launches, forward and backward, with this
+    rank's own K/V standing in for every remote block, no communication; it needs shards of equal
+    size and gives wrong outputs and gradients.)
     Every rank of `group` must call this together. Returns `out` in the variant's dtype and layout
     and `lse` fp32 [B, H, n] for this rank's n rows. When autograd records (q, k or v requires
     grad), `out` and `lse` carry a graph whose backward is a second ring
