@@ -34,8 +34,18 @@ from attngen.runtime.distributed import Ring, _narrow, _post_exchange, ring_buff
 
 
 def attention_with_grad(ring: Ring, q: Any, k: Any, v: Any, exchange: bool, inputs: dict[str, Any]) -> tuple[Any, Any]:
-    """`ring_forward` recorded by autograd: (out, lse) whose backward runs `ring_backward`."""
+    """`ring_forward` recorded by autograd: (out, lse) whose backward runs `ring_backward`. What
+    the backward would refuse is refused here, before the forward runs."""
+    if not q.is_cuda:
+        _check_cpu(ring.var)
     return _function().apply(q, k, v, ring, exchange, inputs)
+
+
+def _check_cpu(var: Variant) -> None:
+    """Refuse what `reference_step_backward` does not cover: q and k pre-norms."""
+    if var.norm(NormTarget.Q) is not None or var.norm(NormTarget.K) is not None:
+        raise ValueError(f"ring_attention backward on CPU: variant {var.name} has a q or k pre-norm, which the CPU "
+                         "block backward does not cover; run the ring on CUDA tensors")
 
 
 @functools.cache
@@ -172,9 +182,7 @@ def reference_step_backward(var: Variant, q: Any, k: Any, v: Any, o: Any, dO: An
     from attngen.analysis import derivative
     from attngen.check.reference_eval import Env, _as_bhsd, _bind, _size_map, evaluate, prepare_tensors, round_to
 
-    if var.norm(NormTarget.Q) is not None or var.norm(NormTarget.K) is not None:
-        raise ValueError(f"ring_attention backward on CPU: variant {var.name} has a q or k pre-norm, which the CPU "
-                         "block backward does not cover; run the ring on CUDA tensors")
+    _check_cpu(var)
 
     def host(x: Any) -> Any:
         return x.detach().double().numpy() if x.is_floating_point() else x.detach().numpy()
