@@ -89,12 +89,13 @@ def _cpu_backend(q: torch.Tensor) -> bool:
 
 def _eager(q: Any) -> bool:
     """Whether a call of the callable may run its kernels without the dispatcher (`_Train`, or
-    the kernel directly): a plain CUDA tensor, outside torch.compile tracing, functorch transforms
-    and torch function or dispatch modes. Everywhere else (meta and fake tensors, tensor
-    subclasses, tracing, the CPU backend) the registered custom ops run, which those need."""
+    the kernel directly): a plain CUDA tensor, outside torch.compile and torch.jit tracing,
+    functorch transforms and torch function or dispatch modes. Everywhere else (meta and fake
+    tensors, tensor subclasses, tracers, the CPU backend) the registered custom ops run, which
+    those need (a tracer records them; it would not see a launch)."""
     return (not torch.compiler.is_compiling() and type(q) is torch.Tensor and not q.is_meta and not _cpu_backend(q)
             and not torch._C._len_torch_dispatch_stack() and not torch._C._len_torch_function_stack()
-            and torch._C._functorch.peek_interpreter_stack() is None)
+            and torch._C._functorch.peek_interpreter_stack() is None and torch._C._get_tracing_state() is None)
 
 
 def route(kern: Any, q: Any) -> Any:

@@ -8,6 +8,8 @@ compiled ones, so what runs is the op's own plumbing."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the attngen[torch] extra)")
@@ -168,6 +170,13 @@ def test_tracers_meta_and_subclasses_take_the_custom_ops(monkeypatch):
 
     with Mode():
         assert not torch_op._eager(plain)
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (torch.jit.trace's deprecation)
+        torch.jit.trace(lambda x: seen.append(torch_op._eager(x)) or x * 2, plain, check_trace=False)
+    assert seen and not seen[0]  # (while tracing)
+    torch.vmap(lambda x: seen.append(torch_op._eager(x)) or x * 2)(plain)
+    assert not seen[-1]
     monkeypatch.setattr(torch_op, "_cpu_backend", lambda q: q.device.type == "cpu")
     assert not torch_op._eager(plain)  # the CPU backend's tensors run its registration
 
