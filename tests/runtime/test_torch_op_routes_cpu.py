@@ -123,6 +123,36 @@ def test_eager_and_dispatch_routes_agree(stubs, monkeypatch):
         assert bwd.calls[-1][1]["wrt"] == ()
 
 
+ONORM = "attention tr_onorm { dtype bf16; head_dim 64; heads 4 kv 2; layout bshd; mask causal; residual; norm o layernorm(1e-5) }"
+SINKS = "attention tr_sinks { dtype bf16; head_dim 64; heads 4 kv 2; input sinks: fp32[H]; mask causal; sink sinks; output lse }"
+
+
+@pytest.mark.parametrize("spec", [ONORM, SINKS])
+def test_routes_agree_on_the_o_post_norm_and_sinks(spec, stubs, monkeypatch):
+    """The o post-norm (applied in torch, O' saved) and the sink (its gradient from the saved LSE)."""
+    op = at.register(spec)
+    _, _, bwd = stubs(op)
+    g = torch.Generator().manual_seed(1)
+    shape = (2, 9, 4, 64) if "bshd" in spec else (2, 4, 9, 64)
+    kv_shape = (2, 9, 2, 64) if "bshd" in spec else (2, 2, 9, 64)
+    got = {}
+    for route in ("eager", "dispatch"):
+        monkeypatch.setattr(torch_op, "_eager", torch_op._eager if route == "eager" else (lambda q: False))
+        q = torch.randn(*shape, generator=g).bfloat16().requires_grad_()
+        k = torch.randn(*kv_shape, generator=g).bfloat16().requires_grad_()
+        ins = {n: torch.linspace(0.5, 1.5, 64 if "norm" in n else 4).requires_grad_() for n in op.input_names}
+        out = op(q, k, k, **ins)
+        o, lse = out if isinstance(out, tuple) else (out, None)
+        loss = (o.float() * torch.linspace(-1, 1, 64)).sum() + (0 if lse is None else lse.sum())
+        loss.backward()
+        got[route] = (o, q.grad, k.grad, *(ins[n].grad for n in op.input_names))
+        g = torch.Generator().manual_seed(1)  # the same inputs for the other route
+        if "norm" in spec:
+            assert bwd.calls[-1][1]["o"].shape == o.shape  # O', the pre-norm output
+    for a, b in zip(got["eager"], got["dispatch"]):
+        assert a is not None and torch.equal(a, b)
+
+
 def test_eager_route_passes_the_lse_gradient(stubs, monkeypatch):
     op = at.register(LSE)
     _, train, bwd = stubs(op)
