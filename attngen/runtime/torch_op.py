@@ -23,19 +23,20 @@ break and `torch.library.opcheck` passes. The op never synchronises the host:
   is captured too and its error surfaces like nan_check's, at `raise_pending()`.
 
 Eager calls skip the dispatcher: the callable and `Attention` on plain CUDA tensors (outside
-torch.compile tracing, functorch transforms and torch function or dispatch modes) run the same
-kernels with the same checks, saved tensors and gradients as the custom ops, without their
-per-call dispatch (`benchmarks/torch_op_host.py` times both routes): an inference call launches
-the kernel directly, a training call runs `_Train`, a torch.autograd.Function around the
+torch.compile and torch.jit tracing, functorch transforms and torch function or dispatch modes)
+run the same kernels with the same checks, saved tensors and gradients as the custom ops, without
+their per-call dispatch (`benchmarks/torch_op_host.py` times both routes): an inference call
+launches the kernel directly, a training call runs `_Train`, a torch.autograd.Function around the
 LSE-saving forward and the backward kernels. Meta and fake tensors, tensor subclasses and every
 tracer take the registered ops, and `torch.ops.attngen.<name>` always dispatches. An inference
 call with few query rows (a decode step against a KV cache) runs the variant's split-KV decode
 family where it has one, as `attngen.compile`'s calls do (`route`).
 
 Autograd: every op is trainable (`register_autograd`). Called through `op(...)` or `Attention`
-with an input that requires grad, the forward runs `attngen::<name>_fwd`, the same kernel built
-to also write the LSE (the user still sees o, or (o, lse) when the spec declares `output lse`), and
-saves q, k, v, o, the LSE and the runtime inputs; the backward, `attngen::<name>_bwd`, runs the
+with an input that requires grad, the forward runs `attngen::<name>_fwd` (on the eager route
+`_Train`, which launches the same kernels), the same kernel built to also write the LSE (the user
+still sees o, or (o, lse) when the spec declares `output lse`), and saves q, k, v, o, the LSE and
+the runtime inputs; the backward, `attngen::<name>_bwd`, runs the
 backward kernels on torch's current stream with no host sync (workspaces from torch's
 allocator, so fwd + bwd can be captured in a CUDA graph). A direct `torch.ops.attngen.<name>`
 call is trainable too; when the spec does not declare `output lse` its backward first reruns the
