@@ -144,7 +144,11 @@ def test_eager_route_matches_the_dispatched_ops(name, monkeypatch):
         if n in ("q", "k", "v"):
             assert torch.equal(g1[n], g2[n]), n
         else:
-            assert torch.allclose(g1[n].float(), g2[n].float(), rtol=1e-5, atol=1e-6), n
+            # fp32 atomics add the score inputs' terms in any order; their sums cancel (the
+            # learnable slopes' reach -58 from terms of hundreds), so hold them to the largest
+            # gradient's scale, not to each element's
+            a, b = g1[n].float(), g2[n].float()
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max())), n
 
 
 @pytest.mark.gpu
