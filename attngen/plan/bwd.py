@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 from attngen.lang.diagnostics import Diagnostic
 from attngen.ir.nodes import Layout, NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name, tensors_used
-from attngen.cuda.render import Field, TmaMap, kernel_name
+from attngen.plan.forward import kernel_name
+from attngen.plan.op_plan import Field, TmaMap
 from attngen.plan.limits import MAX_PARAM_BYTES, param_bytes
 from attngen.plan.schedule import DEFAULT_ARCH, Arch, WgmmaLoads
 

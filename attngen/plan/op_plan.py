@@ -1,5 +1,5 @@
 """The forward op's plan types: the problem, the kernels in launch order with their grid rules,
-the ABI fields and the workspaces. Made by `attngen.cuda.render.plan`; read by render, the
+the ABI fields and the workspaces. Made by `attngen.plan.forward.plan`; read by render, the
 runtime's binder, `explain`, the C header and the plan stage's limits (attngen.plan.limits)."""
 
 from __future__ import annotations
@@ -157,6 +157,12 @@ class Problem:
     runtime_inputs: tuple[TensorDecl, ...]  # beyond q, k, v, in ABI order
 
     @property
+    def wide_rows(self) -> bool:
+        """Head dims past 128 (the wide pairs): the wgmma producer's own copy loop, no TMA, and
+        the stateless key scan instead of the walk down from the mask's key bound."""
+        return max(self.head_dim, self.value_head_dim) > 128
+
+    @property
     def sorted_inputs(self) -> tuple[TensorDecl, ...]:
         """Runtime inputs whose `sorted` promise the kernel trusts (tile classification reads
         only a tile's two ends), so the runtime checks them before a launch."""
@@ -191,7 +197,8 @@ class OpKernel:
         (`tma_maps`) after its ABI fields."""
         return self.softmax is not None and self.softmax.loads == WgmmaLoads.TMA
 
-    def _tile_slots(self, B: int, Lq: int) -> int:
+    def tile_slots(self, B: int, Lq: int) -> int:
+        """Query tile slots of a call: ceil(Lq / block_m), or varlen's Lq / block_m + B."""
         assert self.tile is not None
         return Lq // self.tile.block_m + B if self.varlen else -(-Lq // self.tile.block_m)
 
@@ -201,7 +208,7 @@ class OpKernel:
             assert self.prep is not None
             return (_rows_grid(self.prep.rows(B, Lq, Lk)), 1, 1)
         assert self.tile is not None
-        n_m = self._tile_slots(B, Lq)
+        n_m = self.tile_slots(B, Lq)
         if self.varlen:  # the tile slots of all sequences run along x
             return (max(1, min(n_m * heads, sm_count)), 1, 1) if self.grid_rule == GridRule.PERSISTENT else (n_m, heads, 1)
         if self.grid_rule == GridRule.PERSISTENT:
@@ -252,12 +259,18 @@ class OpKernel:
 class OpPlan:
     """Everything decided about one variant on one arch, computed once (`plan`, cached) and read
     by render, the runtime's binder, `explain` and the C header: the problem, the ordered
-    kernels (preps first, then the attention kernel), the ABI fields and the workspaces."""
+    kernels (preps first, then the attention kernel), the ABI fields, the workspaces and the
+    short-loop kernel's plan."""
 
     problem: Problem
     kernels: tuple[OpKernel, ...]
     fields: tuple[Field, ...]
     workspaces: tuple[Prep, ...] = ()
+    # The short-loop kernel (`schedule.short_tile`): the same op at a tile for short key loops, a
+    # plan of its own (its source is rendered from it and loaded beside this one's), which calls
+    # with Lk <= short_max_lk launch instead. None where one tile serves every length.
+    short: "OpPlan | None" = None
+    short_max_lk: int = 0
 
     @property
     def attention(self) -> OpKernel:
