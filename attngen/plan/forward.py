@@ -12,7 +12,7 @@ from attngen.ir import names
 from attngen.ir.nodes import DType, Layout, NormScope, NormTarget, TileConfig, Variant, tensors_used
 from attngen.cuda.emit import tensor_ctype
 from attngen.plan.limits import MAX_PARAM_BYTES, param_bytes
-from attngen.plan.op_plan import PREP_THREADS, Field, GridRule, KernelRole, OpKernel, OpPlan, Prep, Problem
+from attngen.plan.op_plan import PREP_THREADS, Field, GridRule, KernelRole, OpFamily, OpKernel, OpPlan, Prep, Problem, problem_of
 from attngen.plan.schedule import (
     DEFAULT_ARCH,
     Arch,
@@ -168,11 +168,7 @@ def _tile_plan(v: Variant, arch: Arch, prefix: str, softmax: WgmmaSoftmax | None
     preps = _preps(v, prefix)
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     pers = persistent(eng)
-    problem = Problem(
-        name=v.name, dtype=v.dtype, head_dim=v.head_dim, value_head_dim=v.value_head_dim, heads=v.heads,
-        kv_heads=v.kv_heads, layout=v.layout, kind=v.kind, arch=arch, lse=v.lse, nan_check=v.nan_check,
-        residual=v.residual, token_norm=q_token_norm(v), runtime_inputs=v.runtime_inputs(),
-    )
+    problem = problem_of(v, arch)
     fields = _fields(v, preps, pers)
     smem = variant_smem_layout(v, tile, arch)
     wg = eng == Engine.WGMMA
@@ -192,7 +188,7 @@ def _tile_plan(v: Variant, arch: Arch, prefix: str, softmax: WgmmaSoftmax | None
     prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
                          for pr in preps)
     return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=fields, workspaces=preps,
-                  short=short, short_max_lk=short_max_lk)
+                  short=short, short_max_lk=short_max_lk, family=OpFamily.FORWARD, base_name=attention.name)
 
 
 def _wgmma_softmax(v: Variant, problem: Problem, tile: TileConfig, smem: SmemLayout, fields: tuple[Field, ...],

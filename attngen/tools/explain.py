@@ -37,7 +37,7 @@ from attngen.check import workload
 from attngen.lang.builtins import BUILTINS
 from attngen.lang.printer import print_expr
 from attngen.plan.tile_advice import engine_move, tile_statement
-from attngen.plan.op_plan import GridRule, OpPlan
+from attngen.plan.op_plan import GridRule, KernelRole, OpPlan
 from attngen.plan.schedule import (
     DEFAULT_ARCH,
     Arch,
@@ -347,9 +347,11 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     from attngen.plan import decode as plan_decode
 
     if plan_decode.forward_unsupported(v) is not None:
-        dp = plan_decode.plan(v, arch)
+        op = plan_decode.plan(v, arch)
+        dp = op.split
+        assert dp is not None
         parts.append(f"kv_cache paged({v.page_size}): decode family for every Lq (split-KV mma.sync, "
-                     f"{dp.block_n} keys a warp x {dp.warps} warps, {dp.stages} stages, {dp.smem_bytes / 1024:.0f} KiB smem on {arch.value})")
+                     f"{dp.block_n} keys a warp x {dp.warps} warps, {dp.stages} stages, {op.smem_bytes / 1024:.0f} KiB smem on {arch.value})")
     else:
         try:
             kp = _op_plan(v, arch)
@@ -573,15 +575,17 @@ def _decode_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, also: b
     from attngen.plan import decode as plan_decode
 
     try:
-        dp = plan_decode.plan(v, arch)
+        op = plan_decode.plan(v, arch)
     except ValueError as e:  # an arch the decode family cannot target (before sm_80)
         return [f"Decode plan on {arch.value}: none ({e})"]
+    dp = op.split
+    assert dp is not None
     group = v.heads // v.kv_heads
     splits, ctas = dp.schedule(B, Lq, Lk, _SAMPLE_SMS)
     from attngen.runtime.decode import DecodeKernel
 
     merged = DecodeKernel.fused_default
-    launches = dp.launches(B, Lq, splits, ctas, merged=merged)
+    launches = op.launches(B, Lq, splits, ctas, merged=merged)
     if also:
         out = [f"Decode plan on {arch.value} (the runtime's default family=\"auto\" runs calls with Lq <= {plan_decode.DECODE_MAX_LQ} "
                "and no offsets on the decode family; `attngen compile --family decode` emits it):"]
@@ -593,12 +597,12 @@ def _decode_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, also: b
                f"({packed})")
     out.append(f"  K/V stream through a ring of {dp.stages} chunks of {dp.chunk} keys ({dp.block_n} a warp)"
                + (f", copied page by page through block_table ({v.page_size}-token pages)" if v.page_size is not None else ""))
-    out.append(f"  shared memory {dp.smem_bytes} bytes ({dp.smem_bytes / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB")
+    out.append(f"  shared memory {op.smem_bytes} bytes ({op.smem_bytes / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB")
     out.append(f"  at B={B}, Lq={Lq}, Lk={Lk} on {_SAMPLE_SMS} SMs: each of {dp.row_blocks(B, Lq)} row blocks split into "
                f"{splits} key range(s), {ctas} CTAs; kernels: " + ", then ".join(f"{ln.kernel} (grid {ln.grid[0]})" for ln in launches))
     if splits > 1 and merged:
         out.append(f"  the last CTA of each row block merges its splits' partial O and LSE (fused=False launches "
-                   f"{dp.combine_name} for it instead)")
+                   f"{op.kernel(KernelRole.COMBINE).name} for it instead)")
     return out
 
 
