@@ -12,7 +12,7 @@ from attngen.ir import names
 from attngen.ir.nodes import CACHE_LENS, SizeSym, Variant, tensors_used
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.plan.decode import COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, decode_fields, mask_uses_head, plan  # noqa: F401
-from attngen.plan.op_plan import Field, KernelRole, OpPlan
+from attngen.plan.op_plan import WARP_ROWS_MAX_BLOCKS, Field, KernelRole, OpPlan
 from attngen.cuda.render import _environment, _expr_text, _spec_text, _tensor_ctx
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -90,6 +90,7 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
         warps=dp.warps,
         stages=dp.stages,
         combine_threads=COMBINE_THREADS,
+        combine_max_blocks=WARP_ROWS_MAX_BLOCKS,  # the combine grid's cap (OpKernel.launch_grid's rule)
         min_blocks=op.main.min_blocks,
         smem_bytes=op.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{ns}::elem_t"), name=f.name) for f in fields],
