@@ -265,7 +265,8 @@ class OpKernel:
     # `layout varlen`: the query tiles are those of B packed sequences of total Lq rows. Sequence b
     # owns the tile slots [cu_q[b] / block_m + b, ...) (its ceil(L_b / block_m) tiles, then at most
     # one empty slot), so Lq / block_m + B slots cover every real tile; a CTA finds its sequence by
-    # a binary search over cu_seqlens, and an empty slot exits at once.
+    # a binary search over cu_seqlens, and an empty slot exits at once (the backward's tile kernels
+    # the same over their length; its grid-stride row kernels run the packed rows as one sequence).
     varlen: bool = False
 
     @property
@@ -304,9 +305,8 @@ class OpKernel:
                                  f"more than the {MAX_WORK_TILES} one launch can count; split the batch")
             return (max(1, min(n_m * heads * B, sm_count)), 1, 1)
         if B > MAX_GRID_YZ:
-            assert self.engine is not None
-            raise ValueError(f"B={B}: at most {MAX_GRID_YZ} sequences a launch (the grid's z dimension on the "
-                             f"{self.engine.value} engine); split the batch")
+            on = f"on the {self.engine.value} engine" if self.engine is not None else f"of {self.name}"
+            raise ValueError(f"B={B}: at most {MAX_GRID_YZ} sequences a launch (the grid's z dimension {on}); split the batch")
         return (n_m, heads, B)
 
     def grid_cpp(self, ns: str = "", heads: int = 0) -> str:
