@@ -94,7 +94,7 @@ def _header(v: Variant, kp: OpPlan) -> str:
         f"{kp.engine.describe(t, kp.attention.tma)}; target {kp.arch.value}.",
         *(
             [f"Prep kernels, launched first on the same stream with the same arguments, {PREP_THREADS} threads a block,",
-             f"grid min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS}) (any grid is correct):",
+             f"grid {kp.prep_kernels[0].grid_text(v.heads)} (any grid is correct):",
              *(f"  {pr.kernel}: rows = {pr.rows_expr.replace('(long long)', '').replace('p.', '')}; {pr.doc}" for pr in kp.preps)]
             if kp.preps else []
         ),

@@ -322,7 +322,8 @@ class OpKernel:
                 rows = f"({rows})"
             n = f"{rows} / {PREP_ROWS_PER_BLOCK} + 1"
             return f"(unsigned)({n} < {self.max_blocks} ? {n} : {self.max_blocks})"
-        assert self.tile is not None
+        if self.tile is None:  # CTAS, WARP_ROWS: the decode launcher's schedule sizes them
+            raise ValueError(f"{self.name}: the launcher sizes {self.grid_rule.value} grids itself")
         if ns:
             length, block, less, h = "p.Lq", f"{ns}::BLOCK_M", f"{ns}::BLOCK_M - 1", f"{ns}::H"
         else:
@@ -344,7 +345,7 @@ class OpKernel:
     def grid_text(self, heads: int) -> str:
         """The launch grid in words, for headers."""
         if self.grid_rule == GridRule.ROWS:
-            return f"min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS})"
+            return f"min(rows / {PREP_ROWS_PER_BLOCK} + 1, {self.max_blocks})"
         assert self.tile is not None
         if self.varlen:
             slots = f"total_q / {self.tile.block_m} + B"
