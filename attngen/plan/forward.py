@@ -185,8 +185,8 @@ def _tile_plan(v: Variant, arch: Arch, prefix: str, softmax: WgmmaSoftmax | None
         softmax=_wgmma_softmax(v, problem, tile, smem, fields, softmax) if wg else None,
         varlen=v.layout == Layout.VARLEN,
     )
-    prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
-                         for pr in preps)
+    prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr,
+                                  rows=(pr.span,)) for pr in preps)
     return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=fields, workspaces=preps,
                   short=short, short_max_lk=short_max_lk, family=OpFamily.FORWARD, base_name=attention.name)
 

@@ -28,6 +28,22 @@ class Field:
 
 
 @dataclass(frozen=True, slots=True)
+class RowSpan:
+    """Rows a grid-stride kernel covers: batches x heads x L (L: Lq, or Lk for key rows); `heads`
+    None for token rows (a whole H*D hidden row each: one a position)."""
+
+    heads: int | None
+    keys: bool = False
+
+    def count(self, batches: int, Lq: int, Lk: int) -> int:
+        return batches * (self.heads or 1) * (Lk if self.keys else Lq)
+
+    def cpp(self, batches: str) -> str:
+        heads = f" * {self.heads}" if self.heads is not None else ""
+        return f"{batches}{heads} * p.{'Lk' if self.keys else 'Lq'}"
+
+
+@dataclass(frozen=True, slots=True)
 class Prep:
     """A kernel launched before the attention kernel (same arguments, same stream): per-row work
     that would otherwise be repeated by every query tile's CTA. It writes the workspace `field`,
@@ -43,10 +59,14 @@ class Prep:
     doc: str
 
     @property
+    def span(self) -> RowSpan:
+        """The rows it covers (its kernel's ROWS grid counts them)."""
+        return RowSpan(self.heads if self.heads != 1 else None, keys=not self.queries)
+
+    @property
     def rows_expr(self) -> str:
         """How many rows it covers, as a C++ expression over Params `p`."""
-        heads = f" * {self.heads}" if self.heads != 1 else ""
-        return f"(long long)p.B{heads} * p.{'Lq' if self.queries else 'Lk'}"
+        return self.span.cpp("(long long)p.B")
 
     @property
     def bytes_expr(self) -> str:
@@ -55,7 +75,7 @@ class Prep:
         return f"(size_t)B{heads} * {'Lq' if self.queries else 'Lk'} * {self.width * self.dtype.itemsize}"
 
     def rows(self, B: int, Lq: int, Lk: int) -> int:
-        return B * self.heads * (Lq if self.queries else Lk)
+        return self.span.count(B, Lq, Lk)
 
     def workspace_shape(self, B: int, Lq: int, Lk: int) -> tuple[int, int, int, int]:
         return (B, self.heads, Lq if self.queries else Lk, self.width)
@@ -162,22 +182,6 @@ WARP_ROWS_MAX_BLOCKS = 65535  # the decode combine kernel's grid cap (it grid-st
 
 
 @dataclass(frozen=True, slots=True)
-class RowSpan:
-    """Rows a grid-stride kernel covers: batches x heads x L (L: Lq, or Lk for key rows); `heads`
-    None for token rows (a whole H*D hidden row each: one a position)."""
-
-    heads: int | None
-    keys: bool = False
-
-    def count(self, batches: int, Lq: int, Lk: int) -> int:
-        return batches * (self.heads or 1) * (Lk if self.keys else Lq)
-
-    def cpp(self, batches: str) -> str:
-        heads = f" * {self.heads}" if self.heads is not None else ""
-        return f"{batches}{heads} * p.{'Lk' if self.keys else 'Lq'}"
-
-
-@dataclass(frozen=True, slots=True)
 class Launch:
     """One kernel launch of a call, in order."""
 
@@ -257,7 +261,7 @@ class OpKernel:
     func: str = ""  # the device function in the template (backward kernels)
     doc: str = ""  # what it does, for headers and explain
     over_keys: bool = False  # TILES over key tiles: L = Lk, tile.block_n rows a CTA, the KV heads
-    rows: tuple[RowSpan, ...] = ()  # ROWS without a `prep`: the rows it covers, summed
+    rows: tuple[RowSpan, ...] = ()  # ROWS: the rows it covers, summed
     max_blocks: int = PREP_MAX_BLOCKS  # ROWS: the grid's cap
     regs: tuple[int, int] | None = None  # wgmma setmaxnreg (producer, consumer) registers a thread
     softmax: WgmmaSoftmax | None = None  # wgmma: the consumers' softmax schedule
@@ -286,8 +290,6 @@ class OpKernel:
         """The launch grid for one call's sizes (`heads`: the heads along the grid, the KV heads
         for a grid over key tiles; `ctas`: a CTAS grid's count, from the split schedule)."""
         if self.grid_rule == GridRule.ROWS:
-            if self.prep is not None:
-                return (_rows_grid(self.prep.rows(B, Lq, Lk)), 1, 1)
             batches = 1 if self.varlen else B  # varlen: the packed rows are one sequence
             return (_rows_grid(sum(r.count(batches, Lq, Lk) for r in self.rows), self.max_blocks), 1, 1)
         if self.grid_rule == GridRule.CTAS:
@@ -315,7 +317,7 @@ class OpKernel:
         whose BLOCK_M and H spell the forward's tile and heads ('' spells the tile's rows and
         `heads` as numbers)."""
         if self.grid_rule == GridRule.ROWS:
-            if not self.rows:
+            if self.prep is not None or not self.rows:
                 raise ValueError(f"{self.name}: the launcher sizes its prep grids itself")
             rows = " + ".join(r.cpp("1LL" if self.varlen else "(long long)p.B") for r in self.rows)
             if self.role != KernelRole.BWD_PRE:  # (the pre kernel's one term is printed bare)
