@@ -30,7 +30,7 @@ from typing import Any
 
 from attngen.ir import abi
 from attngen.ir.nodes import IndexVar, NormTarget, Variant
-from attngen.runtime.distributed import Ring, _narrow, _post_exchange, ring_buffers, ring_forward, shaped, step_blocks
+from attngen.runtime.ring import Ring, _narrow, _post_exchange, ring_buffers, ring_forward, shaped, step_blocks
 
 
 def attention_with_grad(ring: Ring, q: Any, k: Any, v: Any, exchange: bool, inputs: dict[str, Any]) -> tuple[Any, Any]:
