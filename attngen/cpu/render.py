@@ -219,6 +219,8 @@ def render(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
         DVP=-(-v.value_head_dim // VECTOR) * VECTOR,
         # fp32 keys and values are read where they lie (no conversion, no k norm, no padding).
         kv_in_place=v.dtype == DType.FP32 and v.norm(NormTarget.K) is None and v.value_head_dim % VECTOR == 0,
+        # bf16 keys (without a k norm) stay bf16 for Q K^T where the CPU has AVX512-BF16.
+        bf16_keys=v.dtype == DType.BF16 and v.norm(NormTarget.K) is None,
         H=v.heads,
         HKV=v.kv_heads,
         block_m=MASKED_BLOCK_M if vis != TRUE else BLOCK_M,

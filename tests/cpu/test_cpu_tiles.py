@@ -51,6 +51,8 @@ def test_tile_sizes_follow_the_mask():
     causal = render.render(_variant("fp32", 64, 2, 2, "self", "  mask causal\n"))
     assert f"constexpr int BM = {render.MASKED_BLOCK_M};" in causal
     assert f"constexpr int BN = {render.MASKED_BLOCK_N};" in causal
-    # fp32 keys and values are read in place; converted dtypes keep the packed value block.
-    assert "ag_transpose16" in dense
-    assert "ag_transpose16" not in render.render(_variant("bf16", 64, 2, 2, "self", ""))
+    # fp32 keys and values are read in place; converted dtypes are converted into contiguous
+    # rows first (kb), then both transpose keys in registers.
+    bf16 = render.render(_variant("bf16", 64, 2, 2, "self", ""))
+    assert "ag_transpose16(kr + j0" in dense and "ag_transpose16(kr + j0" in bf16
+    assert "float* kx = w.kb + j * D;" in bf16 and "float* kx = w.kb + j * D;" not in dense
