@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHES = ("sm_80", "sm_90a")
+HOST_TARGET = ("--target", "cpu")  # a backend without GPU arches
 
 
 def _cli_main():
@@ -125,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
                     add(f"{f}:{v}:{a}:{e}", run("compile", f, "--variant", v, "--arch", a, "--emit", e, "-o", "-"))
                 for opt, choices in extra.items():
                     for c in choices:
-                        add(f"{f}:{v}:{a}:cu{opt}={c}", run("compile", f, "--variant", v, "--arch", a, opt, c, "-o", "-"))
+                        if (opt, c) != HOST_TARGET:
+                            add(f"{f}:{v}:{a}:cu{opt}={c}", run("compile", f, "--variant", v, "--arch", a, opt, c, "-o", "-"))
+            if HOST_TARGET[1] in extra.get(HOST_TARGET[0], ()):
+                # the CPU backend takes no --arch: its source and header once a variant
+                for e in ("cu", "header"):
+                    add(f"{f}:{v}:cpu:{e}", run("compile", f, "--variant", v, *HOST_TARGET, "--emit", e, "-o", "-"))
     lines.sort(key=lambda s: s.split("  ", 1)[1])
     sys.stdout.write("\n".join(lines) + "\n")
     n_cu = sum(1 for s in lines if s.endswith(":cu"))
