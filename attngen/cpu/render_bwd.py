@@ -1,0 +1,186 @@
+"""Validated IR → the CPU backward pass as one self-contained C++17 source (stage: render).
+
+The same IR, tile classification, expression emitters and score derivative
+(`attngen.analysis.derivative`) as the CUDA backward (`attngen.cuda.render_bwd`); the kernel
+around them is `backends/cpu/backward.cpp.j2`, FlashAttention-2's backward on the CPU (see its
+header). Same variant, same bytes.
+
+The C ABI: `{prefix}_{variant}_cpu_bwd_launch(const {prefix}_{variant}_cpu_bwd_params*)` returns 0
+on success, 1 for invalid sizes or a missing pointer, 2 when memory cannot be allocated. The
+params struct is plain C, written once here for the source, the header comment and the ctypes
+mirror the runtime builds.
+"""
+
+from __future__ import annotations
+
+from attngen import __version__
+from attngen.analysis import derivative
+from attngen.cpu.render import DEFAULT_PREFIX, Field, _CONVERT, _LOAD, _environment, _layout_text, _spec_lines, symbol
+from attngen.cuda.emit import CPU, INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
+from attngen.ir import names
+from attngen.ir.nodes import TRUE, Layout, NormTarget, SizeSym, Variant
+from attngen.lang.printer import print_expr
+
+# Tiles of the three passes: query rows x keys. Square and small: a masked tile is skipped or
+# masked whole, and a thread's tiles (about 300 KiB at D128) stay in its L2.
+BLOCK_M, BLOCK_N = 64, 64
+
+
+def bwd_symbol(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
+    """`{prefix}_{variant}_cpu_bwd`: the stem of the backward's exported names."""
+    return symbol(v, prefix) + "_bwd"
+
+
+def unsupported(v: Variant) -> str | None:
+    """Why the CPU backward cannot differentiate `v`, or None: the CUDA backward's refusals
+    (`plan.bwd.unsupported`, the same messages), then the CPU forward's, then the pre/post norms,
+    which the CPU backward does not differentiate."""
+    from attngen.cpu import render as render_cpu
+    from attngen.plan import bwd as plan_bwd
+
+    bad = plan_bwd.unsupported(v)
+    if bad:
+        return "; ".join(d.message for d in bad)
+    why = render_cpu.unsupported(v)
+    if why:
+        return why
+    normed = [n.target.value for n in v.norms]
+    if normed:
+        return (f"--pass backward: `norm {normed[0]}` is not differentiated by the cpu backward (the q/k pre-norms and the o "
+                "post-norm train on the GPU backward); drop the norm or use device='cuda'")
+    return None
+
+
+def fields(v: Variant) -> tuple[Field, ...]:
+    """The backward params struct's fields, in order (also the ctypes Structure the runtime builds)."""
+    lse_doc = ("[H, total_q], head stride lse_sh" if v.layout == Layout.VARLEN else "[B, H, Lq], contiguous")
+    f = [
+        Field("const void*", "q", f"query [{_layout_text(v, 'q')}] ({v.dtype.value}), as the forward read it"),
+        Field("const void*", "k", f"keys [{_layout_text(v, 'k')}] ({v.dtype.value})"),
+        Field("const void*", "v", f"values [{_layout_text(v, 'v')}] ({v.dtype.value})"),
+        Field("const void*", "o", f"the forward's output [{_layout_text(v, 'o')}] ({v.dtype.value})"),
+        Field("const void*", "dO", f"the gradient at the output, in o's layout ({v.dtype.value})"),
+        Field("const float*", "lse", f"the forward's log-sum-exp {lse_doc}"),
+        Field("const float*", "dlse", "a gradient at the LSE, in its shape (may be null)"),
+        Field("void*", "dq", f"out: dL/dq in q's layout ({v.dtype.value})"),
+        Field("void*", "dk", f"out: dL/dk in k's layout ({v.dtype.value})"),
+        Field("void*", "dv", f"out: dL/dv in v's layout ({v.dtype.value})"),
+        Field("int", "B", "batch (varlen: sequences)"),
+        Field("int", "Lq", "query length (varlen: total_q)"),
+        Field("int", "Lk", "key length (varlen: total_k)"),
+        Field("int", "q_offset", "global position of query row 0 (0 for a whole sequence)"),
+        Field("int", "kv_offset", "global position of key row 0 (0 for a whole sequence)"),
+        Field("int", "Lq_total", "global query length the mask sees (q_offset + Lq for a whole sequence)"),
+        Field("int", "Lk_total", "global key length the mask sees (kv_offset + Lk for a whole sequence)"),
+        Field("int", "num_threads", "OpenMP threads (0: the OpenMP default; ignored in a build without OpenMP)"),
+    ]
+    for t in ("q", "k", "v", "o", "dO", "dq", "dk", "dv"):
+        for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
+            f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
+    if v.layout == Layout.VARLEN:
+        f.append(Field("long long", "lse_sh", "lse (and dlse) head stride, elements (total_q for a contiguous [H, total_q])"))
+    for d in v.runtime_inputs():
+        f.append(Field(f"const {tensor_ctype(d.dtype, CPU)}*", names.input_field(d.name), f"runtime input {d.name}: {d.dtype.value}"))
+        for i in range(len(d.shape)):
+            f.append(Field("int", names.input_size_field(d.name, i), f"{d.name} size of dim {i}"))
+        for i in range(len(d.shape)):
+            f.append(Field("long long", names.input_stride_field(d.name, i), f"{d.name} stride of dim {i}, elements"))
+    for t in derivative.learnable_tensors(v.scores):
+        f.append(Field("float*", f"grad_{t}", f"out: dL/d{t}, fp32 dense in its shape, added into (zero it first; may be null)"))
+    return tuple(f)
+
+
+def params_struct(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
+    """The C typedef of the backward params struct."""
+    st = bwd_symbol(v, prefix) + "_params"
+    fs = fields(v)
+    width = max(len(f.ctype) for f in fs)
+    nwidth = max(len(f.name) for f in fs) + 1
+    lines = [f"typedef struct {st} {{"]
+    lines += [f"  {f.ctype.ljust(width)} {(f.name + ';').ljust(nwidth)}  // {f.doc}" for f in fs]
+    lines.append(f"}} {st};")
+    return "\n".join(lines)
+
+
+def _banner(v: Variant, prefix: str) -> list[str]:
+    name = bwd_symbol(v, prefix)
+    return [
+        f"Generated by attngen {__version__} for variant {v.name}, target cpu, backward pass. Do not edit: regenerate.",
+        f"dtype {v.dtype.value} (fp32 products and accumulation), D={v.head_dim}, Dv={v.value_head_dim}, H={v.heads}, "
+        f"Hkv={v.kv_heads}, layout {v.layout.value}, {v.kind.value} attention, scale {v.effective_scale!r}",
+        "Gradients of sum(dO * O) (+ sum(dlse * LSE)): dq, dk, dv in the layouts of q, k, v, from the forward's O and LSE",
+        "(the forward of this variant with `output lse`); P is recomputed from the LSE.",
+        f"int {name}_launch(const {name}_params* p): 0 ok, 1 invalid sizes or a null pointer, 2 out of memory.",
+        "Every row's last dimension is contiguous; strides are in elements.",
+        "Build: c++ -std=c++17 -O3 -march=native -fno-math-errno -fopenmp (without -fopenmp: one thread).",
+    ]
+
+
+def _param_grads(v: Variant, elem: ElementEmitter) -> list[dict]:
+    """Per learnable score input: its dims, and per lookup of it the index and derivative code
+    (the CUDA backward's sites, `attngen.cuda.render_bwd._param_grads`)."""
+    decls = {d.name: d for d in v.runtime_inputs()}
+    out: dict[str, dict] = {}
+    for ld, de in derivative.param_derivatives(v.scores):
+        t = out.setdefault(ld.tensor, dict(name=ld.tensor, dims=list(range(len(decls[ld.tensor].shape))), sites=[]))
+        t["sites"].append(dict(text=print_expr(de).replace("\n", " "), indices=", ".join(elem.emit(i) for i in ld.indices),
+                               code=elem.emit(de)))
+    return list(out.values())
+
+
+def render(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
+    """The complete backward `.cpp` for one variant (ValueError naming the construct it refuses)."""
+    bad = unsupported(v)
+    if bad:
+        raise ValueError(f"variant {v.name}: the cpu backward cannot differentiate it: {bad.removeprefix('--pass backward: ')}")
+    consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
+    decls = {d.name: d for d in v.runtime_inputs()}
+    elem = ElementEmitter(consts, fast_math=False, dialect=CPU)
+    classify_lines, classify_result = IntervalEmitter(consts, decls).classify(v.mask)
+    ds = derivative.score_derivative(v.scores)
+    name = bwd_symbol(v, prefix)
+    cu = v.cu_seqlens_names or ("", "")
+    load, store = _LOAD[v.dtype]
+    ctx = dict(
+        header="\n".join("// " + ln for ln in _banner(v, prefix)) + "\n//\n" + "\n".join(
+            "//   " + ln if ln else "//" for ln in _spec_lines(v)),
+        params_struct=params_struct(v, prefix),
+        struct=f"{name}_params",
+        launch=f"{name}_launch",
+        ns=f"{name}_impl",
+        elem_ctype=tensor_ctype(v.dtype, CPU),
+        load_elem=load,
+        store_elem=store,
+        D=v.head_dim,
+        DV=v.value_head_dim,
+        H=v.heads,
+        HKV=v.kv_heads,
+        block_m=BLOCK_M,
+        block_n=BLOCK_N,
+        scale=float_literal(v.effective_scale),
+        int_unknown=INT_UNKNOWN,
+        tensors=[dict(name=d.name, dims=list(range(len(d.shape))), value_ctype="float" if d.dtype.is_float else "int",
+                      convert=_CONVERT[d.dtype]) for d in v.runtime_inputs()],
+        mask_text=print_expr(v.mask).replace("\n", " "),
+        mask_code=elem.emit(v.mask),
+        has_mask=v.mask != TRUE,
+        has_score=bool(v.scores),
+        score_codes=[elem.emit(s) for s in v.scores],
+        score_texts=[print_expr(s).replace("\n", " ") for s in v.scores],
+        dscore_text=print_expr(ds).replace("\n", " "),
+        dscore_code=elem.emit(ds),
+        param_grads=_param_grads(v, elem),
+        classify_lines=classify_lines,
+        classify_result=classify_result,
+        residual=v.residual,
+        varlen=v.layout == Layout.VARLEN,
+        cu_q=names.input_field(cu[0]),
+        cu_q_s0=names.input_stride_field(cu[0], 0),
+        cu_k=names.input_field(cu[1]),
+        cu_k_s0=names.input_stride_field(cu[1], 0),
+    )
+    assert v.norm(NormTarget.Q) is None  # (refused above: the kernels read q as the forward got it)
+    return _environment().get_template("backward.cpp.j2").render(**ctx)
+
+
+__all__ = ["render", "fields", "params_struct", "bwd_symbol", "unsupported", "BLOCK_M", "BLOCK_N"]
