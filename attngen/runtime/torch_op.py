@@ -40,7 +40,9 @@ applies y = norm(O') w + b (+ x) itself (`apply_o_norm`), and the backward maps 
 norm. Constructs the backward kernels refuse (`plan.bwd.unsupported`: a paged cache, which is
 inference state, and a sink under the o post-norm) raise ValueError at the forward call when an
 input requires grad, never a silently wrong or missing gradient. `deterministic=True` (the callable,
-`Attention`) gives a bitwise reproducible dQ.
+`Attention`) gives a bitwise reproducible dQ. On CPU tensors the forward and the backward are the
+CPU backend's (`attngen.cpu.kernel`, `attngen.cpu.backward`; its refusals are
+`attngen.cpu.render_bwd.unsupported`: also the q/k/o norms).
 """
 
 from __future__ import annotations
@@ -72,6 +74,14 @@ _TORCH_DTYPES = {d: getattr(torch, d.info.torch) for d in ATTENTION_DTYPES}
 def _cpu_backend(q: torch.Tensor) -> bool:
     """Whether a call on `q` runs the CPU backend (CPU tensors) rather than the CUDA kernels."""
     return q.device.type == "cpu"
+
+
+def _cpu_refusal(v: Variant) -> str | None:
+    """Why the CPU backward cannot differentiate `v` (None when it can)."""
+    from attngen.cpu import render_bwd
+
+    why = render_bwd.unsupported(v)
+    return None if why is None else why.removeprefix("--pass backward: ")
 
 
 def _op_name(v: Variant, arch: str) -> str:
@@ -187,7 +197,7 @@ class AttnOp:
 
     def _impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
         arrays, (check_inputs,) = _trailing(rest, kw, len(self.input_names), {"check_inputs": True})
-        if _cpu_backend(q):  # the CPU backend (attngen.cpu): forward only, checks always on
+        if _cpu_backend(q):  # the CPU backend (attngen.cpu), checks always on
             from attngen.cpu.kernel import compile_cpu
 
             return compile_cpu(self.variant)(q, k, v, **dict(zip(self.input_names, arrays)))
@@ -212,18 +222,18 @@ class AttnOp:
         return self._fake_outputs(q, self.variant.lse)
 
     def _refuse(self, tensors: tuple[Any, ...]) -> None:
-        """ValueError when an input requires grad and the backward kernels refuse the variant (or
-        the tensors are on the CPU, whose backend has no backward)."""
-        if isinstance(tensors[0], torch.Tensor) and _cpu_backend(tensors[0]) and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors):
-            raise ValueError(f"attngen::{self.name}: the CPU backend has no backward pass; call it on tensors that do "
-                             f"not require grad (detach() them, or call under torch.no_grad()), or on CUDA tensors")
-        if self.refusal is None:
+        """ValueError when an input requires grad and the backward kernels refuse the variant (on
+        CPU tensors: the CPU backward, `attngen.cpu.render_bwd.unsupported`)."""
+        refusal, kernels = self.refusal, "backward kernels"
+        if isinstance(tensors[0], torch.Tensor) and _cpu_backend(tensors[0]):
+            refusal, kernels = _cpu_refusal(self.variant), "CPU backward"
+        if refusal is None:
             return
         which = [n for n, x in zip(("q", "k", "v", *self.input_names), tensors) if isinstance(x, torch.Tensor) and x.requires_grad]
         if which:
             raise ValueError(
-                f"attngen::{self.name}: {', '.join(which)} require{'s' if len(which) == 1 else ''} grad, but the backward "
-                f"kernels do not support this variant: {self.refusal}; pass tensors that do not require grad (detach() "
+                f"attngen::{self.name}: {', '.join(which)} require{'s' if len(which) == 1 else ''} grad, but the {kernels} "
+                f"do not support this variant: {refusal}; pass tensors that do not require grad (detach() "
                 f"them, or call under torch.no_grad())")
 
     def _setup_public(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -257,6 +267,10 @@ class AttnOp:
     def _impl_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
         arrays, (check_inputs, _deterministic) = _trailing(rest, kw, len(self.input_names),
                                                            {"check_inputs": True, "deterministic": False})
+        if _cpu_backend(q):  # the CPU backend's training forward (its backward differentiates no o norm)
+            from attngen.cpu.kernel import compile_cpu
+
+            return compile_cpu(self.train_variant)(q, k, v, **dict(zip(self.input_names, arrays)))
         if not self.o_norm:
             o, lse = self._launch(self.train_kernel(), q, k, v, arrays, self.input_names, check_inputs)
             return o, lse
@@ -289,7 +303,7 @@ class AttnOp:
     def _grads(self, needs: tuple[bool, ...], q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, dlse: Any,
                arrays: Any, deterministic: bool) -> list[Any]:
         """Gradients of (q, k, v, *runtime inputs), None where not needed or not defined."""
-        if self.refusal is not None:  # (setup refuses first; kept for a saved graph replayed later)
+        if self.refusal is not None and not _cpu_backend(q):  # (setup refuses first; kept for a saved graph replayed later)
             raise ValueError(f"attngen::{self.name}: the backward kernels do not support this variant: {self.refusal}")
         n = len(self.input_names)
         if do is None:
@@ -340,6 +354,13 @@ class AttnOp:
         arrays, (wrt, deterministic) = _trailing(rest, kw, len(self.input_names), {"wrt": 0, "deterministic": False})
         names = [nm for i, nm in enumerate(self.grad_names) if wrt >> i & 1]
         inputs = dict(zip(self.input_names, arrays))
+        if _cpu_backend(q):  # the CPU backward (attngen.cpu.backward); its dQ is deterministic
+            from attngen.cpu.backward import backward as cpu_backward
+            from attngen.cpu.kernel import compile_cpu
+
+            res = cpu_backward(compile_cpu(self.train_variant), q, k, v, do, o=o, lse=lse, dlse=dlse, wrt=tuple(names),
+                               variant=self.variant, **inputs)
+            return list(res[:3]) + [res[3][nm] for nm in names]
         res = backward(self.train_kernel(), q, k, v, do, o=o, lse=lse, dlse=dlse, deterministic=deterministic,
                        wrt=tuple(names), variant=self.variant, **inputs)
         out = list(res[:3])
