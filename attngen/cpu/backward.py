@@ -4,14 +4,14 @@ returns (dq, dk, dv), the gradients of sum(dO * O) for O = kernel(q, k, v, ...),
 
 Arrays are NumPy arrays or torch CPU tensors (one kind a call); the gradients come back in that
 kind, contiguous, in the shapes and dtypes of q, k, v. Without `o` and `lse` the forward of the
-variant with `output lse` runs first (`training_variant`). A call signature is validated once, as
+variant with `output lse` runs first (`attngen.runtime.bwd.training_variant`: with `norm o` it
+stops before the norm and the residual, and `o` is O', as on the GPU). A call signature is validated once, as
 the forward's: wrong arrays are a ValueError saying what was expected, before any launch.
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +24,7 @@ from attngen.cpu.compile import compile_source
 from attngen.cpu.kernel import CpuKernel, _arr, _Arr, _check_values, _qkv_strides, compile_cpu
 from attngen.ir import abi
 from attngen.ir.nodes import Layout, Variant
+from attngen.runtime.bwd import o_norm_inputs, training_variant
 
 _CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong}
 
@@ -58,7 +59,7 @@ class CpuBackward:
         self._fn.argtypes = [ctypes.POINTER(self._struct)]
         self._bindings: dict[tuple, _Binding] = {}
         self._names = tuple(d.name for d in v.runtime_inputs())
-        self.grad_names = tuple(render_bwd.derivative.learnable_tensors(v.scores))
+        self.grad_names = (*render_bwd.derivative.learnable_tensors(v.scores), *render_bwd.plan_bwd.norm_params(v))
 
     def _bind(self, arrs: dict[str, _Arr], pos: abi.Positions) -> _Binding:
         var = self.variant
@@ -112,7 +113,7 @@ class CpuBackward:
         var = self.variant
         for name in wrt:
             if name not in self.grad_names:
-                raise ValueError(f"wrt: expected names of score inputs with a gradient ({', '.join(self.grad_names) or 'none in this variant'}), "
+                raise ValueError(f"wrt: expected names of score inputs or norm weights with a gradient ({', '.join(self.grad_names) or 'none in this variant'}), "
                                  f"got {name!r}")
         unexpected = sorted(set(inputs) - set(self._names))
         missing = [n for n in self._names if n not in inputs]
@@ -184,16 +185,11 @@ def compile_backward_cpu(v: Variant) -> CpuBackward:
         return _BWD.setdefault(v, bk)
 
 
-def training_variant(v: Variant) -> Variant:
-    """The forward whose O and LSE the CPU backward reads: `v` writing the LSE, without nan_check."""
-    return dataclasses.replace(v, lse=True, nan_check=False)
-
-
 def backward(kernel: CpuKernel, q: Any, k: Any, v: Any, dO: Any, *, o: Any = None, lse: Any = None, wrt: tuple[str, ...] = (),
              dlse: Any = None, q_offset: int = 0, kv_offset: int = 0, Lq_total: int | None = None, Lk_total: int | None = None,
              num_threads: int = 0, variant: Variant | None = None, **inputs: Any) -> tuple[Any, ...]:
     """(dq, dk, dv) for a CPU forward `kernel` (`attngen.compile(..., device="cpu")`); with `wrt`
-    naming learnable score inputs, (dq, dk, dv, {name: fp32 gradient}). `o` and `lse`: the
+    naming learnable score inputs or norm weights, (dq, dk, dv, {name: fp32 gradient}). `o` and `lse`: the
     forward's saved output and LSE (both or neither; without them the LSE-writing forward runs
     first). `dlse`: a gradient at the LSE too. Positions as in the forward call. `variant`: the
     variant to differentiate when `kernel` is its training forward."""
@@ -206,9 +202,10 @@ def backward(kernel: CpuKernel, q: Any, k: Any, v: Any, dO: Any, *, o: Any = Non
     if o is None:
         tv = training_variant(var)
         fwd = kernel if kernel.variant == tv else compile_cpu(tv)
-        o, lse = fwd(q, k, v, num_threads=num_threads, **where, **inputs)
+        fwd_inputs = {n: a for n, a in inputs.items() if n not in o_norm_inputs(var)}
+        o, lse = fwd(q, k, v, num_threads=num_threads, **where, **fwd_inputs)
     pos = abi.Positions(*placed)
     return bk(q, k, v, o, lse, dO, dlse=dlse, wrt=tuple(wrt), num_threads=num_threads, positions=pos, **inputs)
 
 
-__all__ = ["CpuBackward", "backward", "compile_backward_cpu", "training_variant"]
+__all__ = ["CpuBackward", "backward", "compile_backward_cpu"]

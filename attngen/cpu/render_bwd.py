@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from attngen import __version__
 from attngen.analysis import derivative
-from attngen.cpu.render import DEFAULT_PREFIX, Field, _CONVERT, _LOAD, _environment, _layout_text, _spec_lines, symbol
+from attngen.cpu.render import DEFAULT_PREFIX, Field, _CONVERT, _LOAD, _environment, _layout_text, _norms, _spec_lines, symbol
 from attngen.cuda.emit import CPU, INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
 from attngen.ir import names
-from attngen.ir.nodes import TRUE, Layout, NormTarget, SizeSym, Variant
+from attngen.ir.nodes import TRUE, Layout, NormKind, NormScope, NormTarget, SizeSym, Variant, norm_bias_name, norm_weight_name
+from attngen.plan import bwd as plan_bwd
 from attngen.lang.printer import print_expr
 
 # Tiles of the three passes: query rows x keys. Square and small: a masked tile is skipped or
@@ -33,32 +34,24 @@ def bwd_symbol(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
 
 def unsupported(v: Variant) -> str | None:
     """Why the CPU backward cannot differentiate `v`, or None: the CUDA backward's refusals
-    (`plan.bwd.unsupported`, the same messages), then the CPU forward's, then the pre/post norms,
-    which the CPU backward does not differentiate."""
+    (`plan.bwd.unsupported`, the same messages), then the CPU forward's."""
     from attngen.cpu import render as render_cpu
-    from attngen.plan import bwd as plan_bwd
 
     bad = plan_bwd.unsupported(v)
     if bad:
         return "; ".join(d.message for d in bad)
-    why = render_cpu.unsupported(v)
-    if why:
-        return why
-    normed = [n.target.value for n in v.norms]
-    if normed:
-        return (f"--pass backward: `norm {normed[0]}` is not differentiated by the cpu backward (the q/k pre-norms and the o "
-                "post-norm train on the GPU backward); drop the norm or use device='cuda'")
-    return None
+    return render_cpu.unsupported(v)
 
 
 def fields(v: Variant) -> tuple[Field, ...]:
     """The backward params struct's fields, in order (also the ctypes Structure the runtime builds)."""
     lse_doc = ("[H, total_q], head stride lse_sh" if v.layout == Layout.VARLEN else "[B, H, Lq], contiguous")
     f = [
-        Field("const void*", "q", f"query [{_layout_text(v, 'q')}] ({v.dtype.value}), as the forward read it"),
+        Field("const void*", "q", f"query [{_layout_text(v, 'q')}] ({v.dtype.value}; the hidden state x with a token-scope q norm)"),
         Field("const void*", "k", f"keys [{_layout_text(v, 'k')}] ({v.dtype.value})"),
         Field("const void*", "v", f"values [{_layout_text(v, 'v')}] ({v.dtype.value})"),
-        Field("const void*", "o", f"the forward's output [{_layout_text(v, 'o')}] ({v.dtype.value})"),
+        Field("const void*", "o", f"the forward's output [{_layout_text(v, 'o')}] ({v.dtype.value}; with `norm o`, O' before the "
+                                  "norm and the residual)"),
         Field("const void*", "dO", f"the gradient at the output, in o's layout ({v.dtype.value})"),
         Field("const float*", "lse", f"the forward's log-sum-exp {lse_doc}"),
         Field("const float*", "dlse", "a gradient at the LSE, in its shape (may be null)"),
@@ -85,7 +78,7 @@ def fields(v: Variant) -> tuple[Field, ...]:
             f.append(Field("int", names.input_size_field(d.name, i), f"{d.name} size of dim {i}"))
         for i in range(len(d.shape)):
             f.append(Field("long long", names.input_stride_field(d.name, i), f"{d.name} stride of dim {i}, elements"))
-    for t in derivative.learnable_tensors(v.scores):
+    for t in (*derivative.learnable_tensors(v.scores), *plan_bwd.norm_params(v)):
         f.append(Field("float*", f"grad_{t}", f"out: dL/d{t}, fp32 dense in its shape, added into (zero it first; may be null)"))
     return tuple(f)
 
@@ -126,6 +119,22 @@ def _param_grads(v: Variant, elem: ElementEmitter) -> list[dict]:
         t["sites"].append(dict(text=print_expr(de).replace("\n", " "), indices=", ".join(elem.emit(i) for i in ld.indices),
                                code=elem.emit(de)))
     return list(out.values())
+
+
+def _norm_ctx(v: Variant) -> dict:
+    """The norms' flags, their functions' constants (`render._norms`), and per weight-gradient slot
+    (q, k, o weight and bias) its width and output field (0 and nullptr where there is none)."""
+    qn = v.norm(NormTarget.Q)
+    widths, grads = [], []
+    for t in (NormTarget.Q, NormTarget.K, NormTarget.O):
+        n = v.norm(t)
+        width = 0 if n is None else v.value_head_dim if t == NormTarget.O else v.heads * v.head_dim if n.scope == NormScope.TOKEN else v.head_dim
+        for name, has in ((norm_weight_name(t), n is not None and n.affine),
+                          (norm_bias_name(t), n is not None and n.affine and n.kind == NormKind.LAYERNORM)):
+            widths.append(str(width if has else 0))
+            grads.append(f"p.grad_{name}" if has else "nullptr")
+    return dict(norms=_norms(v), q_norm=qn is not None, q_norm_token=qn is not None and qn.scope == NormScope.TOKEN,
+                k_norm=v.norm(NormTarget.K) is not None, o_norm=v.norm(NormTarget.O) is not None, norm_widths=widths, norm_grads=grads)
 
 
 def render(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
@@ -173,13 +182,13 @@ def render(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
         classify_lines=classify_lines,
         classify_result=classify_result,
         residual=v.residual,
+        **_norm_ctx(v),
         varlen=v.layout == Layout.VARLEN,
         cu_q=names.input_field(cu[0]),
         cu_q_s0=names.input_stride_field(cu[0], 0),
         cu_k=names.input_field(cu[1]),
         cu_k_s0=names.input_stride_field(cu[1], 0),
     )
-    assert v.norm(NormTarget.Q) is None  # (refused above: the kernels read q as the forward got it)
     return _environment().get_template("backward.cpp.j2").render(**ctx)
 
 

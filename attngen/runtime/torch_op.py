@@ -42,7 +42,7 @@ inference state, and a sink under the o post-norm) raise ValueError at the forwa
 input requires grad, never a silently wrong or missing gradient. `deterministic=True` (the callable,
 `Attention`) gives a bitwise reproducible dQ. On CPU tensors the forward and the backward are the
 CPU backend's (`attngen.cpu.kernel`, `attngen.cpu.backward`; its refusals are
-`attngen.cpu.render_bwd.unsupported`: also the q/k/o norms).
+`attngen.cpu.render_bwd.unsupported`, the GPU backward's).
 """
 
 from __future__ import annotations
@@ -267,19 +267,23 @@ class AttnOp:
     def _impl_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
         arrays, (check_inputs, _deterministic) = _trailing(rest, kw, len(self.input_names),
                                                            {"check_inputs": True, "deterministic": False})
-        if _cpu_backend(q):  # the CPU backend's training forward (its backward differentiates no o norm)
-            from attngen.cpu.kernel import compile_cpu
-
-            return compile_cpu(self.train_variant)(q, k, v, **dict(zip(self.input_names, arrays)))
         if not self.o_norm:
-            o, lse = self._launch(self.train_kernel(), q, k, v, arrays, self.input_names, check_inputs)
+            o, lse = self._train_launch(q, k, v, arrays, self.input_names, check_inputs)
             return o, lse
         # (o, lse, O'): O' from the forward without the post-norm, y = norm(O') (+ x) here.
         by_name = dict(zip(self.input_names, arrays))
-        o_pre, lse = self._launch(self.train_kernel(), q, k, v, [by_name[n] for n in self.train_input_names],
-                                  self.train_input_names, check_inputs)
+        o_pre, lse = self._train_launch(q, k, v, [by_name[n] for n in self.train_input_names], self.train_input_names, check_inputs)
         w, b = (by_name.get(n) for n in (norm_weight_name(NormTarget.O), norm_bias_name(NormTarget.O)))
         return apply_o_norm(self.variant, o_pre, q, w, b), lse, o_pre
+
+    def _train_launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arrays: Any, names: tuple[str, ...],
+                      check_inputs: bool) -> Any:
+        """(o, lse) of `train_variant`: on CPU tensors the CPU backend's (checks always on), else the GPU's."""
+        if _cpu_backend(q):
+            from attngen.cpu.kernel import compile_cpu
+
+            return compile_cpu(self.train_variant)(q, k, v, **dict(zip(names, arrays)))
+        return self._launch(self.train_kernel(), q, k, v, arrays, names, check_inputs)
 
     def _fake_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
         o, lse = self._fake_outputs(q, True)
