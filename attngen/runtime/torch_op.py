@@ -224,16 +224,16 @@ class AttnOp:
     def _refuse(self, tensors: tuple[Any, ...]) -> None:
         """ValueError when an input requires grad and the backward kernels refuse the variant (on
         CPU tensors: the CPU backward, `attngen.cpu.render_bwd.unsupported`)."""
-        refusal, kernels = self.refusal, "backward kernels"
+        refusal, kernels = self.refusal, "backward kernels do"
         if isinstance(tensors[0], torch.Tensor) and _cpu_backend(tensors[0]):
-            refusal, kernels = _cpu_refusal(self.variant), "CPU backward"
+            refusal, kernels = _cpu_refusal(self.variant), "CPU backward does"
         if refusal is None:
             return
         which = [n for n, x in zip(("q", "k", "v", *self.input_names), tensors) if isinstance(x, torch.Tensor) and x.requires_grad]
         if which:
             raise ValueError(
                 f"attngen::{self.name}: {', '.join(which)} require{'s' if len(which) == 1 else ''} grad, but the {kernels} "
-                f"do not support this variant: {refusal}; pass tensors that do not require grad (detach() "
+                f"not support this variant: {refusal}; pass tensors that do not require grad (detach() "
                 f"them, or call under torch.no_grad())")
 
     def _setup_public(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

@@ -331,7 +331,7 @@ def _run_backend(args: argparse.Namespace, backend, emit: str, out_path: str | N
     if emit in ("ptx", "cubin"):
         gpu_only.append(f"--emit {emit}")
     if gpu_only:
-        raise _Usage(f"{', '.join(gpu_only)}: GPU options; --target {backend.name} takes --emit cu|header, --pass, --variant, --prefix, -o")
+        raise _Usage(f"{', '.join(gpu_only)}: GPU options; --target {backend.name} takes --emit cu|header, --variant, --prefix, -o")
     options = Options(prefix=_prefix(args))
     _check_output(out_path)
     try:
