@@ -108,8 +108,10 @@ class CpuBackward:
         return _Binding(sizes, p, o_shape, lse_shape)
 
     def __call__(self, q: Any, k: Any, v: Any, o: Any, lse: Any, dO: Any, *, dlse: Any = None, wrt: tuple[str, ...] = (),
-                 num_threads: int = 0, positions: abi.Positions | None = None, **inputs: Any) -> tuple[Any, ...]:
-        """(dq, dk, dv[, {name: gradient}]) from the forward's o and LSE."""
+                 num_threads: int = 0, positions: abi.Positions | None = None, two_pass: bool = False,
+                 **inputs: Any) -> tuple[Any, ...]:
+        """(dq, dk, dv[, {name: gradient}]) from the forward's o and LSE. `two_pass`: the dQ pass of
+        its own even where the fused pass would run (both schedules are tested)."""
         var = self.variant
         for name in wrt:
             if name not in self.grad_names:
@@ -147,6 +149,7 @@ class CpuBackward:
         for n in self.grad_names:
             setattr(p, f"grad_{n}", _ptr(pgrads[n], is_torch) if n in pgrads else None)
         p.num_threads = int(num_threads)
+        p.two_pass = int(bool(two_pass))
         rc = self._fn(ctypes.byref(p))
         if rc != 0:
             raise RuntimeError(f"{render_bwd.bwd_symbol(var)}_launch returned {rc} ({'out of memory' if rc == 2 else 'invalid arguments'})")

@@ -66,6 +66,7 @@ def fields(v: Variant) -> tuple[Field, ...]:
         Field("int", "Lq_total", "global query length the mask sees (q_offset + Lq for a whole sequence)"),
         Field("int", "Lk_total", "global key length the mask sees (kv_offset + Lk for a whole sequence)"),
         Field("int", "num_threads", "OpenMP threads (0: the OpenMP default; ignored in a build without OpenMP)"),
+        Field("int", "two_pass", "1: dQ in a pass of its own even where the fused pass would run (0: choose by the threads)"),
     ]
     for t in ("q", "k", "v", "o", "dO", "dq", "dk", "dv"):
         for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
