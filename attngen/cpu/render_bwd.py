@@ -134,7 +134,14 @@ def _norm_ctx(v: Variant) -> dict:
                           (norm_bias_name(t), n is not None and n.affine and n.kind == NormKind.LAYERNORM)):
             widths.append(str(width if has else 0))
             grads.append(f"p.grad_{name}" if has else "nullptr")
-    return dict(norms=_norms(v), q_norm=qn is not None, q_norm_token=qn is not None and qn.scope == NormScope.TOKEN,
+    norms = []
+    for t, d in _norms(v):  # the forward's constants, and the C expressions of weight i and bias i
+        w, b = norm_weight_name(NormTarget(t)), norm_bias_name(NormTarget(t))
+        weight = f"(double)p.{names.input_field(w)}[(long long)i * p.{names.input_stride_field(w, 0)}]" if d["affine"] else "1.0"
+        bias = (f"(double)p.{names.input_field(b)}[(long long)i * p.{names.input_stride_field(b, 0)}]"
+                if d["affine"] and d["layernorm"] else "")
+        norms.append((t, dict(d, weight=weight, bias=bias)))
+    return dict(norms=norms, q_norm=qn is not None, q_norm_token=qn is not None and qn.scope == NormScope.TOKEN,
                 k_norm=v.norm(NormTarget.K) is not None, o_norm=v.norm(NormTarget.O) is not None, norm_widths=widths, norm_grads=grads)
 
 
