@@ -71,7 +71,7 @@ def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str
     fwd_flops = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
     bwd_flops = 2.5 * fwd_flops
     res = {"row": name, "D": D, "B": B, "H": H, "L": L, "causal": causal, "dtype": "bf16",
-           "engine": bp.engine.value, "wg_loads": bp.wg_loads.value if bp.wg_loads else None, "tc_block_n": bp.tc_block_n, "tc_rotate": bp.tc_rotate, "bwd_flops": bwd_flops, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+           "engine": bp.engine.value, "wg_loads": bp.backward.wg_loads.value if bp.backward.wg_loads else None, "tc_block_n": bp.backward.tc_block_n, "tc_rotate": bp.backward.tc_rotate, "bwd_flops": bwd_flops, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, vv))
     for label, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
         try:
@@ -130,7 +130,7 @@ def _row(name: str, iters: int, once: bool, also: tuple[str, ...] = (), alt: str
         pb.WG_LOADS = WgmmaLoads(also_loads)
         try:
             got = ours()
-            loads = pb.plan(v, kern.plan.arch).wg_loads
+            loads = pb.plan(v, kern.plan.arch).backward.wg_loads
             res[f"{key}_plan"] = loads.value if loads else None
             res[f"{key}_dk_dv_bit_identical"] = bool(torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2]))
             res[f"{key}_dq_max_rel_diff"] = float((got[0].float() - ref[0].float()).abs().max() / ref[0].float().abs().max())

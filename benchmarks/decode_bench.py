@@ -85,7 +85,7 @@ def main() -> int:
         q, k, v = sets[0]
         lens = torch.full((B,), Lk, dtype=torch.int32, device=dev)
         o_ours, lse_ours = dec(q, k, v)
-        splits, ctas = dec.plan.schedule(B, Lq, Lk, sm)
+        splits, ctas = dec.plan.split.schedule(B, Lq, Lk, sm)
         row = dict(B=B, Lk=Lk, Lq=Lq, H=H, Hkv=HKV, D=D, kv_bytes=kv_bytes, splits=splits, ctas=ctas)
 
         def sdpa(q, k, v, backend):
@@ -115,8 +115,8 @@ def main() -> int:
                 row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:120]}"
         # Schedule sweep through the overrides: equal splits of every row block (s<N>) and equal
         # shares of all units (c<N>), against the launch-time schedule.
-        n_chunks = -(-Lk // dec.plan.chunk)
-        units = dec.plan.units(B, Lq, Lk)
+        n_chunks = -(-Lk // dec.plan.split.chunk)
+        units = dec.plan.split.units(B, Lq, Lk)
         sweep = {}
         for s in (1, 2, 4, 8, 16):
             if s <= n_chunks:
@@ -148,8 +148,8 @@ def main() -> int:
             except Exception as e:  # a schedule that fails is reported, not fatal
                 print(f"tile {tile}: {type(e).__name__}: {str(e)[:200]}")
                 continue
-            trow["tiles"][f"{tile[0]}x{tile[1]}"] = dict(us=t, err=err, ctas_per_sm=kt.plan.ctas_per_sm(),
-                                                        ctas=kt.plan.schedule(B, 1, Lk, sm)[1])
+            trow["tiles"][f"{tile[0]}x{tile[1]}"] = dict(us=t, err=err, ctas_per_sm=kt.plan.split.ctas_per_sm(),
+                                                        ctas=kt.plan.split.schedule(B, 1, Lk, sm)[1])
         tile_rows.append(trow)
         del sets
         torch.cuda.empty_cache()
@@ -194,14 +194,14 @@ def main() -> int:
                                                psets, args.iters)
             if page == 16:
                 # Other schedules: equal splits of every row block, equal shares of the units.
-                c0 = kp.plan.schedule(B, 1, Lk, sm)[1]
+                c0 = kp.plan.split.schedule(B, 1, Lk, sm)[1]
                 prow["paged16_ctas"] = c0
                 prow["paged16_sweep_us"] = {
                     key: queued_time(lambda q, k, v, t, kw=kw: kp(q, k, v, cache_lens=lens, block_table=t, check_pages=False, **kw),
                                      psets, args.iters, repeats=3)[0]
                     for key, kw in (("s1", dict(splits=1)), ("s4", dict(splits=4)), ("s4_combine", dict(splits=4, fused=False)),
                                     (f"c{sm}", dict(ctas=sm)), (f"c{2 * sm}", dict(ctas=2 * sm)))
-                    if kw.get("ctas", 0) <= kp.plan.units(B, 1, Lk) and kw.get("splits", 0) <= -(-Lk // kp.plan.chunk)}
+                    if kw.get("ctas", 0) <= kp.plan.split.units(B, 1, Lk) and kw.get("splits", 0) <= -(-Lk // kp.plan.split.chunk)}
             del psets
             torch.cuda.empty_cache()
         paged_rows.append(prow)

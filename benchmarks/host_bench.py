@@ -11,10 +11,12 @@ For each workload, three figures per implementation:
   graph_us  CUDA-event time per call of the same calls captured in one CUDA graph (the kernels alone).
 
 Decode: bf16 D128 H32/Hkv8, Lq 1 (the spec of benchmarks/decode_bench.py), through `attngen.compile`'s
-default dispatch, at B1 Lk8k, B8 Lk32k, B64 Lk4k, B128 Lk1k, beside torch SDPA's flash backend (FA2).
-Training: one forward + backward through the torch op (`attngen.torch.register`, autograd.grad on q,
-k, v) at B8 H16 L2k D128 causal and B4 H16 L4k D64 causal, bf16, beside SDPA's cuDNN and flash
-backends. Rows go to PATH (default $OUT/host.jsonl when $OUT is set, else
+default dispatch and through the torch op under torch.no_grad() (the path Hugging Face `generate`
+takes: it routes Lq 1 to the decode family too), at B1 Lk8k, B8 Lk32k, B64 Lk4k, B128 Lk1k, beside
+torch SDPA's flash backend (FA2).
+Training shapes, B8 H16 L2k D128 causal and B4 H16 L4k D64 causal, bf16: the forward alone through
+the torch op (`attngen.torch.register`, under torch.no_grad()), and one forward + backward
+(autograd.grad on q, k, v), each beside SDPA's cuDNN and flash backends. Rows go to PATH (default $OUT/host.jsonl when $OUT is set, else
 benchmarks/results/host.jsonl), one JSON object a line; a table goes to stdout. About two minutes
 on an H200 with a warm kernel cache (first compiles add NVRTC time).
 """
@@ -130,8 +132,10 @@ def decode_rows(args, emit) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import attngen
+    import attngen.torch as at
 
     kern = attngen.compile(SPEC % "")  # the default dispatch: Lq 1 goes to the decode family
+    op = at.register(SPEC % "")  # the torch op: its inference calls route the same way
     for B, Lk in DECODE_ROWS:
         q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(B, HKV, Lk, D, device="cuda", dtype=torch.bfloat16)
@@ -142,6 +146,10 @@ def decode_rows(args, emit) -> None:
         err = (ours.float() - ref.float()).abs().max().item()
         shape = dict(workload="decode", B=B, Lk=Lk, Lq=1, H=H, Hkv=HKV, D=D, dtype="bf16")
         emit({**shape, **measure("attngen", lambda: kern(q, k, v), args.calls, 200, 200, 20), "max_abs_diff_vs_fa2": err})
+        with torch.no_grad():
+            op_err = (op(q, k, v).float() - ref.float()).abs().max().item()
+            emit({**shape, **measure("attngen (torch op)", lambda: op(q, k, v), args.calls, 200, 200, 20),
+                  "max_abs_diff_vs_fa2": op_err})
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # the context once, outside the calls
             emit({**shape, **measure("fa2 (sdpa flash)", lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
                                      args.calls, 200, 200, 20)})
@@ -166,8 +174,9 @@ def train_rows(args, emit) -> None:
         def sdpa():
             return torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), g)
 
-        shape = dict(workload="fwd+bwd", B=B, H=nh, L=L, D=d, causal=True, dtype="bf16")
         calls = max(50, args.calls // (4 if args.quick else 1))
+        fwd_rows(op, q, k, v, dict(workload="fwd", B=B, H=nh, L=L, D=d, causal=True, dtype="bf16"), calls, emit)
+        shape = dict(workload="fwd+bwd", B=B, H=nh, L=L, D=d, causal=True, dtype="bf16")
         try:
             ours_dq = ours()[0]
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -180,6 +189,31 @@ def train_rows(args, emit) -> None:
             with sdpa_kernel(be):
                 emit({**shape, **measure(name, sdpa, calls, 10, 20, 4)})
         torch.cuda.empty_cache()
+
+
+def fwd_rows(op, q, k, v, shape: dict, calls: int, emit) -> None:
+    """The forward alone (torch.no_grad(), as an inference or evaluation call makes it): the torch
+    op beside SDPA's cuDNN and flash backends, O compared with cuDNN's first."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def ours():
+        return op(q, k, v)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    with torch.no_grad():
+        try:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                err = (ours().float() - sdpa().float()).abs().max().item()
+        except Exception as e:  # noqa: BLE001
+            err = f"{type(e).__name__}: {str(e)[:160]}"
+        emit({**shape, **measure("attngen (torch op)", ours, calls, 20, 20, 10), "o_max_abs_diff_vs_cudnn": err})
+        for name, be in (("cudnn (sdpa)", SDPBackend.CUDNN_ATTENTION), ("fa2 (sdpa flash)", SDPBackend.FLASH_ATTENTION)):
+            with sdpa_kernel(be):
+                emit({**shape, **measure(name, sdpa, calls, 20, 20, 10)})
 
 
 def main() -> int:

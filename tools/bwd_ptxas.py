@@ -40,7 +40,7 @@ def line(label: str, v) -> str:
     if not m:
         return f"{label}: no dK/dV kernel in ptxas's report"
     codes = [c for c in _CODES if c in log]
-    split = int(plan_bwd.wg_dq_split(bp.wg_dq)) if bp.engine == plan_bwd.BwdEngine.WGMMA else 0
+    split = int(plan_bwd.wg_dq_split(bp.backward.wg_dq)) if bp.engine == plan_bwd.BwdEngine.WGMMA else 0
     return (f"{label}: wg_split={split} Used {m['regs']} registers; {m['frame']} bytes stack frame, {m['st']} bytes spill stores, "
             f"{m['ld']} bytes spill loads; {' '.join(codes) if codes else 'no C75xx'}")
 

@@ -103,8 +103,10 @@ def main() -> int:
     row("cuLaunchKernel alone (prebuilt buffer, no binding)", lambda: _loop(lambda: launch_driver(b.main[-1], sp), args.calls),
         "lower bound of the ctypes launch")
     op = at.register(ROOT / "examples" / "seed_padded_fp32.attn")
-    row("attngen.torch op (torch.ops.attngen.seed_padded_fp32)", lambda: _loop(lambda: op(q, k, v, kv_lens=kl, q_lens=ql), args.calls),
-        "custom_op dispatch and the requires_grad check on top of the binder")
+    row("attngen.torch op, eager route (op(q, k, v, ...))", lambda: _loop(lambda: op(q, k, v, kv_lens=kl, q_lens=ql), args.calls),
+        "input matching and the requires_grad check on top of the binder")
+    row("attngen.torch op dispatched (torch.ops.attngen.seed_padded_fp32)",
+        lambda: _loop(lambda: op.op(q, k, v, kl, ql), args.calls), "custom_op dispatch on top of the binder")
     mask = (torch.arange(L, device="cuda")[None, :, None] < ql[:, None, None]) & (torch.arange(L, device="cuda")[None, None, :] < kl[:, None, None])
     mask = mask[:, None]
 

@@ -96,7 +96,7 @@ def main() -> int:
             r = [x for x in resources(src, Arch.SM80) if x.kernel.endswith("_dkdv")][0]
             sass = _sass_counts(src, r.kernel) if D == 64 else None
             row.append(f"{r.registers} / {r.spill_stores}" + (f" ({sass})" if sass else ""))
-        lines.append(f"{D}  {mname}  {bp.engine.value} {bp.tc_block_m} queries  {row[0]}  {row[1]}")
+        lines.append(f"{D}  {mname}  {bp.engine.value} {bp.backward.tc_block_m} queries  {row[0]}  {row[1]}")
         print(lines[-1], flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")

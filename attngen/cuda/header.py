@@ -133,13 +133,15 @@ def render_header(v, arch, prefix: str | None = None) -> str:
 
 def render_decode_header(v, arch, prefix: str | None = None) -> str:
     """The C header of the decode family's launcher (split-KV + combine), as `render_header`."""
-    from attngen.cuda.render_decode import decode_fields
     from attngen.plan.decode import plan as plan_decode
+    from attngen.plan.op_plan import KernelRole
 
-    dp = plan_decode(v, arch, prefix=prefix or "attngen")
-    name = dp.kernel_name
+    op = plan_decode(v, arch, prefix=prefix or "attngen")
+    dp = op.split
+    assert dp is not None
+    name = op.kernel_name
     st = f"{name}_params"
-    macros = [("BLOCK_M", dp.block_m), ("THREADS", dp.threads), ("SMEM_BYTES", dp.smem_bytes), ("HEADS", v.heads),
+    macros = [("BLOCK_M", dp.block_m), ("THREADS", op.threads), ("SMEM_BYTES", op.smem_bytes), ("HEADS", v.heads),
               ("KV_HEADS", v.kv_heads), ("HEAD_DIM", v.head_dim), ("VALUE_HEAD_DIM", v.value_head_dim),
               *([("PAGE_SIZE", v.page_size)] if v.page_size is not None else [])]
     functions = [
@@ -150,8 +152,8 @@ def render_decode_header(v, arch, prefix: str | None = None) -> str:
         f"size_t {name}_workspace_bytes(int B, int Lq, int Lk);",
         f"void {name}_bind_workspace({st}* params, void* workspace);",
         "",
-        f"// Launches the split-KV kernel ({dp.threads} threads, {dp.smem_bytes} bytes of dynamic shared memory) on",
-        f"// `stream`, then {dp.combine_name} when splits > 1 and ws_count is null (with ws_count, zeroed",
+        f"// Launches the split-KV kernel ({op.threads} threads, {op.smem_bytes} bytes of dynamic shared memory) on",
+        f"// `stream`, then {op.kernel(KernelRole.COMBINE).name} when splits > 1 and ws_count is null (with ws_count, zeroed",
         "// row-block counters that each launch leaves zero, the split kernel merges). Returns",
         "// cudaErrorInvalidValue when B, Lq,",
         "// Lk, splits or ctas is not positive, ctas exceeds the call's units, splits is fewer than the CTAs",
@@ -162,7 +164,7 @@ def render_decode_header(v, arch, prefix: str | None = None) -> str:
         "// The schedule bind_workspace applies, for a GPU of `sm_count` SMs (the Python runtime's).",
         f"void {name}_choose_splits(int B, int Lq, int Lk, int sm_count, int* splits, int* ctas);",
     ]
-    return _c_header(name, _intro(v, name, arch, ", decode family"), macros, decode_fields(v), functions)
+    return _c_header(name, _intro(v, name, arch, ", decode family"), macros, op.fields, functions)
 
 
 __all__ = ["render_header", "render_decode_header"]

@@ -7,16 +7,13 @@ always give the same bytes: no timestamps, no dict-order dependence, no absolute
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import re
 
 import jinja2
 
 from attngen import __version__
 from attngen.ir import names
 from attngen.ir.nodes import (
-    DType,
     Expr,
     Layout,
     NormKind,
@@ -24,7 +21,6 @@ from attngen.ir.nodes import (
     NormTarget,
     Program,
     SizeSym,
-    TileConfig,
     Variant,
     norm_bias_name,
     norm_weight_name,
@@ -34,27 +30,10 @@ from attngen.lang.printer import print_expr, print_program
 from attngen.analysis.kv_bounds import kv_upper_bounds
 from attngen.cuda.emit import INT_UNKNOWN, AxisSplit, ElementEmitter, IntervalEmitter, float_literal, split_by_axis, tensor_ctype
 from attngen.resources import cache_dir, cuda_template_dir
-from attngen.plan.limits import MAX_PARAM_BYTES, param_bytes
-from attngen.plan.schedule import (
-    DEFAULT_ARCH,
-    Arch,
-    Engine,
-    engine,
-    head_dims_problem,
-    min_blocks_per_sm,
-    persistent,
-    q_token_norm,
-    threads,
-    validate_tile,
-    variant_smem_layout,
-    variant_tile,
-    wgmma_regs,
-    wgmma_softmax,
-    wgmma_tma_ok,
-    WgmmaLoads,
-    WgmmaSoftmax,
-)
-# The plan's types live in the plan stage; named here too, where importers have always found them.
+from attngen.plan.schedule import DEFAULT_ARCH, Arch, Engine, WgmmaSoftmax, persistent
+# The plan is made by the plan stage; its types and makers are named here too, where importers
+# have always found them.
+from attngen.plan.forward import DEFAULT_PREFIX, input_fields, kernel_name, plan, resolve_tile  # noqa: F401
 from attngen.plan.op_plan import (  # noqa: F401
     PREP_MAX_BLOCKS,
     PREP_ROWS_PER_BLOCK,
@@ -70,158 +49,6 @@ from attngen.plan.op_plan import (  # noqa: F401
     TmaMap,
     tma_maps,
 )
-
-
-DEFAULT_PREFIX = "attngen"
-_C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def kernel_name(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
-    """`{prefix}_{variant}`: every exported symbol of the generated code starts with it (the
-    kernel, its prep kernels, its namespace, the launcher and the workspace functions), so two
-    variants, or one variant built for two arches under two prefixes, link into one binary."""
-    if not _C_IDENT.fullmatch(prefix):
-        raise ValueError(f"prefix {prefix!r} is not a C identifier (letters, digits and _, not starting with a digit)")
-    return f"{prefix}_{v.name}"
-
-
-def resolve_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
-    """The variant's tile, or the auto choice; re-validated for `arch` (a spec checked against
-    sm_90a may not fit an sm_86 budget)."""
-    tile = variant_tile(v, arch)
-    errs = validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v))
-    if errs:
-        raise ValueError(f"variant {v.name}: tile {tile.block_m}x{tile.block_n} cannot be used on {arch.value}: " + "; ".join(errs))
-    return tile
-
-
-def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple[Field, ...]:
-    e = "const elem_t* __restrict__"
-    f = [
-        Field(e, "q", "query (the hidden state x when q has a token-scope norm)"),
-        Field(e, "k", "keys"),
-        Field(e, "v", "values"),
-        Field("elem_t* __restrict__", "o", "output"),
-        Field("float* __restrict__", "lse", ("log-sum-exp [H, total_q] (head stride lse_sh)" if v.layout == Layout.VARLEN else
-                                             "log-sum-exp [B, H, Lq], contiguous") + " (nullptr unless `output lse`)"),
-        Field("int*", "nan_flag", "set to 1 when the output holds NaN/Inf (nullptr unless `nan_check`)"),
-        *([Field("int*", "work_counter",
-                 "one int, 0 before the first launch (every launch leaves it 0): the persistent CTAs' work-tile "
-                 "counter; one per stream that may run this kernel concurrently")] if persistent_ctas else []),
-        Field("int", "B", "batch"),
-        Field("int", "Lq", "query length"),
-        Field("int", "Lk", "key length"),
-        # Where this launch sits in a longer sequence (context-parallel shards, chunked prefill):
-        # masks and scores read positions q + q_offset, kv + kv_offset and lengths Lq_total,
-        # Lk_total. A plain call passes 0, 0, Lq, Lk.
-        Field("int", "q_offset", "global position of query row 0 (0 for a whole sequence)"),
-        Field("int", "kv_offset", "global position of key row 0 (0 for a whole sequence)"),
-        Field("int", "Lq_total", "global query length the mask sees (>= q_offset + Lq; the C++ launcher reads 0 as q_offset + Lq)"),
-        Field("int", "Lk_total", "global key length the mask sees (>= kv_offset + Lk; the C++ launcher reads 0 as kv_offset + Lk)"),
-    ]
-    for t in ("q", "k", "v", "o"):
-        for s, what in (("sb", "batch"), ("sh", "head"), ("ss", "sequence")):
-            f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
-    if v.layout == Layout.VARLEN:
-        f.append(Field("long long", "lse_sh", "lse head stride, elements: total_q (the LSE is [H, total_q], contiguous; "
-                                              "the C++ launcher reads 0 as Lq)"))
-    f.extend(pr.field for pr in preps)
-    f.extend(input_fields(v))
-    return tuple(f)
-
-
-def input_fields(v: Variant) -> list[Field]:
-    """The runtime inputs' fields, every family's ABI tail: each input's pointer, then its sizes,
-    then its strides (names from `attngen.ir.names`, the one mangling scheme)."""
-    f = []
-    for d in v.runtime_inputs():
-        f.append(Field(f"const {tensor_ctype(d.dtype)}* __restrict__", names.input_field(d.name),
-                       f"runtime input {d.name}: {d.dtype.value}"))
-        for i in range(len(d.shape)):
-            f.append(Field("int", names.input_size_field(d.name, i), f"{d.name} size of dim {i}"))
-        for i in range(len(d.shape)):
-            f.append(Field("long long", names.input_stride_field(d.name, i), f"{d.name} stride of dim {i}, elements"))
-    return f
-
-
-def _preps(v: Variant, prefix: str = DEFAULT_PREFIX) -> tuple[Prep, ...]:
-    """The prep kernels a variant needs, in ABI order of their workspace fields."""
-    out = []
-    name = kernel_name(v, prefix)
-    elem = "elem_t* __restrict__"
-    qn, kn = v.norm(NormTarget.Q), v.norm(NormTarget.K)
-    if qn is not None and qn.scope == NormScope.TOKEN:
-        out.append(Prep(f"{name}_prep_qstats", "ag_prep_qstats",
-                        Field("float* __restrict__", "ws_qstats",
-                              "workspace, B*Lq*2 floats, 8-byte aligned: (mean, rstd) of each hidden row, written by the prep kernel"),
-                        1, True, 2, DType.FP32, "token-scope q norm: statistics of each hidden row, once (not once per head)"))
-    if qn is not None and qn.scope == NormScope.HEAD:
-        out.append(Prep(f"{name}_prep_q", "ag_prep_q",
-                        Field(elem, "ws_q", "workspace, B*H*Lq*D elements, 16-byte aligned: the pre-normalised queries, written by the prep kernel"),
-                        v.heads, True, v.head_dim, v.dtype, "q pre-norm: each query row once, outside the attention kernel's register budget"))
-    if kn is not None:
-        out.append(Prep(f"{name}_prep_k", "ag_prep_k",
-                        Field(elem, "ws_k", "workspace, B*Hkv*Lk*D elements, 16-byte aligned: the pre-normalised keys, written by the prep kernel"),
-                        v.kv_heads, False, v.head_dim, v.dtype, "k pre-norm: each key row once (not once per query tile)"))
-    return tuple(out)
-
-
-def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSoftmax | None = None) -> OpPlan:
-    """The frozen plan of a variant on `arch` (computed once per (variant, arch, prefix), then
-    cached; `prefix` starts every symbol name: see `kernel_name`). `softmax` replaces the wgmma
-    consumers' softmax schedule `wgmma_softmax` picks (for A/B timing; ignored off wgmma)."""
-    return _plan(v, arch, prefix, softmax)
-
-
-@functools.lru_cache(maxsize=512)
-def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSoftmax | None = None) -> OpPlan:
-    if v.page_size is not None:  # the forward kernels read contiguous K/V only
-        raise ValueError(f"variant {v.name}: `kv_cache paged` runs on the decode family (render_decode), not the forward kernel")
-    bad_dims = head_dims_problem(v.dtype, v.head_dim, v.value_head_dim)
-    if bad_dims:
-        raise ValueError(f"variant {v.name}: {bad_dims}")
-    tile = resolve_tile(v, arch)
-    preps = _preps(v, prefix)
-    eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
-    pers = persistent(eng)
-    problem = Problem(
-        name=v.name, dtype=v.dtype, head_dim=v.head_dim, value_head_dim=v.value_head_dim, heads=v.heads,
-        kv_heads=v.kv_heads, layout=v.layout, kind=v.kind, arch=arch, lse=v.lse, nan_check=v.nan_check,
-        residual=v.residual, token_norm=q_token_norm(v), runtime_inputs=v.runtime_inputs(),
-    )
-    attention = OpKernel(
-        name=kernel_name(v, prefix),
-        role=KernelRole.ATTENTION,
-        threads=threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
-        grid_rule=GridRule.PERSISTENT if pers else GridRule.TILES,
-        engine=eng,
-        tile=tile,
-        smem=variant_smem_layout(v, tile, arch),
-        min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
-        regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores), v.layout == Layout.VARLEN) if eng == Engine.WGMMA else None,
-        softmax=(softmax or wgmma_softmax(v.head_dim, v.value_head_dim, tile)) if eng == Engine.WGMMA else None,
-    )
-    if v.layout == Layout.VARLEN:
-        attention = dataclasses.replace(attention, varlen=True)
-    sm = attention.softmax
-    fields = _fields(v, preps, pers)
-    if sm is not None and sm.loads == WgmmaLoads.TMA and not (wgmma_tma_ok(
-            varlen=v.layout == Layout.VARLEN, wide_rows=max(v.head_dim, v.value_head_dim) > 128,
-            q_norm=v.norm(NormTarget.Q) is not None, k_norm=v.norm(NormTarget.K) is not None,
-            residual_copy=attention.smem.residual_copy, score_lookups=any(tensors_used(e) for e in v.scores))
-            and _tma_param_room(fields)):
-        attention = dataclasses.replace(attention, softmax=dataclasses.replace(sm, loads=WgmmaLoads.CP_ASYNC))
-    prep_kernels = tuple(OpKernel(name=pr.kernel, role=KernelRole.PREP, threads=PREP_THREADS, grid_rule=GridRule.ROWS, prep=pr)
-                         for pr in preps)
-    return OpPlan(problem=problem, kernels=(*prep_kernels, attention), fields=fields, workspaces=preps)
-
-
-def _tma_param_room(fields: tuple[Field, ...]) -> bool:
-    """Whether the three 128-byte descriptors (64-byte aligned) still fit the kernel's parameter
-    space after the ABI fields (a variant with many runtime inputs keeps cp.async instead)."""
-    ends = param_bytes([f.ctype for f in fields])
-    end = ends[-1] if ends else 0
-    return (end + 63) // 64 * 64 + 3 * 128 <= MAX_PARAM_BYTES
 
 
 def _spec_text(v: Variant) -> str:
@@ -267,7 +94,7 @@ def _header(v: Variant, kp: OpPlan) -> str:
         f"{kp.engine.describe(t, kp.attention.tma)}; target {kp.arch.value}.",
         *(
             [f"Prep kernels, launched first on the same stream with the same arguments, {PREP_THREADS} threads a block,",
-             f"grid min(rows / {PREP_ROWS_PER_BLOCK} + 1, {PREP_MAX_BLOCKS}) (any grid is correct):",
+             f"grid {kp.prep_kernels[0].grid_text(v.heads)} (any grid is correct):",
              *(f"  {pr.kernel}: rows = {pr.rows_expr.replace('(long long)', '').replace('p.', '')}; {pr.doc}" for pr in kp.preps)]
             if kp.preps else []
         ),
@@ -437,11 +264,11 @@ def mask_split(v: Variant, engine: Engine) -> AxisSplit | None:
     return _fwd_split(v, consts, engine)
 
 
-def _kv_bounds_ctx(v: Variant, elem: ElementEmitter, engine: Engine) -> dict:
+def _kv_bounds_ctx(v: Variant, elem: ElementEmitter, kp: OpPlan) -> dict:
     """C++ for the mask's key upper bound at a global query position `q` ('' where the mask states
     none, or off the wgmma engine, whose producer alone walks key tiles downwards)."""
     code = ""
-    walks = engine == Engine.WGMMA and max(v.head_dim, v.value_head_dim) <= 128  # wide rows keep the stateless scan
+    walks = kp.engine == Engine.WGMMA and not kp.problem.wide_rows  # wide rows keep the stateless scan
     for e in (kv_upper_bounds(v.mask) if walks else ()):
         c = elem.emit(e)
         code = c if not code else f"min({code}, {c})"
@@ -452,6 +279,13 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
                      softmax: WgmmaSoftmax | None = None) -> tuple[str, OpPlan]:
     """`render`, and the plan it rendered (`softmax`: as in `plan`)."""
     kp = plan(v, arch, prefix=prefix, softmax=softmax)
+    return render_plan(v, kp), kp
+
+
+def render_plan(v: Variant, kp: OpPlan) -> str:
+    """The `.cu` source of the plan `kp` of `v` (the main plan, or its short-loop kernel's,
+    `kp.short`): the template context is read from the plan alone, no decision made here."""
+    arch = kp.arch
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
     tc = kp.engine != Engine.FFMA
@@ -484,7 +318,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         wgmma_regs=dict(zip(("producer", "consumer"), kp.attention.regs or (0, 0))),  # read on the wgmma path only
         q_buffers=kp.smem.q_buffers,
         kv_split=kp.smem.kv_split,
-        wide_rows=max(v.head_dim, v.value_head_dim) > 128,
+        wide_rows=kp.problem.wide_rows,
         tma=kp.attention.tma,
         # the arrivals a full barrier counts for its copies: every producer thread's cp.async, or
         # thread 0's TMA issue
@@ -502,7 +336,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         mask_early=mask_early,
         mask_split=_split_ctx(mask_split(v, kp.engine)),
         # The key bound the mask states (kv <= f(q)): the wgmma producer walks down from f.
-        **_kv_bounds_ctx(v, elem, kp.engine),
+        **_kv_bounds_ctx(v, elem, kp),
         classify_lines=classify_lines,
         classify_result=classify_result,
         int_unknown=INT_UNKNOWN,
@@ -525,8 +359,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         **_norm_ctx(v),
         **_varlen_ctx(v),
     )
-    src = _environment().get_template("fwd/attention.cu.j2").render(**ctx)
-    return src, kp
+    return _environment().get_template("fwd/attention.cu.j2").render(**ctx)
 
 
-__all__ = ["render", "render_with_plan", "plan", "mask_split", "OpPlan", "TmaMap", "tma_maps", "OpKernel", "Problem", "KernelRole", "GridRule", "KernelPlan", "Field", "Prep", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]
+__all__ = ["render", "render_with_plan", "render_plan", "plan", "mask_split", "OpPlan", "TmaMap", "tma_maps", "OpKernel", "Problem", "KernelRole", "GridRule", "KernelPlan", "Field", "Prep", "resolve_tile", "kernel_name", "norm_weight_name", "norm_bias_name"]

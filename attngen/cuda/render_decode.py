@@ -11,50 +11,15 @@ from attngen import __version__
 from attngen.ir import names
 from attngen.ir.nodes import CACHE_LENS, SizeSym, Variant, tensors_used
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.decode import COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, DecodePlan, mask_uses_head, plan
-from attngen.cuda.render import Field, _environment, input_fields, _expr_text, _spec_text, _tensor_ctx
+from attngen.plan.decode import COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, decode_fields, mask_uses_head, plan  # noqa: F401
+from attngen.plan.op_plan import WARP_ROWS_MAX_BLOCKS, Field, KernelRole, OpPlan
+from attngen.cuda.render import _environment, _expr_text, _spec_text, _tensor_ctx
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
 
-def decode_fields(v: Variant) -> tuple[Field, ...]:
-    """Kernel parameters of both decode kernels (the same list), in ABI order."""
-    e = "const elem_t* __restrict__"
-    f = [
-        Field(e, "q", "query"),
-        Field(e, "k", "keys"),
-        Field(e, "v", "values"),
-        Field("elem_t* __restrict__", "o", "output"),
-        Field("float* __restrict__", "lse", "log-sum-exp [B, H, Lq], contiguous (nullptr unless `output lse`)"),
-        Field("int*", "nan_flag", "set to 1 when the output holds NaN/Inf (nullptr unless `nan_check`)"),
-        Field("float* __restrict__", "ws_o", "workspace, B*H*Lq*splits*Dv floats, 16-byte aligned: each segment's partial O "
-              "(unread when splits == 1)"),
-        Field("float* __restrict__", "ws_lse", "workspace, B*H*Lq*splits floats: each segment's partial LSE (natural log)"),
-        Field("int*", "ws_count", "nullptr (the combine kernel merges), or B*Hkv*ceil(H/Hkv*Lq/16) ints, zero before the "
-              "launch and left zero by it: row-block counters with which the last CTA of a row block merges its partials"),
-        Field("int", "B", "batch"),
-        Field("int", "Lq", "query length"),
-        Field("int", "Lk", "key length"),
-        # The forward's mask and score emitters read global positions (a forward ABI for context
-        # parallelism); the decode family runs whole sequences, so these are 0, 0, Lq, Lk.
-        Field("int", "q_offset", "global position of query row 0 (always 0 here)"),
-        Field("int", "kv_offset", "global position of key row 0 (always 0 here)"),
-        Field("int", "Lq_total", "global query length the mask sees (Lq here; the C++ launcher reads 0 as Lq)"),
-        Field("int", "Lk_total", "global key length the mask sees (Lk here; the C++ launcher reads 0 as Lk)"),
-        Field("int", "splits", "partial slots a (b, h, q) row in the workspace: at least the CTAs one row block's keys meet "
-              "(1: every row block is one CTA's, which writes O; no combine)"),
-        Field("int", "ctas", "CTAs of the split kernel (its 1-D grid), 1 to the call's units; each takes an equal share"),
-        *([Field("int", "num_pages", "pages of the paged K/V cache (k and v are [num_pages, page_size, Hkv, D])")]
-          if v.page_size is not None else []),
-    ]
-    for t in ("q", "k", "v", "o"):
-        paged = v.page_size is not None and t in ("k", "v")
-        for s, what in (("sb", "page" if paged else "batch"), ("sh", "head"), ("ss", "slot-in-page" if paged else "sequence")):
-            f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
-    f.extend(input_fields(v))
-    return tuple(f)
-
-
-def _header(v: Variant, dp: DecodePlan, fields: tuple[Field, ...]) -> str:
+def _header(v: Variant, op: OpPlan, fields: tuple[Field, ...]) -> str:
+    dp = op.split
+    assert dp is not None
     layout = v.layout.value
     qs = "[B, H, Lq, D]" if layout == "bhsd" else "[B, Lq, H, D]"
     ks = "[B, Hkv, Lk, D]" if layout == "bhsd" else "[B, Lk, Hkv, D]"
@@ -72,32 +37,34 @@ def _header(v: Variant, dp: DecodePlan, fields: tuple[Field, ...]) -> str:
         "multiple of 16 bytes. Accumulation in fp32.",
         "",
         "Kernels, launched in this order on one stream with the same arguments:",
-        f"  1. {dp.kernel_name}: split-KV attention, grid (ctas, 1, 1), block {dp.threads} threads, dynamic shared",
-        f"     memory {dp.smem_bytes} bytes. A row block packs the query heads of one KV head times Lq into {dp.block_m}",
+        f"  1. {op.kernel_name}: split-KV attention, grid (ctas, 1, 1), block {dp.threads} threads, dynamic shared",
+        f"     memory {op.smem_bytes} bytes. A row block packs the query heads of one KV head times Lq into {dp.block_m}",
         f"     mma.sync rows; the call's units (row blocks B * Hkv={v.kv_heads} * ceil(H/Hkv * Lq / {dp.block_m}), each times",
         f"     ceil(Lk / {dp.chunk}) chunks of {dp.chunk} keys, row-block-major) are shared equally: CTA c streams units",
         f"     [c * units / ctas, (c + 1) * units / ctas) through a {dp.stages}-slot cp.async ring ({dp.block_n} keys a warp,",
         f"     {dp.warps} warps), one partial a row block it meets (or O itself when splits == 1).",
         "     With ws_count set, the CTA that finishes a row block last merges its partials (no combine).",
-        f"  2. {dp.combine_name} (only when splits > 1 and ws_count is null): one warp a (b, h, q) row merges",
+        f"  2. {op.kernel(KernelRole.COMBINE).name} (only when splits > 1 and ws_count is null): one warp a (b, h, q) row merges",
         f"     its row block's partials into O and LSE; {COMBINE_THREADS} threads a block, grid-stride (any grid).",
         "Arguments, in order (also the fields of Params, for the host launcher):",
         *(f"  {i:2d}. {f.ctype} {f.name}: {f.doc}" for i, f in enumerate(fields)),
         "",
         "Host (nvcc builds only; the C header from `attngen compile --emit header` declares them):",
-        f"  size_t {dp.kernel_name}_workspace_bytes(int B, int Lq, int Lk); void {dp.kernel_name}_bind_workspace(Params* p,",
+        f"  size_t {op.kernel_name}_workspace_bytes(int B, int Lq, int Lk); void {op.kernel_name}_bind_workspace(Params* p,",
         "  void* workspace) (also picks splits and ctas for the current device); cudaError_t",
-        f"  {dp.kernel_name}_launch(const Params* p, cudaStream_t stream); {dp.kernel_name}_choose_splits(...): the split policy.",
+        f"  {op.kernel_name}_launch(const Params* p, cudaStream_t stream); {op.kernel_name}_choose_splits(...): the split policy.",
     ]
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
 
 
 def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None, *,
-                  prefix: str = "attngen") -> tuple[str, DecodePlan]:
+                  prefix: str = "attngen") -> tuple[str, OpPlan]:
     """The decode family's `.cu` source for one variant and its plan (ValueError when the family
     cannot run the variant); `tile` and `prefix` as in `plan_decode.plan`."""
-    dp = plan(v, arch, tile, prefix=prefix)
-    fields = decode_fields(v)
+    op = plan(v, arch, tile, prefix=prefix)
+    dp = op.split
+    assert dp is not None
+    fields = op.fields
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
     elem = ElementEmitter(consts, fast_math=True)
@@ -105,12 +72,12 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
     # invisible, its last chunk as partial.
     mask = v.visibility()
     classify_lines, classify_result = IntervalEmitter(consts, decls).classify(mask)
-    ns = f"{dp.kernel_name}_impl"
+    ns = f"{op.kernel_name}_impl"
     ctx = dict(
-        header=_header(v, dp, fields),
+        header=_header(v, op, fields),
         ns=ns,
-        kernel_name=dp.kernel_name,
-        combine_name=dp.combine_name,
+        kernel_name=op.kernel_name,
+        combine_name=op.kernel(KernelRole.COMBINE).name,
         elem_ctype=tensor_ctype(v.dtype),
         mma_type=v.dtype.info.ptx,
         D=v.head_dim,
@@ -123,8 +90,9 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
         warps=dp.warps,
         stages=dp.stages,
         combine_threads=COMBINE_THREADS,
-        min_blocks=dp.ctas_per_sm(),
-        smem_bytes=dp.smem_bytes,
+        combine_max_blocks=WARP_ROWS_MAX_BLOCKS,  # the combine grid's cap (OpKernel.launch_grid's rule)
+        min_blocks=op.main.min_blocks,
+        smem_bytes=op.smem_bytes,
         fields=[dict(ctype=f.ctype, qctype=f.ctype.replace("elem_t", f"{ns}::elem_t"), name=f.name) for f in fields],
         tensors=_tensor_ctx(v),
         mask_text=_expr_text(mask),
@@ -157,7 +125,7 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
         walk_window=bool(tensors_used(mask)),
     )
     src = _environment().get_template("decode/decode.cu.j2").render(**ctx)
-    return src, dp
+    return src, op
 
 
 def render_family(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:

@@ -34,9 +34,12 @@ from dataclasses import dataclass
 
 from attngen.lang.diagnostics import Diagnostic
 from attngen.ir.nodes import Layout, NormKind, NormScope, NormTarget, Variant, norm_bias_name, norm_weight_name, tensors_used
-from attngen.cuda.render import Field, TmaMap, kernel_name
+from attngen.plan.forward import DEFAULT_PREFIX, kernel_name
+from attngen.plan.op_plan import (BwdEngine, Field, GridRule, KernelRole, OpFamily, OpKernel, OpPlan, RowSpan, TmaMap,
+                                  problem_of)
 from attngen.plan.limits import MAX_PARAM_BYTES, param_bytes
-from attngen.plan.schedule import DEFAULT_ARCH, Arch, WgmmaLoads
+from attngen.plan.schedule import DEFAULT_ARCH, Arch, SmemLayout, WgmmaLoads
+from attngen.ir.nodes import TileConfig
 
 THREADS = 256  # per CTA of the dK/dV and dQ kernels
 PRE_THREADS = 256  # per CTA of the grid-stride pre / convert kernels (8 warps, a row each)
@@ -60,14 +63,6 @@ TC_BLOCK_N_CHOICES = (128, 64)
 # so the CTAs of a head do not all add dQ into the same rows at once (docs/DECISIONS.md#the-rotated-walks-switch).
 
 TC_MAX_DIM = 128  # head dims (multiples of 16) the tensor-core engine serves
-
-
-class BwdEngine(enum.Enum):
-    """What computes the dK/dV (and atomic dQ) products."""
-
-    FFMA = "ffma"  # fp32 products on the CUDA cores, every dtype and arch
-    MMA = "mma"  # mma.sync m16n8k16 tensor cores, fp16/bf16 inputs, fp32 accumulators (sm_80+)
-    WGMMA = "wgmma"  # warpgroup MMA (sm_90a), fp16/bf16 inputs, fp32 accumulators, head dims 64 / 128
 
 
 class WgDq(enum.Enum):
@@ -114,11 +109,13 @@ def wg_tma_room(fields: tuple[Field, ...], maps: int = 4) -> bool:
     return (end + 63) // 64 * 64 + maps * 128 <= MAX_PARAM_BYTES
 
 
-def wg_tma_maps(bp: "BwdPlan", v: Variant) -> tuple[TmaMap, ...]:
+def wg_tma_maps(op: OpPlan, v: Variant) -> tuple[TmaMap, ...]:
     """The TMA descriptors the wgmma dK/dV kernel takes after its ABI fields (empty with cp.async):
     Q (Q' in ws_q under a q pre-norm), dO (dO' in ws_do under the o post-norm) in boxes of a step's
     query rows, K (K' in ws_k under a k pre-norm) and V in boxes of the CTA's key rows. A
     workspace's strides are its [B, heads, L, D] rows'."""
+    bp = op.backward
+    assert bp is not None
     if bp.wg_loads != WgmmaLoads.TMA:
         return ()
     return (TmaMap("tm_q", "ws_q" if bp.q_norm else "q", bp.tc_block_m, v.head_dim, v.heads, "Lq"),
@@ -159,34 +156,18 @@ WG_DIMS = (64, 128)  # head dims (q/k and v) the wgmma engine takes: whole 128-b
 
 
 @dataclass(frozen=True, slots=True)
-class BwdKernel:
-    name: str
-    func: str  # the device function in the template
-    threads: int
-    smem: int  # dynamic shared memory, bytes
-    grid_code: str  # the launch grid as C++ over Params `p` (the launcher's formula)
-    doc: str
-    max_blocks: int = PRE_MAX_BLOCKS  # the grid-stride row kernels' cap (grid())
-    min_blocks: int = 0  # __launch_bounds__'s second argument (1: setmaxnreg's register cap), 0: none
+class BwdRules:
+    """The backward's decisions beside its kernels (`OpPlan.backward`); the dK/dV kernel carries
+    the engine (`OpPlan.engine`)."""
 
-
-@dataclass(frozen=True, slots=True)
-class BwdPlan:
-    """What a runtime needs to launch the backward of a variant."""
-
-    base_name: str
-    fields: tuple[Field, ...]
-    block_m: int
-    block_n: int
     deterministic: bool
-    arch: Arch
-    kernels: tuple[BwdKernel, ...]
+    block_m: int  # the FFMA kernels' square tile
+    block_n: int
     q_norm: bool = False  # q pre-norm: Q' in ws_q, a norm backward for dq
     q_norm_token: bool = False  # ... at token scope: the prep and finish kernels take a token (H*D) a row
     o_norm: bool = False  # o post-norm: `o` is O' (before the norm); the pre kernel writes dO' into ws_do
     k_norm: bool = False  # k pre-norm: K' in ws_k, dK' in ws_dk, a norm backward for dk
-    engine: BwdEngine = BwdEngine.FFMA
-    engine_reason: str = ""  # why this engine (for explain)
+    engine_reason: str = ""  # why the dK/dV kernel's engine (for explain)
     tc_block_m: int = 0  # the tensor-core dK/dV kernel's tile (0 on FFMA)
     tc_block_n: int = 0
     # `layout varlen`: B packed sequences of Lq = total_q (Lk = total_k) rows. The per-row kernels
@@ -202,36 +183,10 @@ class BwdPlan:
     wg_loads: WgmmaLoads | None = None  # the wgmma kernel's tile copies (None: another engine; `wg_tma_maps`)
 
     @property
-    def launcher(self) -> str:
-        return f"{self.base_name}_launch"
-
-    @property
     def tc_rotate(self) -> bool:
         """Whether the dK/dV kernel walks its query tiles from a rotated start: always on the
         tensor-core engines (docs/DECISIONS.md#the-rotated-walks-switch)."""
-        return self.engine != BwdEngine.FFMA
-
-    def kernel(self, func: str) -> BwdKernel:
-        return next(k for k in self.kernels if k.func == func)
-
-    def grid(self, func: str, B: int, Lq: int, Lk: int, heads: int, kv_heads: int, head_dim: int) -> tuple[int, int, int]:
-        """The launch grid of one kernel (the launcher's formula, in Python). Varlen: B sequences,
-        Lq and Lk the packed totals."""
-        nb = 1 if self.varlen else B  # the per-row kernels' batch: the packed rows are one sequence
-        if func == "ag_bwd_pre":
-            return (min(nb * heads * Lq // (PRE_THREADS // 32) + 1, self.kernel(func).max_blocks), 1, 1)
-        if func == "ag_bwd_dkdv":
-            bn = self.tc_block_n if self.engine != BwdEngine.FFMA else self.block_n
-            return (Lk // bn + B, kv_heads, 1) if self.varlen else ((Lk + bn - 1) // bn, kv_heads, B)
-        if func == "ag_bwd_dq":
-            return (Lq // self.block_m + B, heads, 1) if self.varlen else ((Lq + self.block_m - 1) // self.block_m, heads, B)
-        q_rows = nb * Lq * (1 if self.q_norm_token else heads)
-        if func == "ag_bwd_prep":
-            rows = (q_rows if self.q_norm else 0) + (nb * kv_heads * Lk if self.k_norm else 0)
-            return (min(rows // (PRE_THREADS // 32) + 1, PRE_MAX_BLOCKS), 1, 1)
-        # ag_bwd_finish: a warp a row of dq (a token with a token-scope q norm), and of dk with a k norm
-        rows = q_rows + (nb * kv_heads * Lk if self.k_norm else 0)
-        return (min(rows // (PRE_THREADS // 32) + 1, self.kernel(func).max_blocks), 1, 1)
+        return self.tc_block_m > 0
 
 
 def unsupported(v: Variant) -> list[Diagnostic]:
@@ -472,87 +427,51 @@ def tok_vecs(v: Variant) -> int:
 _WG_DQ_DOC = {None: "", WgDq.WG_BULK: "; dQ a step staged in shared memory and added by bulk fp32 reductions (cp.reduce.async.bulk, a row each) from a third warpgroup"}
 
 
-def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, engine: BwdEngine | None = None) -> BwdPlan:
-    """The backward kernels of a variant. ValueError if a construct is unsupported (see
-    `unsupported`, which locates it), no tile fits, or the requested `engine` (None: the default
-    of `choose_engine`) cannot run it."""
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, engine: BwdEngine | None = None,
+         prefix: str = DEFAULT_PREFIX) -> OpPlan:
+    """The backward kernels of a variant, in launch order, as an OpPlan of the backward family
+    (every symbol under `{prefix}_{variant}_bwd`). ValueError if a construct is unsupported (see
+    `unsupported`, which locates it), no tile fits, the requested `engine` (None: the default of
+    `choose_engine`) cannot run it, or `prefix` is not a C identifier."""
     bad = unsupported(v)
     if bad:
         raise ValueError("; ".join(d.message for d in bad))
     t = choose_tile(v, arch)
-    base = kernel_name(v) + "_bwd"
+    base = kernel_name(v, prefix) + "_bwd"
     qn, kn = v.norm(NormTarget.Q) is not None, v.norm(NormTarget.K) is not None
     q_token = qn and v.norm(NormTarget.Q).scope == NormScope.TOKEN
-
-    def rows_grid(rows: str, cap: int = PRE_MAX_BLOCKS) -> str:
-        return f"(unsigned)({rows} / {PRE_THREADS // 32} + 1 < {cap} ? {rows} / {PRE_THREADS // 32} + 1 : {cap})"
-
-    def grad_floats(target: NormTarget, n_elems: int) -> int:
-        """Shared floats a block sums a norm's weight (and bias) gradients in (0: none learnable)."""
-        n = v.norm(target)
-        if n is None or not n.affine:
-            return 0
-        return n_elems * (2 if n.kind == NormKind.LAYERNORM else 1)
-
-    def fits(floats: int) -> int:
-        """The block sums where they fit the arch's shared memory (else 0: global atomics a row)."""
-        return floats if 4 * floats <= min(arch.smem_budget, 48 * 1024) else 0
-
-    varlen = v.layout == Layout.VARLEN
-    nb = "1LL" if varlen else "(long long)p.B"  # varlen: the per-row kernels run the packed rows as one sequence
-    q_rows = f"{nb} * {v.heads} * p.Lq"
-    k_rows = f"{nb} * {v.kv_heads} * p.Lk"
-    tok_rows = f"{nb} * p.Lq"  # token-scope q norm: the prep and finish kernels take a token a row
-
-    def tiles(L: str, t: int, heads: int) -> str:
-        return f"{L} / {t} + p.B, {heads}, 1" if varlen else f"({L} + {t - 1}) / {t}, {heads}, p.B"
-
     on = v.norm(NormTarget.O) is not None
-    pre_grads = fits(grad_floats(NormTarget.O, v.value_head_dim))
-    pre_cap = NORM_GRAD_MAX_BLOCKS if pre_grads else PRE_MAX_BLOCKS
-    kernels = [
-        BwdKernel(f"{base}_pre", "ag_bwd_pre", PRE_THREADS, 4 * pre_grads, rows_grid(q_rows, pre_cap),
-                  ("the o post-norm's backward: dO' (ws_do) from dO and O', dgamma/dbeta (summed per block in shared memory); delta = rowsum(dO' * O')" if on and pre_grads
-                   else "the o post-norm's backward: dO' (ws_do) from dO and O'; delta = rowsum(dO' * O')" if on
-                   else "delta = rowsum(dO * O')") + " per query row" + ("" if deterministic else "; zero the dQ accumulator"),
-                  pre_cap),
-    ]
+    varlen = v.layout == Layout.VARLEN
+    # The per-row kernels' rows: a query row a head (a token with a token-scope q norm), a key row a KV head.
+    q_rows, k_rows = (RowSpan(None) if q_token else RowSpan(v.heads)), RowSpan(v.kv_heads, keys=True)
+
+    def rows_kernel(role: KernelRole, rows: tuple[RowSpan, ...], grads: int, doc: str) -> OpKernel:
+        """A grid-stride kernel, a warp a row; `grads`: the shared floats it sums norm weight
+        gradients in (its grid then capped at NORM_GRAD_MAX_BLOCKS)."""
+        return OpKernel(name=f"{base}_{role.value.removeprefix('bwd_')}", role=role, threads=PRE_THREADS, grid_rule=GridRule.ROWS,
+                        smem=SmemLayout(4 * grads), min_blocks=0, func=f"ag_{role.value}", doc=doc, rows=rows,
+                        max_blocks=NORM_GRAD_MAX_BLOCKS if grads else PRE_MAX_BLOCKS, varlen=varlen)
+
+    pre_grads = _fits(arch, _grad_floats(v, NormTarget.O, v.value_head_dim))
+    kernels = [rows_kernel(KernelRole.BWD_PRE, (RowSpan(v.heads),), pre_grads,
+                           ("the o post-norm's backward: dO' (ws_do) from dO and O', dgamma/dbeta (summed per block in shared memory); delta = rowsum(dO' * O')" if on and pre_grads
+                            else "the o post-norm's backward: dO' (ws_do) from dO and O'; delta = rowsum(dO' * O')" if on
+                            else "delta = rowsum(dO * O')") + " per query row" + ("" if deterministic else "; zero the dQ accumulator"))]
     if qn or kn:
-        rows = " + ".join(r for r, on in ((tok_rows if q_token else q_rows, qn), (k_rows, kn)) if on)
-        kernels.append(BwdKernel(f"{base}_prep", "ag_bwd_prep", PRE_THREADS, 0, rows_grid(f"({rows})"),
-                                 "the pre-normalised " + " and ".join(n for n, on in (("queries (ws_q)", qn), ("keys (ws_k)", kn)) if on)
-                                 + ", rounded as the forward rounds them" + (" (q: a warp a token, statistics over its H*D row)" if q_token else "")))
-    engine, reason = choose_engine(v, arch, engine)
-    bn = tc_block_n(v, arch) if engine == BwdEngine.MMA else None
+        kernels.append(rows_kernel(KernelRole.BWD_PREP, tuple(r for r, use in ((q_rows, qn), (k_rows, kn)) if use), 0,
+                                   "the pre-normalised " + " and ".join(n for n, use in (("queries (ws_q)", qn), ("keys (ws_k)", kn)) if use)
+                                   + ", rounded as the forward rounds them" + (" (q: a warp a token, statistics over its H*D row)" if q_token else "")))
+    eng, reason = choose_engine(v, arch, engine)
     fields = _fields(v)
-    loads, wg_dq = None, None
-    if engine == BwdEngine.WGMMA:
-        bn = WG_BLOCK_N
-        loads = WG_LOADS if WG_LOADS != WgmmaLoads.TMA or wg_tma_room(fields) else WgmmaLoads.CP_ASYNC
-        wg_dq = wg_dq_mode(v.head_dim, v.value_head_dim, deterministic)
-        wg_split = wg_dq_split(wg_dq)
-        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", wg_threads(v.head_dim, v.value_head_dim, deterministic),
-                                 wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic, loads == WgmmaLoads.TMA),
-                                 f"(p.Lk + {bn - 1}) / {bn}, {v.kv_heads}, p.B",
-                                 "warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
-                                 "query tiles of the group" + _WG_DQ_DOC[wg_dq]
-                                 + ("; K, V and each step's Q and dO copied by TMA (one thread, the stage's mbarrier)" if loads == WgmmaLoads.TMA else ""),
-                                 min_blocks=1 if wg_split else 0))
-    elif bn is not None:
-        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", 32 * bn // 16, tc_smem_bytes(v.head_dim, v.value_head_dim, bn),
-                                 tiles("p.Lk", bn, v.kv_heads),
-                                 "tensor cores (mma.sync m16n8k16, fp32 accumulators): dK, dV per key tile over the visible "
-                                 "query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
-    else:
-        kernels.append(BwdKernel(f"{base}_dkdv", "ag_bwd_dkdv", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, False),
-                                 tiles("p.Lk", t, v.kv_heads),
-                                 "dK, dV per key tile over the visible query tiles of the group" + ("" if deterministic else "; dQ by fp32 atomics")))
+    dkdv, loads, wg_dq = _dkdv_kernel(v, arch, base, t, eng, deterministic, fields)
+    kernels.append(dkdv)
     if deterministic:
-        kernels.append(BwdKernel(f"{base}_dq", "ag_bwd_dq", THREADS, 4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True),
-                                 tiles("p.Lq", t, v.heads), "dQ' per query tile over the visible key tiles, no atomics"))
-    finish_rows = (tok_rows if q_token else q_rows) + (f" + {k_rows}" if kn else "")
-    q_sums, k_sums = grad_floats(NormTarget.Q, v.heads * v.head_dim if q_token else v.head_dim), grad_floats(NormTarget.K, v.head_dim)
-    fin_grads = fits(q_sums + k_sums)
+        kernels.append(OpKernel(name=f"{base}_dq", role=KernelRole.BWD_DQ, threads=THREADS, grid_rule=GridRule.TILES,
+                                tile=TileConfig(t, t, THREADS // 32, 1), min_blocks=0, func="ag_bwd_dq", varlen=varlen,
+                                smem=SmemLayout(4 * smem_floats(t, t, v.head_dim, v.value_head_dim, True)),
+                                doc="dQ' per query tile over the visible key tiles, no atomics"))
+    q_sums, k_sums = _grad_floats(v, NormTarget.Q, v.heads * v.head_dim if q_token else v.head_dim), _grad_floats(v, NormTarget.K, v.head_dim)
+    fin_grads = _fits(arch, q_sums + k_sums)
     tv, slices = tok_vecs(v), False
     if tv and q_sums:
         # The token vector path sums dgamma/dbeta in a slice a warp with plain adds (a float
@@ -561,18 +480,59 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bool = False, 
             fin_grads, slices = (PRE_THREADS // 32) * q_sums + k_sums, True
         else:
             tv = 0
-    fin_cap = NORM_GRAD_MAX_BLOCKS if fin_grads else PRE_MAX_BLOCKS
-    kernels.append(BwdKernel(f"{base}_finish", "ag_bwd_finish", PRE_THREADS, 4 * fin_grads, rows_grid(f"({finish_rows})", fin_cap),
-                             "dq from dQ'" + (" through the token-scope q norm's backward (a warp a token: dX over its H*D row, dgamma, dbeta)"
-                                              if q_token else " through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
-                             + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"
-                             + ("; weight gradients summed per block in shared memory" if fin_grads else "")
-                             + (" (a slice a warp, 16-byte vector path)" if slices else ""), fin_cap))
-    tc = engine != BwdEngine.FFMA
-    return BwdPlan(base, fields, t, t, deterministic, arch, tuple(kernels), qn, q_token, on, kn, engine, reason,
-                   (wg_block_m(v.head_dim, v.value_head_dim, deterministic) if engine == BwdEngine.WGMMA else TC_BLOCK_M) if tc else 0, bn or 0, varlen,
-                   tv, slices, wg_dq if engine == BwdEngine.WGMMA else None,
-                   wg_prefetch(v) if engine == BwdEngine.WGMMA else None, loads)
+    kernels.append(rows_kernel(KernelRole.BWD_FINISH, (q_rows, k_rows) if kn else (q_rows,), fin_grads,
+                               "dq from dQ'" + (" through the token-scope q norm's backward (a warp a token: dX over its H*D row, dgamma, dbeta)"
+                                                if q_token else " through the q norm's backward" if qn else "") + (" (+ dO: residual)" if v.residual else "")
+                               + ("; dk from dK' through the k norm's backward" if kn else "") + ", a warp a row"
+                               + ("; weight gradients summed per block in shared memory" if fin_grads else "")
+                               + (" (a slice a warp, 16-byte vector path)" if slices else "")))
+    wg = eng == BwdEngine.WGMMA
+    rules = BwdRules(deterministic, t, t, qn, q_token, on, kn, reason, dkdv.tile.block_m if eng != BwdEngine.FFMA else 0,
+                     dkdv.tile.block_n if eng != BwdEngine.FFMA else 0, varlen, tv, slices, wg_dq,
+                     wg_prefetch(v) if wg else None, loads)
+    return OpPlan(problem=problem_of(v, arch), kernels=tuple(kernels), fields=fields, family=OpFamily.BACKWARD, base_name=base,
+                  backward=rules)
+
+
+def _grad_floats(v: Variant, target: NormTarget, n_elems: int) -> int:
+    """Shared floats a block sums a norm's weight (and bias) gradients in (0: none learnable)."""
+    n = v.norm(target)
+    if n is None or not n.affine:
+        return 0
+    return n_elems * (2 if n.kind == NormKind.LAYERNORM else 1)
+
+
+def _fits(arch: Arch, floats: int) -> int:
+    """The block sums where they fit the arch's shared memory (else 0: global atomics a row)."""
+    return floats if 4 * floats <= min(arch.smem_budget, 48 * 1024) else 0
+
+
+def _dkdv_kernel(v: Variant, arch: Arch, base: str, t: int, eng: BwdEngine, deterministic: bool,
+                 fields: tuple[Field, ...]) -> tuple[OpKernel, WgmmaLoads | None, WgDq | None]:
+    """The dK/dV kernel on `eng` (its tile, threads, shared memory, copies and dQ reductions)."""
+    atomics = "" if deterministic else "; dQ by fp32 atomics"
+    common = dict(name=f"{base}_dkdv", role=KernelRole.BWD_DKDV, grid_rule=GridRule.TILES, engine=eng, func="ag_bwd_dkdv",
+                  over_keys=True, varlen=v.layout == Layout.VARLEN)
+    if eng == BwdEngine.WGMMA:
+        loads = WG_LOADS if WG_LOADS != WgmmaLoads.TMA or wg_tma_room(fields) else WgmmaLoads.CP_ASYNC
+        wg_dq = wg_dq_mode(v.head_dim, v.value_head_dim, deterministic)
+        n = wg_threads(v.head_dim, v.value_head_dim, deterministic)
+        return OpKernel(**common, threads=n, tile=TileConfig(wg_block_m(v.head_dim, v.value_head_dim, deterministic), WG_BLOCK_N, n // 32, 2),
+                        smem=SmemLayout(wg_smem_bytes(v.head_dim, v.value_head_dim, deterministic, loads == WgmmaLoads.TMA)),
+                        min_blocks=1 if wg_dq_split(wg_dq) else 0,
+                        doc="warpgroup MMA (wgmma, fp32 accumulators): dK, dV per key tile over the visible "
+                            "query tiles of the group" + _WG_DQ_DOC[wg_dq]
+                            + ("; K, V and each step's Q and dO copied by TMA (one thread, the stage's mbarrier)" if loads == WgmmaLoads.TMA else "")), loads, wg_dq
+    if eng == BwdEngine.MMA:
+        bn = tc_block_n(v, arch)
+        assert bn is not None  # choose_engine picks mma.sync only where a tile fits
+        return OpKernel(**common, threads=32 * bn // 16, tile=TileConfig(TC_BLOCK_M, bn, bn // 16, 2), min_blocks=0,
+                        smem=SmemLayout(tc_smem_bytes(v.head_dim, v.value_head_dim, bn)),
+                        doc="tensor cores (mma.sync m16n8k16, fp32 accumulators): dK, dV per key tile over the visible "
+                            "query tiles of the group" + atomics), None, None
+    return OpKernel(**common, threads=THREADS, tile=TileConfig(t, t, THREADS // 32, 1), min_blocks=0,
+                    smem=SmemLayout(4 * smem_floats(t, t, v.head_dim, v.value_head_dim, False)),
+                    doc="dK, dV per key tile over the visible query tiles of the group" + atomics), None, None
 
 
 def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
@@ -591,14 +551,16 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
             where = f" (line {d.span.line})" if d.span else ""
             out.append(f"  refused{where}: {d.message.removeprefix('--pass backward: ')}")
         return out
-    bp = plan(v, arch)
-    if bp.engine == BwdEngine.WGMMA:
+    op = plan(v, arch)
+    bp = op.backward
+    assert bp is not None
+    if op.engine == BwdEngine.WGMMA:
         out.append(f"  on {arch.value}: wgmma engine (warpgroup MMA, {v.dtype.value} inputs, fp32 accumulators; {bp.engine_reason}) "
-                   f"for {bp.base_name}_dkdv, tile {bp.tc_block_m} queries x {bp.tc_block_n} keys (two warpgroups of 64 keys); "
+                   f"for {op.base_name}_dkdv, tile {bp.tc_block_m} queries x {bp.tc_block_n} keys (two warpgroups of 64 keys); "
                    "FFMA for the other kernels; P recomputed from the forward's LSE")
-    elif bp.engine == BwdEngine.MMA:
+    elif op.engine == BwdEngine.MMA:
         out.append(f"  on {arch.value}: tensor-core engine (mma.sync m16n8k16, {v.dtype.value} inputs, fp32 accumulators; {bp.engine_reason}) "
-                   f"for {bp.base_name}_dkdv, tile {bp.tc_block_m} queries x {bp.tc_block_n} keys; FFMA for the other kernels; "
+                   f"for {op.base_name}_dkdv, tile {bp.tc_block_m} queries x {bp.tc_block_n} keys; FFMA for the other kernels; "
                    "P recomputed from the forward's LSE")
     elif not v.dtype.info.tensor_cores:
         out.append(f"  on {arch.value}: FFMA engine (fp32 products for every dtype), tile {bp.block_m} x {bp.block_n}; P recomputed from the forward's LSE")
@@ -609,9 +571,9 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
         out.append("  layout varlen: the per-row kernels run the packed rows as one sequence; dK/dV (and the deterministic dQ) "
                    "run tile slots, total / tile + B along x, each finding its sequence by a binary search over cu_seqlens "
                    "and walking only that sequence's visible tiles")
-    for k in bp.kernels:
-        out.append(f"  {k.name}: {k.threads} threads, {k.smem} bytes of shared memory; {k.doc}")
-    if bp.engine != BwdEngine.FFMA:
+    for k in op.kernels:
+        out.append(f"  {k.name}: {k.threads} threads, {k.smem.bytes} bytes of shared memory; {k.doc}")
+    if op.engine != BwdEngine.FFMA:
         out.append(f"  --deterministic: dQ by an FFMA kernel per query tile (tile {bp.block_m} x {bp.block_n}) instead of fp32 atomics "
                    "(bitwise reproducible); dK, dV stay on tensor cores")
     else:
@@ -622,4 +584,4 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
 __all__ = [
     "describe",
     "learnable",
-    "norm_params", "BwdEngine", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "wg_launch_regs", "WG_DQ", "WgDq", "wg_dq_split", "WgPrefetch", "wg_prefetch", "WG_LOADS", "wg_tma_room", "wg_tma_maps", "wg_threads", "wg_dq_mode", "wg_block_m", "wg_dq_cols", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "BwdKernel", "BwdPlan", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]
+    "norm_params", "BwdEngine", "BwdRules", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "wg_launch_regs", "WG_DQ", "WgDq", "wg_dq_split", "WgPrefetch", "wg_prefetch", "WG_LOADS", "wg_tma_room", "wg_tma_maps", "wg_threads", "wg_dq_mode", "wg_block_m", "wg_dq_cols", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

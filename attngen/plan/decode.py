@@ -18,10 +18,11 @@ reads all of K/V for one query row and the GPU idles. The decode family instead
   the CTA that finishes a row block last merges it. Where every row block is one CTA's whole
   segment (`splits` == 1) the split kernel writes O itself; either way no combine launch.
 
-The schedule is chosen at launch (`DecodePlan.schedule`) from B, Hkv, Lq, Lk and the SM count:
-whole splits of every row block (ctas = row blocks x splits), so that the grid fills the GPU in
-one wave of resident CTAs; other CTA counts are an override. The plan lists its kernels in launch
-order (`DecodePlan.launches`), so the runtime launches them without knowing what they do.
+The schedule is chosen at launch (`SplitSchedule.schedule`, the plan's `split` rules) from B, Hkv,
+Lq, Lk and the SM count: whole splits of every row block (ctas = row blocks x splits), so that the
+grid fills the GPU in one wave of resident CTAs; other CTA counts are an override. The plan (an
+`OpPlan` of the decode family) lists its kernels in launch order (`OpPlan.launches`), so the
+runtime launches them without knowing what they do.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import enum
 from dataclasses import dataclass
 
 from attngen.ir.dtypes import TENSOR_CORE_DTYPES
-from attngen.ir.nodes import Index, Layout, IndexVar, Variant, strip_sugar, walk
-from attngen.plan.schedule import DEFAULT_ARCH, Arch
+from attngen.ir.nodes import Index, Layout, IndexVar, TileConfig, Variant, strip_sugar, walk
+from attngen.plan.forward import input_fields
+from attngen.plan.op_plan import Field, GridRule, KernelRole, Launch, OpFamily, OpKernel, OpPlan, problem_of
+from attngen.plan.schedule import DEFAULT_ARCH, Arch, Engine, SmemLayout
 
 # Query rows (per KV head: group x Lq) up to which `Family.AUTO` picks the decode family.
 DECODE_MAX_LQ = 16
@@ -99,21 +102,10 @@ def mask_uses_head(v: Variant) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Launch:
-    """One kernel launch of a call, in order."""
+class SplitSchedule:
+    """The decode family's rules (`OpPlan.split`): the split kernel's tile and how a call's work
+    is cut into row blocks, ring chunks and splits."""
 
-    kernel: str
-    grid: tuple[int, int, int]
-    threads: int
-    smem_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class DecodePlan:
-    """What the renderer and the runtime need for a variant's decode kernels."""
-
-    kernel_name: str  # split-KV attention: partial O and LSE into the workspace
-    combine_name: str  # merges the partials into O and LSE
     heads: int
     kv_heads: int
     value_head_dim: int
@@ -133,11 +125,6 @@ class DecodePlan:
     def chunk(self) -> int:
         """Keys a ring slot holds (every warp takes block_n of them)."""
         return self.block_n * self.warps
-
-    @property
-    def kernels(self) -> tuple[str, str]:
-        """The kernels of one call, in launch order."""
-        return (self.kernel_name, self.combine_name)
 
     def ctas_per_sm(self) -> int:
         return max(1, min(16, self.arch.smem_per_sm // (self.smem_bytes + 1024)))
@@ -220,17 +207,6 @@ class DecodePlan:
         """fp32 partial O [B, H, Lq, splits, Dv] and partial LSE [B, H, Lq, splits]."""
         return (B, self.heads, Lq, splits, self.value_head_dim), (B, self.heads, Lq, splits)
 
-    def launches(self, B: int, Lq: int, splits: int, ctas: int, merged: bool = False) -> tuple[Launch, ...]:
-        """The call's kernels with their grids, in launch order (no combine for one slot a row,
-        where the split kernel writes O itself, nor when it merges the partials, `merged`: with
-        row-block counters, ws_count)."""
-        rows = B * self.heads * Lq
-        combine_blocks = min(-(-rows // (COMBINE_THREADS // 32)), 65535)
-        split = Launch(self.kernel_name, (ctas, 1, 1), self.threads, self.smem_bytes)
-        if splits == 1 or merged:
-            return (split,)
-        return (split, Launch(self.combine_name, (combine_blocks, 1, 1), COMBINE_THREADS, 0))
-
 
 def _tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[int, int]:
     """(keys per warp, stages): a ring chunk of K and V is 32 KiB at D64 and D128, three slots
@@ -251,8 +227,9 @@ def smem_bytes(v: Variant, block_n: int, stages: int) -> int:
     return max(tiles, reduce)
 
 
-def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None, *, prefix: str = "attngen") -> DecodePlan:
-    """The decode plan of a variant; ValueError when the family cannot run it. `tile` overrides
+def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None, *, prefix: str = "attngen") -> OpPlan:
+    """The decode family's OpPlan of a variant (the split kernel, then the combine kernel; the
+    split schedule its `split` rules); ValueError when the family cannot run it. `tile` overrides
     (keys a warp, stages) for schedule sweeps (benchmarks/decode_bench.py); `prefix` starts the
     kernels' names (as `attngen compile --prefix` for the forward family)."""
     why = decode_unsupported(v, arch if tile is None else None)
@@ -267,20 +244,54 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = N
         raise ValueError(f"decode tile {block_n}x{stages}: {smem_bytes(v, block_n, stages)} bytes of shared memory, "
                          f"more than {arch.value}'s {arch.smem_budget}")
     suffix = "" if tile is None else f"_n{block_n}s{stages}"
-    return DecodePlan(
-        kernel_name=f"{prefix}_{v.name}_decode{suffix}",
-        combine_name=f"{prefix}_{v.name}_decode{suffix}_combine",
-        heads=v.heads,
-        kv_heads=v.kv_heads,
-        value_head_dim=v.value_head_dim,
-        block_m=BLOCK_M,
-        block_n=block_n,
-        warps=WARPS,
-        stages=stages,
-        smem_bytes=smem_bytes(v, block_n, stages),
-        arch=arch,
-        paged=v.page_size is not None,
-    )
+    name = f"{prefix}_{v.name}_decode{suffix}"
+    sched = SplitSchedule(heads=v.heads, kv_heads=v.kv_heads, value_head_dim=v.value_head_dim, block_m=BLOCK_M, block_n=block_n,
+                          warps=WARPS, stages=stages, smem_bytes=smem_bytes(v, block_n, stages), arch=arch, paged=v.page_size is not None)
+    split = OpKernel(name=name, role=KernelRole.SPLIT, threads=sched.threads, grid_rule=GridRule.CTAS, engine=Engine.MMA_SYNC,
+                     tile=TileConfig(BLOCK_M, block_n, WARPS, stages), smem=SmemLayout(sched.smem_bytes), min_blocks=sched.ctas_per_sm(),
+                     doc="split-KV attention: each CTA's share of the units, a partial O and LSE a row block it meets (or O itself)")
+    combine = OpKernel(name=f"{name}_combine", role=KernelRole.COMBINE, threads=COMBINE_THREADS, grid_rule=GridRule.WARP_ROWS,
+                       doc="merges a row block's partials into O and the LSE, a warp a (b, h, q) row")
+    return OpPlan(problem=problem_of(v, arch), kernels=(split, combine), fields=decode_fields(v), family=OpFamily.DECODE,
+                  base_name=name, split=sched)
+
+
+def decode_fields(v: Variant) -> tuple[Field, ...]:
+    """Kernel parameters of both decode kernels (the same list), in ABI order."""
+    e = "const elem_t* __restrict__"
+    f = [
+        Field(e, "q", "query"),
+        Field(e, "k", "keys"),
+        Field(e, "v", "values"),
+        Field("elem_t* __restrict__", "o", "output"),
+        Field("float* __restrict__", "lse", "log-sum-exp [B, H, Lq], contiguous (nullptr unless `output lse`)"),
+        Field("int*", "nan_flag", "set to 1 when the output holds NaN/Inf (nullptr unless `nan_check`)"),
+        Field("float* __restrict__", "ws_o", "workspace, B*H*Lq*splits*Dv floats, 16-byte aligned: each segment's partial O "
+              "(unread when splits == 1)"),
+        Field("float* __restrict__", "ws_lse", "workspace, B*H*Lq*splits floats: each segment's partial LSE (natural log)"),
+        Field("int*", "ws_count", "nullptr (the combine kernel merges), or B*Hkv*ceil(H/Hkv*Lq/16) ints, zero before the "
+              "launch and left zero by it: row-block counters with which the last CTA of a row block merges its partials"),
+        Field("int", "B", "batch"),
+        Field("int", "Lq", "query length"),
+        Field("int", "Lk", "key length"),
+        # The forward's mask and score emitters read global positions (a forward ABI for context
+        # parallelism); the decode family runs whole sequences, so these are 0, 0, Lq, Lk.
+        Field("int", "q_offset", "global position of query row 0 (always 0 here)"),
+        Field("int", "kv_offset", "global position of key row 0 (always 0 here)"),
+        Field("int", "Lq_total", "global query length the mask sees (Lq here; the C++ launcher reads 0 as Lq)"),
+        Field("int", "Lk_total", "global key length the mask sees (Lk here; the C++ launcher reads 0 as Lk)"),
+        Field("int", "splits", "partial slots a (b, h, q) row in the workspace: at least the CTAs one row block's keys meet "
+              "(1: every row block is one CTA's, which writes O; no combine)"),
+        Field("int", "ctas", "CTAs of the split kernel (its 1-D grid), 1 to the call's units; each takes an equal share"),
+        *([Field("int", "num_pages", "pages of the paged K/V cache (k and v are [num_pages, page_size, Hkv, D])")]
+          if v.page_size is not None else []),
+    ]
+    for t in ("q", "k", "v", "o"):
+        paged = v.page_size is not None and t in ("k", "v")
+        for s, what in (("sb", "page" if paged else "batch"), ("sh", "head"), ("ss", "slot-in-page" if paged else "sequence")):
+            f.append(Field("long long", f"{t}_{s}", f"{t} {what} stride, elements"))
+    f.extend(input_fields(v))
+    return tuple(f)
 
 
 def choose_family(v: Variant, Lq: int, family: Family = Family.AUTO) -> Family:
@@ -293,5 +304,5 @@ def choose_family(v: Variant, Lq: int, family: Family = Family.AUTO) -> Family:
     return Family.DECODE if Lq <= DECODE_MAX_LQ and decode_unsupported(v) is None else Family.FORWARD
 
 
-__all__ = ["Family", "DecodePlan", "Launch", "plan", "decode_unsupported", "choose_family", "mask_uses_head",
+__all__ = ["Family", "SplitSchedule", "Launch", "decode_fields", "plan", "decode_unsupported", "choose_family", "mask_uses_head",
            "DECODE_MAX_LQ", "COMBINE_THREADS"]

@@ -41,7 +41,7 @@ def variant_problems(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[Diagnostic]:
         bad = validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v))
         if bad:
             return [Diagnostic(f"bad tile: {p}", v.tile.span, None) for p in bad]
-    from attngen.cuda.render import plan  # the forward's plan is made beside its renderer (jinja2 loads late)
+    from attngen.plan.forward import plan
 
     try:
         kp = plan(v, arch)

@@ -132,15 +132,47 @@ class _Driver:
         """Whether `stream` is being captured into a CUDA graph (a sync there would break it)."""
         status = ctypes.c_int(0)
         rc = self._capturing(stream, ctypes.byref(status))
+        if rc == CUDA_ERROR_INVALID_CONTEXT and self.bind_context():
+            rc = self._capturing(stream, ctypes.byref(status))
         if rc:
             raise self.error(rc, "cuStreamIsCapturing")
         return status.value != 0
+
+    def bind_context(self) -> bool:
+        """Makes the current device's primary context current on this thread, if none is. A thread
+        the caller's library made but never used for a runtime call has none: torch's autograd
+        worker runs a backward on such a thread, and every driver call there fails with
+        CUDA_ERROR_INVALID_CONTEXT. Called on that error only, so the hot path pays nothing."""
+        lib = self._lib
+        ctx = ctypes.c_void_p()
+        if lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
+            return False  # a context is current: the error was something else
+        dev = ctypes.c_int()
+        if lib.cuDeviceGet(ctypes.byref(dev), _runtime_device()) != 0:
+            return False
+        if lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) != 0:
+            return False
+        return lib.cuCtxSetCurrent(ctx) == 0
 
     def error(self, code: int, what: str) -> RuntimeError:
         msg = ctypes.c_char_p()
         self._err(code, ctypes.byref(msg))
         text = msg.value.decode() if msg.value else "unknown error"
         return RuntimeError(f"attngen: {what} failed: CUDA error {code} ({text})")
+
+
+CUDA_ERROR_INVALID_CONTEXT = 201
+
+
+def _runtime_device() -> int:
+    """The calling thread's current device as the caller's library sees it (torch, else CuPy)."""
+    import sys
+
+    if "torch" in sys.modules:
+        return int(sys.modules["torch"].cuda.current_device())
+    import cupy
+
+    return int(cupy.cuda.runtime.getDevice())
 
 
 _DRIVER: _Driver | None = None
@@ -289,6 +321,9 @@ def launch_driver(ln: Launch, stream: int) -> None:
     else:
         g = ln.grid
         rc = d.launch(ln.function, g[0], g[1], g[2], ln.block, 1, 1, ln.smem, stream, ln.args.ptrs, None)
+    if rc == CUDA_ERROR_INVALID_CONTEXT and d.bind_context():
+        launch_driver(ln, stream)
+        return
     if rc:
         raise d.error(rc, "cuLaunchKernel")
 

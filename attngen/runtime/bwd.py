@@ -32,12 +32,13 @@ from typing import Any
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.cuda.render import TmaMap
+from attngen.plan.op_plan import OpPlan
 from attngen.runtime import binder
 from attngen.runtime.binder import (MAX_BINDINGS, POOL, SIG_FNS, ArgBuffer, ArrayView, Launch, TmaSlot, allocator, bind_sizes, capturing,
                                     check_dtype, check_lse, contiguous_view, cu_function, external_stream, input_fields, launch_stream,
                                     load_functions, pack_fields, seq_strides, stride_fields, torch_sig, view)
 from attngen.ir.nodes import DType, NormKind, NormTarget, Variant, norm_bias_name, norm_weight_name
-from attngen.plan.bwd import BwdEngine, BwdPlan, choose_engine, learnable, norm_params, unsupported, wg_tma_maps
+from attngen.plan.bwd import BwdEngine, choose_engine, learnable, norm_params, unsupported, wg_tma_maps
 from attngen.cuda.render_bwd import render_with_plan
 from attngen.plan.schedule import Arch
 
@@ -48,7 +49,7 @@ class BackwardKernels:
 
     variant: Variant
     source: str
-    plan: BwdPlan
+    plan: OpPlan  # the backward family's
     functions: dict[str, Any]  # device function name in the template -> CuPy kernel
     bindings: OrderedDict = field(default_factory=OrderedDict)  # call signature -> BwdBinding
     input_names: tuple[str, ...] = ()  # the runtime inputs in ABI order
@@ -89,7 +90,7 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
             return _CACHE[key]
     src, bp = render_with_plan(v, arch, deterministic=deterministic, engine=engine)
     binary = compile_source(src, arch)
-    module, by_name = load_functions(binary.cubin, {k.name: k.smem for k in bp.kernels})
+    module, by_name = load_functions(binary.cubin, {k.name: k.smem.bytes for k in bp.kernels})
     fns = {k.func: by_name[k.name] for k in bp.kernels}
     bk = BackwardKernels(v, src, bp, fns, input_names=tuple(d.name for d in v.runtime_inputs()), device=dev)
     bk._module = module  # type: ignore[attr-defined]  # keeps the module (and its functions) alive
@@ -205,7 +206,9 @@ def _strides(var: Variant, a: ArrayView, name: str) -> tuple[int, int, int]:
 def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], inputs: dict[str, Any], dlse: Any, sp: int,
                   wrt: tuple[str, ...], positions: tuple | None) -> BwdBinding:
     """The full validation of one backward signature and its argument buffer by field name."""
-    bp = bk.plan
+    op = bk.plan
+    bp = op.backward
+    assert bp is not None
     allowed = learnable(var) + norm_params(var)
     for name in wrt:
         if name not in allowed:
@@ -235,7 +238,7 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
     grads = [contiguous_view(a.shape, var.dtype, dev, aq.is_torch) for a in (aq, ak, av)]
     strides = {n: _strides(var, a, n) for a, n in zip((aq, ak, av, ao, ado, *grads), ("q", "k", "v", "o", "dO", "dq", "dk", "dv"))}
     aligned: tuple[int, ...] = ()
-    if bp.engine != BwdEngine.FFMA:
+    if op.engine != BwdEngine.FFMA:
         # The tensor-core kernels copy rows of these with 16-byte cp.async.
         read = ((0, aq, "q", not bp.q_norm), (1, ak, "k", not bp.k_norm), (2, av, "v", True), (4, ado, "dO", not bp.o_norm))
         for i, a, n, r in read:
@@ -255,11 +258,11 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
             params.append((name, given[name].shape))
         else:
             fixed[f"grad_{name}"] = 0
-    ws = _workspaces(var, bp, B, Lq, Lk)
-    specs = wg_tma_maps(bp, var) if bp.wg_loads is not None else ()
+    ws = _workspaces(var, op, B, Lq, Lk)
+    specs = wg_tma_maps(op, var) if bp.wg_loads is not None else ()
     call = ("q", "k", "v", "o", "dO", "lse", *in_ptrs)
-    args, _, slots = pack_fields(bp.fields, fixed, (*call, "dq", "dk", "dv", *ws, *(f"grad_{n}" for n, _ in params)),
-                                     bp.base_name, blobs=len(specs))
+    args, _, slots = pack_fields(op.fields, fixed, (*call, "dq", "dk", "dv", *ws, *(f"grad_{n}" for n, _ in params)),
+                                     op.base_name, blobs=len(specs))
     tmaps = []
     for j, m in enumerate(specs):
         L = Lq if m.length == "Lq" else Lk
@@ -269,13 +272,12 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
         tmaps.append((TmaSlot(args, j, slots[m.tensor], dt, dims, TmaMap.byte_strides(dims, (ss, sh, sb), size),
                               (m.box_cols, m.rows, 1, 1), hint=""), m.tensor))
     launches = []
-    for kern in bp.kernels:
+    for kern in op.kernels:
         fn = bk.functions[kern.func]
-        launches.append(Launch(cu_function(fn), bp.grid(kern.func, B, Lq, Lk, var.heads, var.kv_heads, var.head_dim),
-                               kern.threads, kern.smem, args))
+        launches.append(Launch(cu_function(fn), op.launch_grid(kern, B, Lq, Lk), kern.threads, kern.smem.bytes, args))
         launches[-1].bind_stream(sp)
     return BwdBinding(
-        args=args, launches=launches, pre=next(i for i, kern in enumerate(bp.kernels) if kern.func == "ag_bwd_pre"),
+        args=args, launches=launches, pre=next(i for i, kern in enumerate(op.kernels) if kern.func == "ag_bwd_pre"),
         delta=list(ws).index("ws_delta"), array_slots=[slots[n] for n in call], grad_slots=[slots[n] for n in ("dq", "dk", "dv")],
         grad_shapes=[a.shape for a in (aq, ak, av)], ws_slots=[slots[n] for n in ws], ws_specs=list(ws.values()),
         pool_keys=POOL.keys((aq.is_torch, dev, sp), list(ws.values())),
@@ -283,10 +285,12 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
         dtype=var.dtype, is_torch=aq.is_torch, alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp))
 
 
-def _workspaces(var: Variant, bp: BwdPlan, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, DType]]:
+def _workspaces(var: Variant, op: OpPlan, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, DType]]:
     """The backward's workspaces by ABI field: (elements, dtype). Rows of the per-row ones: B * H *
     Lq; varlen H * total_q (the packed rows, [H, total_q] like the LSE). They grow with B*L, never
     Lq*Lk."""
+    bp = op.backward
+    assert bp is not None
     nb = 1 if bp.varlen else B
     rows_q, rows_k = nb * var.heads * Lq, nb * var.kv_heads * Lk
     ws = {"ws_delta": (rows_q, DType.FP32), "ws_dq": (rows_q * var.head_dim, DType.FP32)}
@@ -297,7 +301,7 @@ def _workspaces(var: Variant, bp: BwdPlan, B: int, Lq: int, Lk: int) -> dict[str
         ws["ws_dk"] = (rows_k * var.head_dim, DType.FP32)
     if bp.o_norm:
         ws["ws_do"] = (rows_q * var.value_head_dim, var.dtype)
-    return {f.name: ws[f.name] for f in bp.fields if f.name in ws}
+    return {f.name: ws[f.name] for f in op.fields if f.name in ws}
 
 
 def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:

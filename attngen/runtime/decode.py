@@ -3,7 +3,7 @@
 `compile_decode(v)` renders, compiles (cached) and loads a variant's split-KV and combine kernels;
 the returned `DecodeKernel` binds each call signature once (`bind_decode`, on the binder's pieces):
 it checks the arrays like the forward `Kernel`, picks the split kernel's CTAs and the partial slots
-(`DecodePlan.schedule`), packs the kernels' ABI fields by name; a later call patches pointers,
+(`SplitSchedule.schedule`, the plan's `split` rules), packs the kernels' ABI fields by name; a later call patches pointers,
 takes the fp32 workspace from the binder's pool (none when one slot a row) and launches the plan's
 kernels through the driver. `Dispatch` is what
 `attngen.compile` returns for variants both families can run: each call goes to the family
@@ -25,9 +25,9 @@ from typing import Any
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.ir.nodes import BLOCK_TABLE, CACHE_LENS, DType, Layout, Variant
-from attngen.plan.decode import MAX_UNITS_TIMES_CTAS, DecodePlan, Family, choose_family
+from attngen.plan.decode import MAX_UNITS_TIMES_CTAS, Family, SplitSchedule, choose_family
 from attngen.cuda.render_decode import render_decode
-from attngen.cuda.render_decode import decode_fields
+from attngen.plan.op_plan import OpPlan
 from attngen.runtime import binder
 from attngen.runtime.inputs import positional_inputs_message
 from attngen.runtime.binder import (call_outputs,
@@ -70,7 +70,7 @@ class DecodeKernel:
 
     variant: Variant
     source: str
-    plan: DecodePlan
+    plan: OpPlan  # the decode family's
     compile_seconds: float
     compiler: str
     cached: bool
@@ -101,7 +101,7 @@ class DecodeKernel:
     @functools.cached_property
     def fields(self) -> tuple[Any, ...]:
         """Both decode kernels' ABI fields, in order."""
-        return decode_fields(self.variant)
+        return self.plan.fields
 
     def __call__(self, q: Any, k: Any, v: Any, *positional: Any, out: Any = None, lse: Any = None, stream: Any = None,
                  splits: int | None = None, ctas: int | None = None, fused: bool | None = None, check_pages: bool = True,
@@ -283,7 +283,7 @@ class DecodeBinding:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _schedule(dp: DecodePlan, B: int, Lq: int, Lk: int, splits: int | None, ctas: int | None, device: int) -> tuple[int, int]:
+def _schedule(dp: SplitSchedule, B: int, Lq: int, Lk: int, splits: int | None, ctas: int | None, device: int) -> tuple[int, int]:
     """(slots a row, CTAs) of a call: the plan's schedule or a caller's override, checked."""
     n_chunks = max(1, -(-Lk // dp.chunk))
     units = dp.units(B, Lq, Lk)
@@ -309,7 +309,9 @@ def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, A
                 options: tuple) -> DecodeBinding:
     """The full validation of one decode signature and its argument buffer by field name."""
     splits, ctas, fused, check_pages = options
-    var, dp = kern.variant, kern.plan
+    var, op = kern.variant, kern.plan
+    dp = op.split
+    assert dp is not None
     aq, ak, av = view(arrays[0], "q"), view(arrays[1], "k"), view(arrays[2], "v")
     for a, n in ((aq, "q"), (ak, "k"), (av, "v")):
         check_dtype(a, var.dtype, n)
@@ -344,9 +346,9 @@ def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, A
         fixed.update(stride_fields(t, st))
     ws = ("ws_o", "ws_lse") if n_split > 1 else ()
     call = ("q", "k", "v", *in_ptrs)
-    args, _, slots = pack_fields(kern.fields, fixed, (*call, "o", *(("lse",) if var.lse else ()), *ws), dp.kernel_name)
+    args, _, slots = pack_fields(kern.fields, fixed, (*call, "o", *(("lse",) if var.lse else ()), *ws), op.kernel_name)
     launches = []
-    for ln, fn in zip(dp.launches(B, Lq, n_split, n_ctas, merged=bool(count_ptr)), kern._functions):
+    for ln, fn in zip(op.launches(B, Lq, n_split, n_ctas, merged=bool(count_ptr)), kern._functions):
         launches.append(Launch(cu_function(fn), ln.grid, ln.threads, ln.smem_bytes, args))
         launches[-1].bind_stream(sp)
     ws_o_shape, ws_lse_shape = dp.workspace_shapes(B, Lq, n_split)
@@ -403,11 +405,11 @@ def compile_decode(v: Variant, arch: Arch, *, verbose: bool = False, tile: tuple
         if key in _DECODE:
             return _DECODE[key]
     t0 = time.perf_counter()
-    src, dp = render_decode(v, arch, tile)
+    src, op = render_decode(v, arch, tile)
     binary = compile_source(src, arch)
-    module, by_name = load_functions(binary.cubin, {dp.kernel_name: dp.smem_bytes, dp.combine_name: 0})
-    fns = (by_name[dp.kernel_name], by_name[dp.combine_name])
-    k = DecodeKernel(v, src, dp, binary.seconds, binary.compiler, binary.cached, module, fns, device=dev)
+    module, by_name = load_functions(binary.cubin, {k.name: k.smem.bytes for k in op.kernels})
+    fns = tuple(by_name[k.name] for k in op.kernels)  # in launch order: split, combine
+    k = DecodeKernel(v, src, op, binary.seconds, binary.compiler, binary.cached, module, fns, device=dev)
     # The status words, allocated at load (never during a call, so that a captured call allocates nothing).
     k._status = cupy.array(STATUS_INIT, dtype=cupy.int64)
     cupy.cuda.Device().synchronize()

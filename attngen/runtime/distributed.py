@@ -1,4 +1,5 @@
-"""Context parallelism: ring attention over torch.distributed with attngen kernels (forward only).
+"""Context parallelism: ring attention over torch.distributed with attngen kernels, forward and
+backward (the backward ring lives in `attngen.runtime.distributed_bwd`).
 
 The sequence is sharded over the ranks of a process group. Each rank keeps its query shard and
 passes its K/V shard around the ring (`batch_isend_irecv`, NCCL on GPUs, gloo on CPUs); at every
@@ -14,9 +15,6 @@ sequence into 2W chunks and gives rank r chunks r and 2W-1-r, so that under a ca
 rank does the same work (an early chunk with little to see paired with a late one that sees
 much); CONTIGUOUS gives rank r the r-th of W chunks (balanced for masks without a causal
 direction). Lengths that do not divide evenly give the first chunks one row more.
-
-Only the forward pass exists: there is no backward through the ring yet (the backward kernels
-are a separate issue); the outputs carry no autograd graph.
 """
 
 from __future__ import annotations
@@ -173,11 +171,17 @@ class ReferenceKernel:
         return torch.from_numpy(np.asarray(o, dtype=np.float32)).to(q.dtype), torch.from_numpy(lse)
 
 
-def _local_kernel(kernel: Any) -> Any:
+def _local_kernel(kernel: Any, device: str = "cuda") -> Any:
     """A callable that returns (o, lse): the kernel itself when its variant has `output lse`, else
-    the same variant with the LSE added, compiled (a ring cannot merge without the LSE)."""
+    the same variant with the LSE added, compiled (a ring cannot merge without the LSE). A Variant
+    or spec is compiled for `device` ("cuda", or "cpu": the CPU backend); a CPU backend kernel
+    without the LSE is recompiled on the CPU backend."""
     var = getattr(kernel, "variant", None)
     if isinstance(kernel, Variant) or not callable(kernel):
+        if device == "cpu":
+            from attngen import backend
+
+            return _local_kernel(backend.compile(kernel, device="cpu"), device)
         from attngen.runtime import kernel as runtime
 
         return _local_kernel(runtime.compile(kernel))
@@ -185,6 +189,10 @@ def _local_kernel(kernel: Any) -> Any:
         raise ValueError("ring_attention: expected an attngen Kernel (attngen.compile), a Variant or a spec, "
                          f"got {type(kernel).__name__}")
     if not var.lse:
+        if getattr(kernel, "target", None) == "cpu":
+            from attngen import backend
+
+            return backend.compile(dataclasses.replace(var, lse=True), device="cpu")
         from attngen.runtime import kernel as runtime
 
         return runtime.compile(dataclasses.replace(var, lse=True), arch=getattr(getattr(kernel, "plan", None), "arch", None))
@@ -200,6 +208,9 @@ def _check_variant(var: Variant) -> None:
     if var.residual:
         raise ValueError(f"ring_attention: variant {var.name} has `residual`, which partial outputs cannot carry; "
                          "drop it from the spec and add the residual to the ring's output")
+    if var.sink is not None:
+        raise ValueError(f"ring_attention: variant {var.name} has a sink ({var.sink}), which would join the "
+                         "denominator of every partial and so count once per ring step; drop it from the spec")
 
 
 def _block_visible(var: Variant, B: int, length: int, q: tuple[int, int], kv: tuple[int, int]) -> bool:
@@ -220,6 +231,29 @@ def _block_visible(var: Variant, B: int, length: int, q: tuple[int, int], kv: tu
 # The ring
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ring:
+    """One call's ring, the same for its forward and its backward: the local kernel and its
+    variant, the sequence axis, this rank's place and peers (global ranks), the whole length, every
+    rank's position ranges, and this rank's query ranges with where each starts in its shard."""
+
+    fn: Any
+    var: Variant
+    seq_dim: int
+    group: Any
+    world: int
+    rank: int
+    succ: int
+    pred: int
+    seq_len: int
+    ranges: list[tuple[tuple[int, int], ...]]
+    q_parts: list[tuple[tuple[int, int], int]]
+
+    def rows(self, r: int) -> int:
+        """How many rows rank r's shard holds."""
+        return sum(b - a for a, b in self.ranges[r])
+
+
 def ring_attention(
     kernel: Any,
     q: Any,
@@ -232,7 +266,7 @@ def ring_attention(
     _exchange: bool = True,
     **inputs: Any,
 ) -> tuple[Any, Any]:
-    """This rank's rows of attention over the whole sharded sequence: (out, lse).
+    """This rank's rows of attention over the whole sharded sequence: (out, lse), differentiable.
 
     `kernel`: a compiled variant (`attngen.compile(...)`), a Variant or spec (compiled here), or any
     callable with the Kernel's signature and a `.variant` (e.g. `ReferenceKernel`). `q`, `k`, `v`:
@@ -240,16 +274,28 @@ def ring_attention(
     positions `shard_ranges(seq_len, world, rank, scheme)` in that order. `seq_len`: the whole
     sequence's length (found by an all-reduce when not given). `inputs`: the variant's runtime
     inputs for the WHOLE sequence (e.g. `doc_ids` [B, seq_len]; small), identical on every rank.
-    (`_exchange=False` is for benchmarks only: the same launches, with this rank's own K/V standing
-    in for every remote block, no communication; it needs shards of equal size and gives wrong
-    outputs.)
+    (`_exchange=False` is for benchmarks only: the same launches, forward and backward, with this
+    rank's own K/V standing in for every remote block, no communication; it needs shards of equal
+    size and gives wrong outputs and gradients.)
     Every rank of `group` must call this together. Returns `out` in the variant's dtype and layout
-    and `lse` fp32 [B, H, n] for this rank's n rows. Forward only (no autograd)."""
+    and `lse` fp32 [B, H, n] for this rank's n rows. When autograd records (q, k or v requires
+    grad), `out` and `lse` carry a graph whose backward is a second ring
+    (`attngen.runtime.distributed_bwd`): every rank must then run its backward together too."""
     import torch
+
+    ring = _ring(kernel, q, k, v, group, seq_len, Sharding(scheme))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        from attngen.runtime import distributed_bwd
+
+        return distributed_bwd.attention_with_grad(ring, q, k, v, _exchange, inputs)
+    return ring_forward(ring, q, k, v, _exchange, inputs)
+
+
+def _ring(kernel: Any, q: Any, k: Any, v: Any, group: Any, seq_len: int | None, scheme: Sharding) -> Ring:
+    """The checked `Ring` of one call (an all-reduce finds `seq_len` when not given)."""
     import torch.distributed as dist
 
-    scheme = Sharding(scheme)
-    fn = _local_kernel(kernel)
+    fn = _local_kernel(kernel, "cuda" if q.is_cuda else "cpu")
     var: Variant = fn.variant
     _check_variant(var)
     if abi.q_token_flat(var) and q.dim() == 3:
@@ -260,16 +306,56 @@ def ring_attention(
     succ, pred = ((rank + 1) % world, (rank - 1) % world)
     if group is not None:
         succ, pred = dist.get_global_rank(group, succ), dist.get_global_rank(group, pred)
-    n_local = q.shape[seq_dim]
     seq_len, ranges = _ring_ranges(q, k, v, seq_dim, seq_len, scheme, group, world, rank)
-    B = q.shape[0]
     # Where each of this rank's query ranges sits in its shard.
     q_parts, at = [], 0
     for a, b in ranges[rank]:
         q_parts.append(((a, b), at))
         at += b - a
-    acc: list[Any] = [None] * len(q_parts)
-    acc_lse: list[Any] = [None] * len(q_parts)
+    return Ring(fn, var, seq_dim, group, world, rank, succ, pred, seq_len, ranges, q_parts)
+
+
+def ring_buffers(ring: Ring, like: Sequence[Any], dtypes: Sequence[Any], count: int) -> list[list[Any]]:
+    """`count` sets of flat buffers, one per tensor of `like` (a shard, rows along the sequence
+    axis) in the dtype given, each sized for the largest shard of the ring."""
+    import torch
+
+    n_local = max(like[0].shape[ring.seq_dim], 1)
+    most = max(ring.rows(r) for r in range(ring.world))
+    return [[torch.empty(most * (t.numel() // n_local), dtype=dt, device=t.device) for t, dt in zip(like, dtypes)]
+            for _ in range(count)]
+
+
+def shaped(ring: Ring, flat: Any, like: Any, n: int) -> Any:
+    """A view of the flat buffer `flat` as a shard of `n` rows shaped like `like`."""
+    shape = list(like.shape)
+    shape[ring.seq_dim] = n
+    return flat[: like.numel() // max(like.shape[ring.seq_dim], 1) * n].view(shape)
+
+
+def step_blocks(ring: Ring, src: int, B: int) -> list[tuple[tuple[int, int], int, int, tuple[int, int], int]]:
+    """The blocks of the step at which this rank holds rank `src`'s K/V: (key range, where it
+    starts in that shard, query part index, query range, where it starts in this shard) for every
+    pair the mask does not rule out for the whole block."""
+    out, kv_at = [], 0
+    for kr in ring.ranges[src]:
+        nk = kr[1] - kr[0]
+        if nk == 0:
+            continue
+        for i, (qr, q_at) in enumerate(ring.q_parts):
+            if qr[1] > qr[0] and _block_visible(ring.var, B, ring.seq_len, qr, kr):
+                out.append((kr, kv_at, i, qr, q_at))
+        kv_at += nk
+    return out
+
+
+def ring_forward(ring: Ring, q: Any, k: Any, v: Any, exchange: bool, inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """The forward ring (see the module doc): this rank's (out, lse), no autograd graph."""
+    import torch
+
+    fn, var, seq_dim, world, rank = ring.fn, ring.var, ring.seq_dim, ring.world, ring.rank
+    acc: list[Any] = [None] * len(ring.q_parts)
+    acc_lse: list[Any] = [None] * len(ring.q_parts)
 
     cuda = q.is_cuda
     compute = torch.cuda.current_stream(q.device) if cuda else None
@@ -280,15 +366,7 @@ def ring_attention(
     # K and V travel as flat buffers sized for the largest shard: two, used alternately (one is
     # received into while the kernel reads the other).
     kc, vc = k.contiguous(), v.contiguous()
-    per_row_k, per_row_v = kc.numel() // max(n_local, 1), vc.numel() // max(n_local, 1)
-    most = max(sum(b - a for a, b in rr) for rr in ranges)
-    bufs = [(torch.empty(most * per_row_k, dtype=k.dtype, device=k.device), torch.empty(most * per_row_v, dtype=v.dtype, device=v.device))
-            for _ in range(2 if world > 2 else (1 if world == 2 else 0))]
-
-    def shaped(flat: Any, like: Any, n: int) -> Any:
-        shape = list(like.shape)
-        shape[seq_dim] = n
-        return flat[: like.numel() // max(n_local, 1) * n].view(shape)
+    bufs = ring_buffers(ring, (k, v), (k.dtype, v.dtype), 2 if world > 2 else (1 if world == 2 else 0))
 
     cur_k, cur_v = kc, vc
     prev_reqs: list[Any] = []
@@ -296,31 +374,22 @@ def ring_attention(
         src = (rank - step) % world
         reqs: list[Any] = []
         nxt = None
-        if step + 1 < world and _exchange:
-            src_next = (rank - step - 1) % world
-            n_next = sum(b - a for a, b in ranges[src_next])
+        if step + 1 < world and exchange:
+            n_next = ring.rows((rank - step - 1) % world)
             fk, fv = bufs[step % len(bufs)]
-            nxt = (shaped(fk, k, n_next), shaped(fv, v, n_next))
-            reqs = _post_exchange(group, (cur_k, cur_v), nxt, sum(b - a for a, b in ranges[src]) > 0, n_next > 0,
-                                  succ, pred, comm, ready, prev_reqs)
+            nxt = (shaped(ring, fk, k, n_next), shaped(ring, fv, v, n_next))
+            reqs = _post_exchange(ring.group, (cur_k, cur_v), nxt, ring.rows(src) > 0, n_next > 0,
+                                  ring.succ, ring.pred, comm, ready, prev_reqs)
         # This step's blocks: every (query range, key range) pair the mask does not rule out.
-        kv_at = 0
-        for kr in ranges[src]:
-            nk = kr[1] - kr[0]
-            if nk == 0:
-                continue
+        for kr, kv_at, i, qr, q_at in step_blocks(ring, src, q.shape[0]):
+            nk, nq = kr[1] - kr[0], qr[1] - qr[0]
             kb, vb = _narrow(cur_k, seq_dim, kv_at, kv_at + nk), _narrow(cur_v, seq_dim, kv_at, kv_at + nk)
-            kv_at += nk
-            for i, (qr, q_at) in enumerate(q_parts):
-                nq = qr[1] - qr[0]
-                if nq == 0 or not _block_visible(var, B, seq_len, qr, kr):
-                    continue
-                o, lse = fn(_narrow(q, seq_dim, q_at, q_at + nq), kb, vb, q_offset=qr[0], kv_offset=kr[0],
-                            Lq_total=seq_len, Lk_total=seq_len, **inputs)
-                if acc[i] is None:
-                    acc[i], acc_lse[i] = o.float(), lse.float().clone()
-                else:
-                    _merge_into(acc[i], acc_lse[i], o, lse, seq_dim)
+            o, lse = fn(_narrow(q, seq_dim, q_at, q_at + nq), kb, vb, q_offset=qr[0], kv_offset=kr[0],
+                        Lq_total=ring.seq_len, Lk_total=ring.seq_len, **inputs)
+            if acc[i] is None:
+                acc[i], acc_lse[i] = o.float(), lse.float().clone()
+            else:
+                _merge_into(acc[i], acc_lse[i], o, lse, seq_dim)
         if ready is not None:
             ready.record(compute)
         for r in reqs:
@@ -329,7 +398,7 @@ def ring_attention(
         if nxt is not None:
             cur_k, cur_v = nxt
 
-    return _assemble(var, q, seq_dim, [r for r, _ in q_parts], acc, acc_lse)
+    return _assemble(var, q, seq_dim, [r for r, _ in ring.q_parts], acc, acc_lse)
 
 
 def _ring_ranges(q: Any, k: Any, v: Any, seq_dim: int, seq_len: int | None, scheme: Sharding, group: Any,
@@ -354,19 +423,20 @@ def _ring_ranges(q: Any, k: Any, v: Any, seq_dim: int, seq_len: int | None, sche
     return seq_len, ranges
 
 
-def _post_exchange(group: Any, send: tuple[Any, Any], recv: tuple[Any, Any], sending: bool, receiving: bool,
-                   succ: int, pred: int, comm: Any, ready: Any, prev_reqs: list[Any]) -> list[Any]:
-    """Post one ring step's transfers: this step's K/V block on to the successor (`sending`), the
-    next one from the predecessor into `recv` (`receiving`). On a GPU they run on the `comm`
-    stream once the compute stream reached `ready`. Returns the requests to wait on."""
+def _post_exchange(group: Any, send: Sequence[Any], recv: Sequence[Any], sending: bool, receiving: bool,
+                   succ: int, pred: int, comm: Any, ready: Any, prev_reqs: list[Any], tag: int = 0) -> list[Any]:
+    """Post one ring step's transfers: the tensors `send` on to the successor (`sending`), the
+    next ones from the predecessor into `recv` (`receiving`); tensor i travels with tag `tag + i`
+    (gloo pairs messages by tag; NCCL by order, which every rank keeps the same). On a GPU they
+    run on the `comm` stream once the compute stream reached `ready`. Returns the requests to wait on."""
     import torch
     import torch.distributed as dist
 
     ops = []
     if sending:
-        ops += [dist.P2POp(dist.isend, send[0], succ, group), dist.P2POp(dist.isend, send[1], succ, group)]
+        ops += [dist.P2POp(dist.isend, t, succ, group, tag + i) for i, t in enumerate(send)]
     if receiving:
-        ops += [dist.P2POp(dist.irecv, recv[0], pred, group), dist.P2POp(dist.irecv, recv[1], pred, group)]
+        ops += [dist.P2POp(dist.irecv, t, pred, group, tag + i) for i, t in enumerate(recv)]
     if not ops:
         return []
     if comm is None:

@@ -36,6 +36,11 @@ def positional_inputs_message(what: str, names: Sequence[str], n_positional: int
 def match_inputs(what: str, names: Sequence[str], positional: Sequence[object], named: Mapping[str, T]) -> tuple[T, ...]:
     """The runtime inputs `names` (ABI order) from a call's keyword arguments `named`; an
     InputNameError for positional ones, a missing one or an unexpected name."""
+    if not positional and len(named) == len(names):
+        try:  # every name given, so none unexpected: the common call, without building the messages' lists
+            return tuple(named[n] for n in names)
+        except KeyError:
+            pass
     if positional:
         raise InputNameError(positional_inputs_message(what, names, len(positional)))
     missing = [n for n in names if n not in named]

@@ -15,7 +15,6 @@ except under CUDA-graph capture, where `raise_pending()` reports them later.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -25,15 +24,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from attngen.cuda.compile import compile_source
-from attngen.ir.nodes import DType, Layout, Program, TileConfig, TileHint, Variant
+from attngen.ir.nodes import DType, Layout, Program, TileConfig, Variant
 from attngen.runtime.binder import (CALL_SCALARS, MAX_BINDINGS, call_outputs, POOL, SIG_FNS, Binding, InputCheckError, NaNCheckError, bind_forward,
                                     capturing, driver, launch_driver, load_functions, sig_fn,
                                     stream_ptr, torch_current_stream, torch_sig)
 from attngen.runtime.extras import require_cupy
 from attngen.runtime.inputs import positional_inputs_message
 from attngen.runtime.checks import NO_ERROR, check_kernel_name, flat_to_index, render_checks
-from attngen.cuda.render import OpPlan, render_with_plan
-from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent, short_tile
+from attngen.cuda.render import OpPlan, render_plan, render_with_plan
+from attngen.plan.schedule import Arch, WgmmaSoftmax, arch_for_cc, persistent
 
 
 if TYPE_CHECKING:
@@ -95,7 +94,7 @@ class Kernel:
     _check_fns: tuple[Any, ...] = ()  # per sorted input: its check kernel
     _bindings: OrderedDict = field(default_factory=OrderedDict)
     _check_shapes: tuple[tuple[int, ...], ...] = ()  # the sorted inputs' shapes in the latest launch
-    # The same variant at schedule.short_tile's tile, for calls whose key loop is short (Lk <= short_max_lk).
+    # The plan's short-loop kernel (`OpPlan.short`), for calls whose key loop is short (Lk <= short_max_lk).
     short: "Kernel | None" = None
     short_max_lk: int = 0
 
@@ -355,6 +354,27 @@ def _resolve(spec: Any, variant: str | None) -> Variant:
     return resolve(spec, variant)
 
 
+def _load(v: Variant, a: Arch, kp: OpPlan, src: str, dev: int) -> tuple[Kernel, Any]:
+    """The Kernel of one plan of `v` from its rendered source (compiled through the cache), and
+    the compile's record."""
+    import cupy
+
+    binary = compile_source(src, a)
+    module, fns = load_functions(binary.cubin, {kp.kernel_name: kp.smem_bytes, **{pr.kernel: 0 for pr in kp.preps}})
+    fn = fns[kp.kernel_name]
+    preps = tuple(fns[pr.kernel] for pr in kp.preps)
+    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn, preps, device=dev)
+    if persistent(kp.engine):
+        k._counter_blocks.append(cupy.zeros(COUNTER_BLOCK, dtype=cupy.int32))
+    sorted_inputs = kp.problem.sorted_inputs
+    if v.nan_check or sorted_inputs:
+        # Allocated at load, never during a call, so that a call captured into a CUDA graph
+        # allocates nothing: word 0 the nan flag (an int), then a check's first bad index each.
+        k._status = cupy.array([0] + [NO_ERROR] * len(sorted_inputs), dtype=cupy.int64)
+        k._check_fns = tuple(_check_function(a, d.dtype) for d in sorted_inputs)
+    return k, binary
+
+
 def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | None = None, *,
             arch: str | Arch | None = None, verbose: bool = False, family: str = "auto",
             softmax: WgmmaSoftmax | None = None, device: str = "cuda") -> Kernel | DecodeKernel | Dispatch:
@@ -395,26 +415,11 @@ def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | Non
             return _KERNELS[key]
     t0 = time.perf_counter()
     src, kp = render_with_plan(v, a, softmax=softmax)
-    binary = compile_source(src, a)
-    module, fns = load_functions(binary.cubin, {kp.kernel_name: kp.smem_bytes, **{pr.kernel: 0 for pr in kp.preps}})
-    fn = fns[kp.kernel_name]
-    preps = tuple(fns[pr.kernel] for pr in kp.preps)
-    k = Kernel(v, src, kp, binary.seconds, binary.compiler, binary.cached, module, fn, preps, device=dev)
-    if persistent(kp.engine):
-        k._counter_blocks.append(cupy.zeros(COUNTER_BLOCK, dtype=cupy.int32))
-    sorted_inputs = kp.problem.sorted_inputs
-    if v.nan_check or sorted_inputs:
-        # Allocated at load, never during a call, so that a call captured into a CUDA graph
-        # allocates nothing: word 0 the nan flag (an int), then a check's first bad index each.
-        k._status = cupy.array([0] + [NO_ERROR] * len(sorted_inputs), dtype=cupy.int64)
-        k._check_fns = tuple(_check_function(a, d.dtype) for d in sorted_inputs)
-    st = short_tile(v, a)
-    if st is not None:
-        # Calls with short key loops launch the same variant at the short tile (a second module).
-        t = st.tile
-        k.short = compile(dataclasses.replace(v, tile=TileHint(t.block_m, t.block_n, t.warps, t.stages)),
-                          arch=a, verbose=verbose, family="forward", softmax=softmax)
-        k.short_max_lk = st.max_lk
+    k, binary = _load(v, a, kp, src, dev)
+    if kp.short is not None:
+        # Calls with short key loops launch the plan's short-loop kernel (a second module).
+        k.short = _load(v, a, kp.short, render_plan(v, kp.short), dev)[0]
+        k.short_max_lk = kp.short_max_lk
     cupy.cuda.Device().synchronize()  # zeroed before any stream can launch with them
     if verbose:
         what = "cache hit" if binary.cached else f"compiled in {binary.seconds:.2f} s"

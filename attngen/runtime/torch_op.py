@@ -22,10 +22,21 @@ break and `torch.library.opcheck` passes. The op never synchronises the host:
   call, which syncs the stream for variants that have sorted inputs; under capture the check kernel
   is captured too and its error surfaces like nan_check's, at `raise_pending()`.
 
+Eager calls skip the dispatcher: the callable and `Attention` on plain CUDA tensors (outside
+torch.compile and torch.jit tracing, functorch transforms and torch function or dispatch modes)
+run the same kernels with the same checks, saved tensors and gradients as the custom ops, without
+their per-call dispatch (`benchmarks/torch_op_host.py` times both routes): an inference call
+launches the kernel directly, a training call runs `_Train`, a torch.autograd.Function around the
+LSE-saving forward and the backward kernels. Meta and fake tensors, tensor subclasses and every
+tracer take the registered ops, and `torch.ops.attngen.<name>` always dispatches. An inference
+call with few query rows (a decode step against a KV cache) runs the variant's split-KV decode
+family where it has one, as `attngen.compile`'s calls do (`route`).
+
 Autograd: every op is trainable (`register_autograd`). Called through `op(...)` or `Attention`
-with an input that requires grad, the forward runs `attngen::<name>_fwd`, the same kernel built
-to also write the LSE (the user still sees o, or (o, lse) when the spec declares `output lse`), and
-saves q, k, v, o, the LSE and the runtime inputs; the backward, `attngen::<name>_bwd`, runs the
+with an input that requires grad, the forward runs `attngen::<name>_fwd` (on the eager route
+`_Train`, which launches the same kernels), the same kernel built to also write the LSE (the user
+still sees o, or (o, lse) when the spec declares `output lse`), and saves q, k, v, o, the LSE and
+the runtime inputs; the backward, `attngen::<name>_bwd`, runs the
 backward kernels on torch's current stream with no host sync (workspaces from torch's
 allocator, so fwd + bwd can be captured in a CUDA graph). A direct `torch.ops.attngen.<name>`
 call is trainable too; when the spec does not declare `output lse` its backward first reruns the
@@ -62,7 +73,10 @@ from attngen.ir import abi  # noqa: E402
 from attngen.runtime import kernel as runtime
 from attngen.ir.nodes import ATTENTION_DTYPES, Layout, NormTarget, Variant, norm_bias_name, norm_weight_name  # noqa: E402
 from attngen.runtime.inputs import match_inputs  # noqa: E402
+from attngen.runtime import bwd as runtime_bwd
 from attngen.runtime.bwd import apply_o_norm, o_norm_inputs, training_variant
+from attngen.runtime.decode import DecodeKernel, Dispatch
+from attngen.plan.decode import Family
 
 _LOCK = threading.Lock()
 _OPS: dict[tuple[Variant, str], "AttnOp"] = {}
@@ -82,6 +96,29 @@ def _cpu_refusal(v: Variant) -> str | None:
 
     why = render_bwd.unsupported(v)
     return None if why is None else why.removeprefix("--pass backward: ")
+
+
+def _eager(q: Any) -> bool:
+    """Whether a call of the callable may run its kernels without the dispatcher (`_Train`, or
+    the kernel directly): a plain CUDA tensor, outside torch.compile and torch.jit tracing,
+    functorch transforms and torch function or dispatch modes. Everywhere else (meta and fake
+    tensors, tensor subclasses, tracers, the CPU backend) the registered custom ops run, which
+    those need (a tracer records them; it would not see a launch)."""
+    return (not torch.compiler.is_compiling() and type(q) is torch.Tensor and not q.is_meta and not _cpu_backend(q)
+            and not torch._C._len_torch_dispatch_stack() and not torch._C._len_torch_function_stack()
+            and torch._C._functorch.peek_interpreter_stack() is None and torch._C._get_tracing_state() is None)
+
+
+def route(kern: Any, q: Any) -> Any:
+    """The kernel a call of `kern` (what `runtime.compile` returned for the op's variant) runs on q:
+    a `Dispatch` sends calls with few query rows (an Lq 1 decode step with a KV cache) to its
+    split-KV decode family, as `attngen.compile`'s own calls do (`plan_decode.choose_family`),
+    others to its forward kernel; a forward or decode kernel runs itself."""
+    if not isinstance(kern, Dispatch):
+        return kern
+    var = kern.forward.variant
+    lq = (q.shape[2] if var.layout == Layout.BHSD else q.shape[1]) if q.dim() == 4 else -1
+    return kern.decode if lq >= 1 and kern.family_for(lq) == Family.DECODE else kern.forward
 
 
 def _op_name(v: Variant, arch: str) -> str:
@@ -144,9 +181,11 @@ class AttnOp:
         self.name = _op_name(v, arch or "")
         self._kernel: Any = None
         self._train_kernel: Any = None
+        self._wrt_cache: dict[tuple[bool, ...], tuple[list[str], list[str], int]] = {}
+        self._wrt_names: dict[int, tuple[str, ...]] = {}
         ins = "".join(f", Tensor {n}" for n in self.input_names)
         ret = "(Tensor, Tensor)" if v.lse else "Tensor"
-        qualname = f"attngen::{self.name}"
+        qualname = self.qualname = f"attngen::{self.name}"
         self.op_def = torch.library.custom_op(
             qualname, self._impl, mutates_args=(), schema=f"(Tensor q, Tensor k, Tensor v{ins}, bool check_inputs=True) -> {ret}")
         self.op_def.register_fake(self._fake)
@@ -187,6 +226,13 @@ class AttnOp:
     def _launch(kern: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arrays: Any, names: tuple[str, ...],
                 check_inputs: bool) -> Any:
         inputs = dict(zip(names, arrays))
+        kern = route(kern, q)
+        if isinstance(kern, DecodeKernel):
+            # The decode family's promise check is the paged cache's page check, read back at the
+            # call (a sync) except under CUDA-graph capture, as the forward's input checks are.
+            check = bool(check_inputs) and kern.variant.page_size is not None
+            defer = not (check and not torch.cuda.is_current_stream_capturing())
+            return kern._run(q, k, v, None, None, None, (None, None, None, check), inputs, defer)
         # No host sync inside the op: nan_check is always deferred; input checks are read back at
         # the call except under CUDA-graph capture (where a sync is not allowed).
         defer = not (check_inputs and kern.plan.problem.sorted_inputs and not torch.cuda.is_current_stream_capturing())
@@ -267,6 +313,10 @@ class AttnOp:
     def _impl_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
         arrays, (check_inputs, _deterministic) = _trailing(rest, kw, len(self.input_names),
                                                            {"check_inputs": True, "deterministic": False})
+        return self._train_forward(q, k, v, arrays, check_inputs)
+
+    def _train_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arrays: Any, check_inputs: bool) -> Any:
+        """(o, lse), or with `norm o` (y, lse, O'): the training forward's outputs (`_impl_fwd`, `_Train`)."""
         if not self.o_norm:
             o, lse = self._train_launch(q, k, v, arrays, self.input_names, check_inputs)
             return o, lse
@@ -304,19 +354,31 @@ class AttnOp:
                           arrays, ctx.deterministic)
         return (*out, None, None)
 
+    def _wrt(self, needs: tuple[bool, ...]) -> tuple[list[str], list[str], int]:
+        """(the runtime inputs whose gradient a call returns, those the kernels compute, their `wrt`
+        bits) for the inputs' `needs_input_grad`, derived once per distinct `needs`."""
+        got = self._wrt_cache.get(needs)
+        if got is None:
+            want = [nm for i, nm in enumerate(self.input_names) if needs[3 + i] and nm in self.grad_names]
+            kernel_wrt = [nm for nm in want if nm != self.variant.sink]
+            got = self._wrt_cache[needs] = (want, kernel_wrt, sum(1 << self.grad_names.index(nm) for nm in kernel_wrt))
+        return got
+
     def _grads(self, needs: tuple[bool, ...], q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, dlse: Any,
-               arrays: Any, deterministic: bool) -> list[Any]:
-        """Gradients of (q, k, v, *runtime inputs), None where not needed or not defined."""
+               arrays: Any, deterministic: bool, direct: bool = False) -> list[Any]:
+        """Gradients of (q, k, v, *runtime inputs), None where not needed or not defined; `direct`
+        runs the backward kernels without dispatching `attngen::<name>_bwd` (`_Train`)."""
         if self.refusal is not None and not _cpu_backend(q):  # (setup refuses first; kept for a saved graph replayed later)
             raise ValueError(f"attngen::{self.name}: the backward kernels do not support this variant: {self.refusal}")
         n = len(self.input_names)
         if do is None:
             return [None] * (3 + n)
-        want = [nm for i, nm in enumerate(self.input_names) if needs[3 + i] and nm in self.grad_names]
-        kernel_wrt = [nm for nm in want if nm != self.variant.sink]
-        mask = sum(1 << self.grad_names.index(nm) for nm in kernel_wrt)
+        want, kernel_wrt, mask = self._wrt(tuple(needs))
         dl = None if dlse is None else dlse.to(torch.float32).contiguous()
-        res = self.bwd_op(q, k, v, o, lse, do.contiguous(), dl, *arrays, wrt=mask, deterministic=deterministic)
+        if direct:
+            res = self._run_bwd(q, k, v, o, lse, do.contiguous(), dl, arrays, mask, deterministic)
+        else:
+            res = self.bwd_op(q, k, v, o, lse, do.contiguous(), dl, *arrays, wrt=mask, deterministic=deterministic)
         dq, dk, dv, *pg = res
         by_name = dict(zip(kernel_wrt, pg))
         if self.variant.sink in want:
@@ -353,20 +415,24 @@ class AttnOp:
 
     def _impl_bwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                   do: torch.Tensor, dlse: Any, *rest: Any, **kw: Any) -> list[torch.Tensor]:
-        from attngen.runtime.bwd import backward
-
         arrays, (wrt, deterministic) = _trailing(rest, kw, len(self.input_names), {"wrt": 0, "deterministic": False})
-        names = [nm for i, nm in enumerate(self.grad_names) if wrt >> i & 1]
+        return self._run_bwd(q, k, v, o, lse, do, dlse, arrays, wrt, deterministic)
+
+    def _run_bwd(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, dlse: Any, arrays: Any, wrt: int,
+                 deterministic: bool) -> list[Any]:
+        """[dq, dk, dv, the gradient of each input whose bit is set in `wrt`] from the backward kernels."""
+        names = self._wrt_names.get(wrt)
+        if names is None:
+            names = self._wrt_names[wrt] = tuple(nm for i, nm in enumerate(self.grad_names) if wrt >> i & 1)
         inputs = dict(zip(self.input_names, arrays))
-        if _cpu_backend(q):  # the CPU backward (attngen.cpu.backward); its dQ is deterministic
-            from attngen.cpu.backward import backward as cpu_backward
+        if _cpu_backend(q):  # the CPU backend's training forward: backward() runs the CPU backward for it
             from attngen.cpu.kernel import compile_cpu
 
-            res = cpu_backward(compile_cpu(self.train_variant), q, k, v, do, o=o, lse=lse, dlse=dlse, wrt=tuple(names),
-                               variant=self.variant, **inputs)
-            return list(res[:3]) + [res[3][nm] for nm in names]
-        res = backward(self.train_kernel(), q, k, v, do, o=o, lse=lse, dlse=dlse, deterministic=deterministic,
-                       wrt=tuple(names), variant=self.variant, **inputs)
+            kern = compile_cpu(self.train_variant)
+        else:
+            kern = self.train_kernel()
+        res = runtime_bwd.backward(kern, q, k, v, do, o=o, lse=lse, dlse=dlse, deterministic=deterministic,
+                                   wrt=names, variant=self.variant, **inputs)
         out = list(res[:3])
         if names:
             out += [res[3][nm] for nm in names]
@@ -388,12 +454,50 @@ class AttnOp:
         """o (or (o, lse)); runtime inputs by name (positional ones are refused: InputNameError, a
         TypeError). With an input that requires grad (and grad mode on), through the LSE-saving
         forward, so that the backward reads the saved LSE."""
-        inputs = match_inputs(f"attngen::{self.name}", self.input_names, positional, named)
-        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *inputs)):
+        inputs = match_inputs(self.qualname, self.input_names, positional, named)
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *inputs))
+        if grad:
             self._refuse((q, k, v, *inputs))
+        if _eager(q):
+            # Eager CUDA calls skip the dispatcher (the same kernels, checks and saved tensors as
+            # the custom ops; torch.compile and the other tracers take the ops below).
+            if grad:
+                return _Train.apply(self, check_inputs, deterministic, q, k, v, *inputs)
+            return self._launch(self.kernel(), q, k, v, inputs, self.input_names, check_inputs)
+        if grad:
             o, lse = self.fwd_op(q, k, v, *inputs, check_inputs=check_inputs, deterministic=deterministic)[:2]
             return (o, lse) if self.variant.lse else o
         return self.op(q, k, v, *inputs, check_inputs=check_inputs)
+
+
+class _Train(torch.autograd.Function):
+    """An eager training call (`AttnOp.__call__` on CUDA tensors, `_eager`): the training forward
+    and the backward kernels as `attngen::<name>_fwd` and its backward run them, minus the
+    dispatcher's work per call (custom-op dispatch, default filling, a nested `_bwd` op)."""
+
+    @staticmethod
+    def forward(ctx: Any, op: AttnOp, check_inputs: bool, deterministic: bool, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, *arrays: torch.Tensor) -> Any:
+        out = op._train_forward(q, k, v, arrays, check_inputs)
+        o, lse = out[0], out[1]
+        ctx.op, ctx.deterministic = op, deterministic
+        # Unused outputs' gradients arrive as None (no zero tensors made); backward fills dO.
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, out[2] if op.o_norm else o, lse, *arrays)
+        return (o, lse) if op.variant.lse else o
+
+    @staticmethod
+    def backward(ctx: Any, do: Any, dlse: Any = None) -> tuple[Any, ...]:
+        op = ctx.op
+        q, k, v, o, lse, *arrays = ctx.saved_tensors
+        if not op.variant.lse:  # the LSE reaches the user only when the spec declares it
+            dlse = None
+        if do is None:
+            if dlse is None:
+                return (None,) * (6 + len(arrays))
+            do = torch.zeros_like(o)  # a loss that reads only the LSE (the custom op's dO, materialised)
+        grads = op._grads(ctx.needs_input_grad[3:], q, k, v, o, lse, do, dlse, arrays, ctx.deterministic, direct=True)
+        return (None, None, None, *grads)
 
 
 def register(spec: Any, variant: str | None = None, *, arch: str | None = None) -> AttnOp:
@@ -435,4 +539,4 @@ def raise_pending(stream: Any = None) -> None:
     runtime.raise_pending(stream)
 
 
-__all__ = ["register", "Attention", "AttnOp", "raise_pending"]
+__all__ = ["register", "Attention", "AttnOp", "raise_pending", "route"]

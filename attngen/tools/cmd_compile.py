@@ -69,20 +69,21 @@ def resource_table(res, kp) -> str:
     return "\n".join(out) + "\n"
 
 
-def _decode_resource_table(res, dp) -> str:
+def _decode_resource_table(res, op) -> str:
     """ptxas's figures for the decode family's two kernels."""
     from attngen.plan.decode import COMBINE_THREADS
 
+    dp = op.split
     head = ("kernel", "arch", "regs", "spill st", "spill ld", "stack", "static smem", "dyn smem", "threads")
-    main = lambda r: r.kernel == dp.kernel_name  # noqa: E731
-    rows = [(r.kernel, dp.arch.value, str(r.registers), str(r.spill_stores), str(r.spill_loads), str(r.stack_bytes),
-             str(r.static_smem), str(dp.smem_bytes if main(r) else 0), str(dp.threads if main(r) else COMBINE_THREADS))
+    main = lambda r: r.kernel == op.kernel_name  # noqa: E731
+    rows = [(r.kernel, op.arch.value, str(r.registers), str(r.spill_stores), str(r.spill_loads), str(r.stack_bytes),
+             str(r.static_smem), str(op.smem_bytes if main(r) else 0), str(op.threads if main(r) else COMBINE_THREADS))
             for r in res]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
     out = [fmt(head)] + [fmt(r) for r in rows]
     out.append(f"decode family: {dp.block_m} packed query rows a CTA, {dp.block_n} keys a warp a chunk, "
-               f"{dp.warps} warps, {dp.stages} stages; dynamic shared memory {dp.smem_bytes} bytes")
+               f"{dp.warps} warps, {dp.stages} stages; dynamic shared memory {op.smem_bytes} bytes")
     return "\n".join(out) + "\n"
 
 
@@ -101,12 +102,13 @@ def _render_backward(v, arch, text: str, path: str, deterministic: bool, emit: s
     return render_bwd.render_with_plan(v, arch, deterministic=deterministic, prefix=prefix)
 
 
-def _bwd_resource_table(res, bp) -> str:
+def _bwd_resource_table(res, op) -> str:
     """ptxas's figures for the backward kernels, with each kernel's dynamic shared memory."""
-    by_name = {k.name: k for k in bp.kernels}
+    by_name = {k.name: k for k in op.kernels}
+    bp = op.backward
     head = ("kernel", "arch", "regs", "spill st", "spill ld", "stack", "dyn smem", "threads")
-    rows = [(r.kernel, bp.arch.value, str(r.registers), str(r.spill_stores), str(r.spill_loads), str(r.stack_bytes),
-             str(by_name[r.kernel].smem if r.kernel in by_name else 0), str(by_name[r.kernel].threads if r.kernel in by_name else 0))
+    rows = [(r.kernel, op.arch.value, str(r.registers), str(r.spill_stores), str(r.spill_loads), str(r.stack_bytes),
+             str(by_name[r.kernel].smem.bytes if r.kernel in by_name else 0), str(by_name[r.kernel].threads if r.kernel in by_name else 0))
             for r in res]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731

@@ -37,18 +37,14 @@ from attngen.check import workload
 from attngen.lang.builtins import BUILTINS
 from attngen.lang.printer import print_expr
 from attngen.plan.tile_advice import engine_move, tile_statement
+from attngen.plan.op_plan import GridRule, KernelRole, OpPlan
 from attngen.plan.schedule import (
     DEFAULT_ARCH,
     Arch,
     Engine,
-    engine,
     ffma_accumulators,
-    persistent,
     q_token_norm,
-    threads,
-    short_tile,
     validate_tile,
-    variant_smem_layout,
     variant_tile,
 )
 
@@ -320,14 +316,13 @@ def resolved_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[TileConfig, bo
     return variant_tile(v, arch), v.tile is None
 
 
-def _op_plan(v: Variant, arch: Arch) -> Any:
-    """The variant's OpPlan on `arch`, or None when its tile does not fit there."""
-    from attngen.cuda.render import plan
+def _op_plan(v: Variant, arch: Arch) -> OpPlan:
+    """The variant's forward plan on `arch`, its tile planned even where `arch` cannot take it
+    (explain prints validate_tile's reasons beside it). ValueError where no plan exists (head dims
+    the kernels do not implement)."""
+    from attngen.plan.forward import plan
 
-    try:
-        return plan(v, arch)
-    except ValueError:
-        return None
+    return plan(v, arch, checked=False)
 
 
 def _heads_text(v: Variant) -> str:
@@ -352,17 +347,22 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     from attngen.plan import decode as plan_decode
 
     if plan_decode.forward_unsupported(v) is not None:
-        dp = plan_decode.plan(v, arch)
+        op = plan_decode.plan(v, arch)
+        dp = op.split
+        assert dp is not None
         parts.append(f"kv_cache paged({v.page_size}): decode family for every Lq (split-KV mma.sync, "
-                     f"{dp.block_n} keys a warp x {dp.warps} warps, {dp.stages} stages, {dp.smem_bytes / 1024:.0f} KiB smem on {arch.value})")
+                     f"{dp.block_n} keys a warp x {dp.warps} warps, {dp.stages} stages, {op.smem_bytes / 1024:.0f} KiB smem on {arch.value})")
     else:
-        tile, auto = resolved_tile(v, arch)
-        smem = variant_smem_layout(v, tile, arch).bytes
-        parts.append(
-            f"tile {tile.block_m}x{tile.block_n} w{tile.warps} s{tile.stages}{' (auto)' if auto else ''} "
-            f"{engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch).value} "
-            f"{smem / 1024:.0f} KiB smem on {arch.value}"
-        )
+        try:
+            kp = _op_plan(v, arch)
+        except ValueError as e:
+            parts.append(f"no forward plan on {arch.value} ({e})")
+        else:
+            tile = kp.tile
+            parts.append(
+                f"tile {tile.block_m}x{tile.block_n} w{tile.warps} s{tile.stages}{' (auto)' if v.tile is None else ''} "
+                f"{kp.engine.value} {kp.smem_bytes / 1024:.0f} KiB smem on {arch.value}"
+            )
         if plan_decode.decode_unsupported(v) is None:
             parts.append(f"decode family (split-KV) for Lq <= {plan_decode.DECODE_MAX_LQ}")
     rt = v.runtime_inputs()
@@ -462,7 +462,7 @@ def explain(
     if decode_only is not None:
         out += _decode_plan_lines(v, arch, B, Lq, Lk)
     else:
-        out += _tile_plan_lines(v, arch, B, Lq, Lk, tile, auto)
+        out += _tile_plan_lines(v, arch, B, Lq, Lk, auto)
         if plan_decode.decode_unsupported(v, arch) is None:
             # The runtime's default family ("auto") sends small-Lq calls to the decode family: a
             # real decode step (one query, a long cache) only where Lq and Lk are independent.
@@ -575,15 +575,17 @@ def _decode_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, also: b
     from attngen.plan import decode as plan_decode
 
     try:
-        dp = plan_decode.plan(v, arch)
+        op = plan_decode.plan(v, arch)
     except ValueError as e:  # an arch the decode family cannot target (before sm_80)
         return [f"Decode plan on {arch.value}: none ({e})"]
+    dp = op.split
+    assert dp is not None
     group = v.heads // v.kv_heads
     splits, ctas = dp.schedule(B, Lq, Lk, _SAMPLE_SMS)
     from attngen.runtime.decode import DecodeKernel
 
     merged = DecodeKernel.fused_default
-    launches = dp.launches(B, Lq, splits, ctas, merged=merged)
+    launches = op.launches(B, Lq, splits, ctas, merged=merged)
     if also:
         out = [f"Decode plan on {arch.value} (the runtime's default family=\"auto\" runs calls with Lq <= {plan_decode.DECODE_MAX_LQ} "
                "and no offsets on the decode family; `attngen compile --family decode` emits it):"]
@@ -595,41 +597,38 @@ def _decode_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, also: b
                f"({packed})")
     out.append(f"  K/V stream through a ring of {dp.stages} chunks of {dp.chunk} keys ({dp.block_n} a warp)"
                + (f", copied page by page through block_table ({v.page_size}-token pages)" if v.page_size is not None else ""))
-    out.append(f"  shared memory {dp.smem_bytes} bytes ({dp.smem_bytes / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB")
+    out.append(f"  shared memory {op.smem_bytes} bytes ({op.smem_bytes / 1024:.1f} KiB) of {arch.smem_budget // 1024} KiB")
     out.append(f"  at B={B}, Lq={Lq}, Lk={Lk} on {_SAMPLE_SMS} SMs: each of {dp.row_blocks(B, Lq)} row blocks split into "
                f"{splits} key range(s), {ctas} CTAs; kernels: " + ", then ".join(f"{ln.kernel} (grid {ln.grid[0]})" for ln in launches))
     if splits > 1 and merged:
         out.append(f"  the last CTA of each row block merges its splits' partial O and LSE (fused=False launches "
-                   f"{dp.combine_name} for it instead)")
+                   f"{op.kernel(KernelRole.COMBINE).name} for it instead)")
     return out
 
 
-def _tile_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, tile: TileConfig, auto: bool) -> list[str]:
-    """The forward family's tile plan."""
+def _tile_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, auto: bool) -> list[str]:
+    """The forward family's tile plan, read from its OpPlan."""
     out: list[str] = []
-    kp = _op_plan(v, arch)
-    if kp is not None:
-        layout, eng, n_threads = kp.smem, kp.engine, kp.threads
-    else:  # a tile that does not fit this arch has no plan: describe it, then say why (warnings below)
-        layout = variant_smem_layout(v, tile, arch)
-        eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
-        n_threads = threads(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
+    try:
+        kp = _op_plan(v, arch)
+    except ValueError as e:
+        return [f"Tile plan on {arch.value}: none ({e})"]
+    tile, layout, eng, n_threads = kp.tile, kp.smem, kp.engine, kp.threads
     smem = layout.bytes
     out.append(f"Tile plan on {arch.value}{' (tile auto)' if auto else ''}:")
     out.append(
         f"  block_m {tile.block_m}, block_n {tile.block_n}, warps {tile.warps} ({n_threads} threads"
         f"{', with the producer warpgroup' if eng == Engine.WGMMA else ''}), stages {tile.stages}"
     )
-    out.append(f"  engine: {eng.describe(tile, kp is not None and kp.attention.tma)}")
+    out.append(f"  engine: {eng.describe(tile, kp.attention.tma)}")
     move = engine_move(v, arch)
     if move is not None:
         out.append(f"  warning: this explicit tile moves the kernel from {move.auto_engine.value} to {move.engine.value}: "
                    f"{move.why}; `tile auto` picks `{tile_statement(move.auto_tile)}` ({move.auto_engine.value}) here")
-    st = short_tile(v, arch)
-    if st is not None:
-        t = st.tile
+    if kp.short is not None:
+        t = kp.short.tile
         out.append(
-            f"  short key loops (Lk <= {st.max_lk}): a second kernel at block_m {t.block_m}, block_n {t.block_n}, "
+            f"  short key loops (Lk <= {kp.short_max_lk}): a second kernel at block_m {t.block_m}, block_n {t.block_n}, "
             f"warps {t.warps}, stages {t.stages}, chosen at launch by the Python runtime (the source of "
             f"`attngen compile` carries the main tile only)"
         )
@@ -654,20 +653,17 @@ def _tile_plan_lines(v: Variant, arch: Arch, B: int, Lq: int, Lk: int, tile: Til
     for msg in validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v)):
         out.append(f"  warning: {msg}")
     key_tiles = f"{math.ceil(Lk / tile.block_n)} key tiles per query tile at most"
-    if kp is not None:
-        # The plan's grid rule; with unbounded SMs a persistent grid is the work-tile count.
-        g = kp.attention.launch_grid(v.heads, B, Lq, Lk, sm_count=1 << 62)
-    else:
-        n_m = math.ceil(Lq / tile.block_m)
-        g = (n_m * v.heads * B, 1, 1) if persistent(eng) else (n_m, v.heads, B)
+    # The plan's grid rule; with unbounded SMs a persistent grid is the work-tile count.
+    att = kp.attention
+    g = att.launch_grid(v.heads, B, Lq, Lk, sm_count=1 << 62)
+    pers = att.grid_rule == GridRule.PERSISTENT
     grid_m = math.ceil(Lq / tile.block_m)
-    if v.layout == Layout.VARLEN:
-        slots = Lq // tile.block_m + B
-        unit = "work tiles" if persistent(eng) else "CTAs"
-        out.append(f"  {g[0] * g[1] * g[2] if not persistent(eng) else g[0]} {unit} ({slots} query tile slots (total_q / {tile.block_m} + B: each "
+    if att.varlen:
+        unit = "work tiles" if pers else "CTAs"
+        out.append(f"  {g[0] * g[1] * g[2] if not pers else g[0]} {unit} ({att.tile_slots(B, Lq)} query tile slots (total_q / {tile.block_m} + B: each "
                    f"sequence's tiles and at most one empty slot, which exits at once) x {v.heads} heads)"
-                   f"{', over persistent CTAs, at most one an SM' if persistent(eng) else ''}; {key_tiles}")
-    elif persistent(eng):
+                   f"{', over persistent CTAs, at most one an SM' if pers else ''}; {key_tiles}")
+    elif pers:
         out.append(f"  {g[0]} work tiles ({grid_m} query tiles x {v.heads} heads x {B} batch) over persistent CTAs, "
                    f"at most one an SM; {key_tiles}")
     else:

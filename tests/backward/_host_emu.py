@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attngen.plan.bwd import BwdPlan
+from attngen.plan.op_plan import GridRule, OpPlan
 
 CUDA_INCLUDE = "/usr/local/cuda/include"
 
@@ -418,9 +418,9 @@ def available() -> str | None:
     return None
 
 
-def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wanted: tuple[str, ...], maps=()) -> str:
-    lines = [f"namespace {ns} {{ float smem[{max(k.smem for k in bp.kernels) // 4 + 1}]; "
-             f"alignas(1024) unsigned char ag_smem[{max(k.smem for k in bp.kernels) + 16}]; }}",
+def _harness(bp: OpPlan, ns: str, grids: dict[str, tuple[int, int, int]], wanted: tuple[str, ...], maps=()) -> str:
+    lines = [f"namespace {ns} {{ float smem[{max(k.smem.bytes for k in bp.kernels) // 4 + 1}]; "
+             f"alignas(1024) unsigned char ag_smem[{max(k.smem.bytes for k in bp.kernels) + 16}]; }}",
              "static std::vector<std::vector<char>> blobs;",
              "int main(int argc, char** argv) {",
              "  FILE* f = std::fopen(argv[1], \"rb\");",
@@ -453,7 +453,7 @@ def _harness(bp: BwdPlan, ns: str, grids: dict[str, tuple[int, int, int]], wante
     return "\n".join(lines) + "\n"
 
 
-def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray, dO: np.ndarray, o: np.ndarray,
+def run(src: str, bp: OpPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray, dO: np.ndarray, o: np.ndarray,
         workdir: str | None = None, wrt: tuple[str, ...] = (), wait_seconds: int = 60) -> dict[str, np.ndarray]:
     """Compile `src` for the host and run its kernels on the arrays (numpy, spec dtypes, the
     variant's layout, contiguous; with `norm o`, `o` is the output before the post-norm and the
@@ -541,8 +541,7 @@ def run(src: str, bp: BwdPlan, v, arrays: dict[str, np.ndarray], lse: np.ndarray
         "ag_bwd_pre": (2, 1, 1),  # grid-stride kernels: any grid is correct; a small one tests the stride
         "ag_bwd_prep": (3, 1, 1),
         "ag_bwd_finish": (3, 1, 1),
-        "ag_bwd_dkdv": bp.grid("ag_bwd_dkdv", B, Lq, Lk, H, Hkv, D),
-        "ag_bwd_dq": bp.grid("ag_bwd_dq", B, Lq, Lk, H, Hkv, D),
+        **{k.func: bp.launch_grid(k, B, Lq, Lk) for k in bp.kernels if k.grid_rule == GridRule.TILES},
     }
     wanted = ("dq", "dk", "dv", *(f"grad_{n}" for n in wrt))
     tmp = workdir or tempfile.mkdtemp(prefix="attngen-emu-")

@@ -77,7 +77,7 @@ def _run_norm_weights(v, B, Lq, Lk, seed, *, deterministic=False, src_edit=None)
 def test_fp32_causal_softcap_gqa_cross_odd_lengths():
     v = T.variant(T.causal(), (T.softcap(4.0),), D=16, heads=4, kv_heads=2, kind=AttnKind.CROSS, scale=0.4)
     got, want, bp = _run(v, 2, 37, 150)
-    assert bp.block_n < 150  # several key tiles, some skipped by the causal classification
+    assert bp.backward.block_n < 150  # several key tiles, some skipped by the causal classification
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -193,7 +193,7 @@ def _run_varlen(v, seq_q, seq_k=None, seed=0, deterministic=False, wrt_norms=Fal
     dO = rng.normal(size=o.shape).astype(o.dtype)
     want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
     src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
-    assert bp.varlen
+    assert bp.backward.varlen
     got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
     for n in ("dq", "dk", "dv", *wrt):
         assert np.all(np.isfinite(got[n])), f"{n}: not every element written"
@@ -210,7 +210,7 @@ def test_varlen_fp32_causal_gqa_empty_and_one_row_sequences(deterministic):
     # FFMA engine: odd lengths, an empty sequence, a one-row one, several tiles in the longest.
     v = T.variant(T.causal(), (T.softcap(4.0),), D=16, heads=4, kv_heads=2, layout=Layout.VARLEN, scale=0.4)
     got, want, bp = _run_varlen(v, [37, 0, 1, 70, 5], seed=20, deterministic=deterministic)
-    assert bp.engine.value == "ffma" and bp.block_n < 70
+    assert bp.engine.value == "ffma" and bp.backward.block_n < 70
     # Each sequence on its own: the gradient of a one-row sequence's only key is that row's alone.
     assert np.any(got["dv"][37]) and np.any(got["dq"][38:108])
 
@@ -219,7 +219,7 @@ def test_varlen_fp32_causal_gqa_empty_and_one_row_sequences(deterministic):
 def test_varlen_bf16_tensor_cores_window_gqa(deterministic):
     v = T.variant(T.window(24, 2), (), D=16, heads=4, kv_heads=1, dtype=DType.BF16, layout=Layout.VARLEN)
     got, want, bp = _run_varlen(v, [1, 90, 0, 33, 130], seed=21, deterministic=deterministic)
-    assert bp.engine.value == "mma" and bp.tc_block_n < 130  # several key tiles of one sequence
+    assert bp.engine.value == "mma" and bp.backward.tc_block_n < 130  # several key tiles of one sequence
 
 
 def test_varlen_cross_keyless_and_queryless_sequences_with_norms_and_residual():
@@ -243,7 +243,7 @@ def test_token_scope_q_norm_with_weight_gradients(dtype, kind, deterministic):
                   residual=True, norms=(Norm(NormTarget.Q, kind, NormScope.TOKEN, 1e-5),))
     src, bp, wrt, arrays = _run_norm_weights(v, 2, 67, 90, seed=40, deterministic=deterministic)
     assert all(arrays[n].shape == (4 * 16,) for n in wrt)
-    assert bp.q_norm_token and "ag_tok_norm_bwd" in src
+    assert bp.backward.q_norm_token and "ag_tok_norm_bwd" in src
 
 
 # ---- the o post-norm: the training forward saves O' (before the norm and the residual); the pre
@@ -273,7 +273,7 @@ def test_o_post_norm_with_weight_gradients(dtype, kind, residual, layout, determ
     dY = rng.normal(size=y.shape).astype(y.dtype)
     want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dY.astype(np.float64), wrt=wrt)
     src, bp = render_bwd.render_with_plan(v, Arch.SM80, deterministic=deterministic)
-    assert bp.o_norm and "ag_onorm_bwd" in src
+    assert bp.backward.o_norm and "ag_onorm_bwd" in src
     got = _host_emu.run(src, bp, v, arrays, lse, dY, o_pre, wrt=wrt)
     for n in ("dq", "dk", "dv", *wrt):
         assert np.all(np.isfinite(got[n]))
@@ -323,7 +323,7 @@ def test_token_scope_q_norm_vector_paths(dtype, kind, scalar):
     src, bp, wrt, _ = _run_norm_weights(v, 2, 37, 45, seed=41, src_edit=force_scalar if scalar else None)
     assert "ag_tok_norm_bwd_vec" in src and "ag_tok_norm_vec" in src and "constexpr int LANES = 2;" in src  # 16 * 16 = 256: one vector a lane; D 16: 2 lanes a row
     # dgamma (and dbeta) in a shared-memory slice a warp: plain adds, no float atomics (compare-and-swap loops)
-    assert bp.tok_vecs == 1 and bp.tok_grad_slices and bp.kernel("ag_bwd_finish").smem == 4 * 8 * len(wrt) * 256
+    assert bp.backward.tok_vecs == 1 and bp.backward.tok_grad_slices and bp.kernel("ag_bwd_finish").smem.bytes == 4 * 8 * len(wrt) * 256
 
 
 @pytest.mark.parametrize("scalar", [False, True])
@@ -350,9 +350,9 @@ def test_token_norm_vector_path_plan():
     v = T.variant(T.TRUE, (), D=64, heads=32, dtype=DType.BF16, layout=Layout.BSHD, kind=AttnKind.CROSS, residual=True,
                   norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.TOKEN, 1e-5),))
     big = plan_bwd.plan(v, Arch.SM90A)
-    assert (big.tok_vecs, big.tok_grad_slices, big.kernel("ag_bwd_finish").smem) == (8, True, 4 * 8 * 2 * 2048)
+    assert (big.backward.tok_vecs, big.backward.tok_grad_slices, big.kernel("ag_bwd_finish").smem.bytes) == (8, True, 4 * 8 * 2 * 2048)
     small = plan_bwd.plan(v, Arch.SM86)
-    assert (small.tok_vecs, small.tok_grad_slices, small.kernel("ag_bwd_finish").smem) == (0, False, 4 * 2 * 2048)
+    assert (small.backward.tok_vecs, small.backward.tok_grad_slices, small.kernel("ag_bwd_finish").smem.bytes) == (0, False, 4 * 2 * 2048)
     assert "ag_tok_norm_bwd_vec" not in render_bwd.render(v, Arch.SM86)
     assert plan_bwd.tok_vecs(T.variant(T.TRUE, (), D=16, heads=4, dtype=DType.BF16, layout=Layout.BSHD,
                                        norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.TOKEN, 1e-5),))) == 0  # 64: not 256
@@ -365,4 +365,4 @@ def test_token_q_norm_vector_path_with_k_norm():
                   norms=(Norm(NormTarget.Q, NormKind.LAYERNORM, NormScope.TOKEN, 1e-5), Norm(NormTarget.K, NormKind.RMSNORM, NormScope.HEAD, 1e-6)))
     _, bp, wrt, _ = _run_norm_weights(v, 2, 45, 45, seed=5)
     assert wrt == ("q_norm_weight", "q_norm_bias", "k_norm_weight")
-    assert bp.tok_vecs == 1 and bp.tok_grad_slices
+    assert bp.backward.tok_vecs == 1 and bp.backward.tok_grad_slices

@@ -47,14 +47,14 @@ def test_engine_choice_and_explain(monkeypatch):
     assert eng == BwdEngine.FFMA and "head_dim 8" in why
     bp = plan_bwd.plan(bf, Arch.SM90A)
     k = bp.kernel("ag_bwd_dkdv")
-    assert bp.engine == BwdEngine.MMA and bp.tc_block_n == 128 and k.threads == 256 and k.smem == plan_bwd.tc_smem_bytes(128, 128, 128)
-    assert bp.tc_rotate and not plan_bwd.plan(fp32, Arch.SM90A).tc_rotate  # the rotated walk: tensor-core engines only
-    assert k.smem <= Arch.SM90A.smem_budget
-    assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
+    assert bp.engine == BwdEngine.MMA and bp.backward.tc_block_n == 128 and k.threads == 256 and k.smem.bytes == plan_bwd.tc_smem_bytes(128, 128, 128)
+    assert bp.backward.tc_rotate and not plan_bwd.plan(fp32, Arch.SM90A).backward.tc_rotate  # the rotated walk: tensor-core engines only
+    assert k.smem.bytes <= Arch.SM90A.smem_budget
+    assert bp.launch_grid(bp.kernel("ag_bwd_dkdv"), 2, 100, 130) == (2, 2, 2)
     # 16-wide heads would give each of 8 warps half a 16-column dQ block: 64-key tiles (4 warps).
-    assert plan_bwd.plan(T.variant(T.causal(), (), D=16, heads=2, dtype=DType.FP16), Arch.SM80).tc_block_n == 64
+    assert plan_bwd.plan(T.variant(T.causal(), (), D=16, heads=2, dtype=DType.FP16), Arch.SM80).backward.tc_block_n == 64
     # sm_86's 100 KB of shared memory: the D64 kernel fits, the D128 one does not (FFMA, said why).
-    assert plan_bwd.plan(T.variant(T.causal(), (), D=64, heads=2, dtype=DType.BF16), Arch.SM86).tc_block_n == 128
+    assert plan_bwd.plan(T.variant(T.causal(), (), D=64, heads=2, dtype=DType.BF16), Arch.SM86).backward.tc_block_n == 128
     eng, why = plan_bwd.choose_engine(bf, Arch.SM86)
     assert eng == BwdEngine.FFMA and "shared memory" in why
     text = "\n".join(plan_bwd.describe(bf, Arch.SM90A))

@@ -47,17 +47,17 @@ def _norms(*targets):
 def test_plan_default_maps_and_fallback(monkeypatch):
     v = T.variant(T.causal(), (), D=128, heads=8, kv_heads=2, dtype=DType.BF16)
     bp = plan_bwd.plan(v, Arch.SM90A)
-    assert bp.wg_loads == WgmmaLoads.TMA
+    assert bp.backward.wg_loads == WgmmaLoads.TMA
     maps = plan_bwd.wg_tma_maps(bp, v)
     assert [(m.name, m.tensor, m.rows, m.cols, m.heads, m.length, m.box_cols, m.fp32) for m in maps] == [
         ("tm_q", "q", 64, 128, 8, "Lq", 64, False), ("tm_do", "dO", 64, 128, 8, "Lq", 64, False), ("tm_k", "k", 128, 128, 2, "Lk", 64, False),
         ("tm_v", "v", 128, 128, 2, "Lk", 64, False)]
-    assert bp.wg_dq == plan_bwd.WgDq.WG_BULK
+    assert bp.backward.wg_dq == plan_bwd.WgDq.WG_BULK
     # 24 bytes of mbarriers over the cp.async kernel's shared memory
     _force_loads("cp.async")
     cp = plan_bwd.plan(v, Arch.SM90A)
-    assert cp.wg_loads == WgmmaLoads.CP_ASYNC and plan_bwd.wg_tma_maps(cp, v) == () and cp.wg_dq == plan_bwd.WgDq.WG_BULK
-    assert bp.kernel("ag_bwd_dkdv").smem == cp.kernel("ag_bwd_dkdv").smem + 24 == 148480 + 2 * (64 * 136 * 4 + 16) + 24
+    assert cp.backward.wg_loads == WgmmaLoads.CP_ASYNC and plan_bwd.wg_tma_maps(cp, v) == () and cp.backward.wg_dq == plan_bwd.WgDq.WG_BULK
+    assert bp.kernel("ag_bwd_dkdv").smem.bytes == cp.kernel("ag_bwd_dkdv").smem.bytes + 24 == 148480 + 2 * (64 * 136 * 4 + 16) + 24
     _force_loads("tma")
     # room for three descriptors but not four: cp.async copies
     end = plan_bwd.param_bytes([f.ctype for f in bp.fields])[-1]
@@ -65,15 +65,15 @@ def test_plan_default_maps_and_fallback(monkeypatch):
         m.setattr(plan_bwd, "MAX_PARAM_BYTES", (end + 63) // 64 * 64 + 3 * 128)
         assert plan_bwd.wg_tma_room(bp.fields, 3) and not plan_bwd.wg_tma_room(bp.fields, 4)
         tight = plan_bwd.plan(v, Arch.SM90A)
-        assert tight.wg_loads == WgmmaLoads.CP_ASYNC and tight.wg_dq == plan_bwd.WgDq.WG_BULK
+        assert tight.backward.wg_loads == WgmmaLoads.CP_ASYNC and tight.backward.wg_dq == plan_bwd.WgDq.WG_BULK
     # Under the norms the copies read the workspaces; the D64 step is 128 queries.
     n = T.variant(T.causal(), (), D=64, heads=4, kv_heads=2, dtype=DType.BF16, norms=_norms(NormTarget.Q, NormTarget.K, NormTarget.O))
     bn = plan_bwd.plan(n, Arch.SM90A)
     assert [(m.tensor, m.rows) for m in plan_bwd.wg_tma_maps(bn, n)] == [("ws_q", 128), ("ws_do", 128), ("ws_k", 128), ("v", 128)]
     # Other engines have none; no parameter room: cp.async, said in the plan.
-    assert plan_bwd.plan(v, Arch.SM80).wg_loads is None
+    assert plan_bwd.plan(v, Arch.SM80).backward.wg_loads is None
     monkeypatch.setattr(plan_bwd, "MAX_PARAM_BYTES", 400)
-    assert plan_bwd.plan(v, Arch.SM90A).wg_loads == WgmmaLoads.CP_ASYNC
+    assert plan_bwd.plan(v, Arch.SM90A).backward.wg_loads == WgmmaLoads.CP_ASYNC
 
 
 def test_render_names_the_descriptors_and_cp_async_render_has_none():
@@ -128,7 +128,7 @@ def _emu_grads(v, B, Lq, Lk, seed, loads):
         y = o
     dO = np.random.default_rng(seed + 1).normal(size=y.shape).astype(y.dtype)
     src, bp = render_bwd.render_with_plan(v, Arch.SM90A)
-    assert bp.wg_loads == loads
+    assert bp.backward.wg_loads == loads
     got = _host_emu.run(src, bp, v, arrays, lse, dO, o)
     want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64))
     return got, want

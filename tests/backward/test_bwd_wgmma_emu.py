@@ -41,7 +41,7 @@ def _run(v, B, Lq, Lk, seed=0, deterministic=False, wrt=(), edit=None):
     dO = rng.normal(size=o.shape).astype(o.dtype)
     want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dO.astype(np.float64), wrt=wrt)
     src, bp = render_bwd.render_with_plan(v, Arch.SM90A, deterministic=deterministic)
-    assert bp.engine == BwdEngine.WGMMA, bp.engine_reason
+    assert bp.engine == BwdEngine.WGMMA, bp.backward.engine_reason
     got = _host_emu.run(src, bp, v, arrays, lse, dO, o, wrt=wrt)
     for n in ("dq", "dk", "dv", *wrt):
         scale = float(np.abs(want[n]).max())
@@ -76,26 +76,26 @@ def test_engine_choice_plan_and_explain():
     # 64-query steps; dQ from a third warpgroup (384 threads) out of two staged fp32 dQ tiles (rows
     # padded by 8 words), each with a 16-byte header. The deterministic kernel keeps 256 threads and
     # no dQ buffers.
-    assert (bp.tc_block_m, bp.tc_block_n, k.threads) == (64, 128, 384)
-    assert bp.wg_dq == plan_bwd.wg_dq_mode(128, 128) == plan_bwd.WgDq.WG_BULK and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.WG_BULK
-    assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).wg_dq is None and plan_bwd.plan(bf, Arch.SM80).wg_dq is None
+    assert (bp.backward.tc_block_m, bp.backward.tc_block_n, k.threads) == (64, 128, 384)
+    assert bp.backward.wg_dq == plan_bwd.wg_dq_mode(128, 128) == plan_bwd.WgDq.WG_BULK and plan_bwd.wg_dq_mode(64, 64) == plan_bwd.WgDq.WG_BULK
+    assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).backward.wg_dq is None and plan_bwd.plan(bf, Arch.SM80).backward.wg_dq is None
     # (+ 24: the TMA copies' mbarriers, plan_bwd.WG_LOADS)
-    assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 136 * 4 + 16) + 24 and k.smem <= Arch.SM90A.smem_budget
+    assert k.smem.bytes == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 136 * 4 + 16) + 24 and k.smem.bytes <= Arch.SM90A.smem_budget
     assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").threads == 256
-    assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(128, 128, True, tma=True) == 148480 + 24
+    assert plan_bwd.plan(bf, Arch.SM90A, deterministic=True).kernel("ag_bwd_dkdv").smem.bytes == plan_bwd.wg_smem_bytes(128, 128, True, tma=True) == 148480 + 24
     # D64 = Dv: steps of 128 queries (two sub-steps of 64), dQ split by rows (N = 64), one CTA an SM
     # (registers: 232-255 a thread); elsewhere 64 queries.
     h64_bp = plan_bwd.plan(h64, Arch.SM90A)
-    assert h64_bp.tc_block_m == 128 and plan_bwd.wg_dq_cols(64, 128) == 64 and plan_bwd.wg_dq_cols(128, 64) == 64
+    assert h64_bp.backward.tc_block_m == 128 and plan_bwd.wg_dq_cols(64, 128) == 64 and plan_bwd.wg_dq_cols(128, 64) == 64
     # ... dQ staged (8 warps x 16 rows x (64 + 8) fp32 words) and added by bulk reductions, a row a lane.
     staging = 2 * (128 * 72 * 4 + 16)
-    assert h64_bp.kernel("ag_bwd_dkdv").smem == plan_bwd.wg_smem_bytes(64, 64, tma=True) == 2 * (6 * 128 * 64 + 128 * 128) + 16 * 128 + staging + 24
-    assert plan_bwd.plan(T.variant(T.causal(), (), D=64, Dv=128, heads=2, dtype=DType.BF16), Arch.SM90A).tc_block_m == 64
+    assert h64_bp.kernel("ag_bwd_dkdv").smem.bytes == plan_bwd.wg_smem_bytes(64, 64, tma=True) == 2 * (6 * 128 * 64 + 128 * 128) + 16 * 128 + staging + 24
+    assert plan_bwd.plan(T.variant(T.causal(), (), D=64, Dv=128, heads=2, dtype=DType.BF16), Arch.SM90A).backward.tc_block_m == 64
     h64_src = render_bwd.render(h64, Arch.SM90A)
     assert "constexpr int WG_BLOCK_M = 128;" in h64_src and "constexpr int WG_SUB = WG_BLOCK_M / WG_SUB_M;" in h64_src
     assert "m64n64k16.f32.f16.f16" in h64_src and "m64n32k16" not in h64_src
     assert "ag_bulk_reduce_add(p.ws_dq" in h64_src and "ag_red_add2(row" not in h64_src
-    assert bp.grid("ag_bwd_dkdv", 2, 100, 130, 2, 2, 128) == (2, 2, 2)
+    assert bp.launch_grid(bp.kernel("ag_bwd_dkdv"), 2, 100, 130) == (2, 2, 2)
     text = "\n".join(plan_bwd.describe(bf, Arch.SM90A))
     assert "wgmma engine (warpgroup MMA, bf16 inputs, fp32 accumulators" in text and "tile 64 queries x 128 keys" in text
     src = render_bwd.render(bf, Arch.SM90A)
@@ -158,9 +158,9 @@ def test_prefetch_point_by_mask():
 
     doc = frontend.load(Path(__file__).parent / "regressions" / "document_prefetch_spill.attn").get()
     win = T.variant(T.window(100, 0), (), D=128, heads=2, dtype=DType.BF16, name="w")
-    assert plan_bwd.plan(doc, Arch.SM90A).wg_prefetch == plan_bwd.WgPrefetch.TOP
-    assert plan_bwd.plan(win, Arch.SM90A).wg_prefetch == plan_bwd.WgPrefetch.UNDER_DQ
-    assert plan_bwd.plan(win, Arch.SM80).wg_prefetch is None
+    assert plan_bwd.plan(doc, Arch.SM90A).backward.wg_prefetch == plan_bwd.WgPrefetch.TOP
+    assert plan_bwd.plan(win, Arch.SM90A).backward.wg_prefetch == plan_bwd.WgPrefetch.UNDER_DQ
+    assert plan_bwd.plan(win, Arch.SM80).backward.wg_prefetch is None
     top, under = render_bwd.render(doc, Arch.SM90A), render_bwd.render(win, Arch.SM90A)
     assert "    prefetch();\n    auto step_prefetch = []() {};" in top and "auto& step_prefetch = prefetch;" not in top
     assert "auto& step_prefetch = prefetch;" in under and "auto step_prefetch = []() {};" not in under
@@ -244,7 +244,7 @@ def test_dq_warpgroup_reaches_plan_render_and_explain():
     # and the plan's kernel description agree.
     bf = T.variant(T.causal(), (), D=128, heads=2, dtype=DType.BF16)
     bp = plan_bwd.plan(bf, Arch.SM90A)
-    assert bp.wg_dq == plan_bwd.WgDq.WG_BULK and list(plan_bwd.WgDq) == [plan_bwd.WgDq.WG_BULK]
+    assert bp.backward.wg_dq == plan_bwd.WgDq.WG_BULK and list(plan_bwd.WgDq) == [plan_bwd.WgDq.WG_BULK]
     assert bp.kernel("ag_bwd_dkdv").threads == plan_bwd.wg_threads(128, 128) == 384
     assert "bulk fp32 reductions (cp.reduce.async.bulk, a row each) from a third warpgroup" in bp.kernel("ag_bwd_dkdv").doc
     header = render_bwd.render(bf, Arch.SM90A).split("// Arguments, in order")[0]
@@ -261,7 +261,7 @@ def test_bf16_dense_d64_whole_and_partial_128_query_steps():
     # rewritten before that wait adds wrong values).
     v = T.variant(scores=(), D=64, heads=2, kv_heads=1, dtype=DType.BF16, kind=AttnKind.CROSS)
     _, _, bp = _run(v, 1, 300, 256, seed=6)
-    assert bp.tc_block_m == 128 and bp.wg_dq == plan_bwd.WgDq.WG_BULK
+    assert bp.backward.tc_block_m == 128 and bp.backward.wg_dq == plan_bwd.WgDq.WG_BULK
 
 
 @emu
@@ -279,7 +279,7 @@ def test_dq_warpgroup_d128_causal_odd_lengths():
     assert "ag_wg_dq_adder(p, ag_smem, tid - WG_THREADS)" in src and "ag_nbar_sync(CONS_BAR, WG_THREADS)" in src
     assert "  __syncthreads();" not in src.split("__device__ __forceinline__ void ag_bwd_dkdv")[1].split("\n}\n")[0]
     assert "ag_bulk_reduce_add(p.ws_dq + (row0 + r) * D" in src and "ag_red_add4(" not in src.split("void ag_wg_dq_adder")[1].split("\n}\n")[0]
-    assert k.smem == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 136 * 4 + 16) + 24 <= Arch.SM90A.smem_budget
+    assert k.smem.bytes == plan_bwd.wg_smem_bytes(128, 128, tma=True) == 148480 + 2 * (64 * 136 * 4 + 16) + 24 <= Arch.SM90A.smem_budget
 
 
 # ---- the token-scope q norm (pre-LN block) and the o post-norm on the wgmma engine: it reads the
@@ -299,7 +299,7 @@ def test_token_scope_q_norm_residual_cross(kind, deterministic):
         a["q"] = (a["q"] + 0.5).astype(a["q"].dtype)  # a mean the layernorm removes
 
     got, want, bp = _run(v, 2, 70, 131, seed=6, deterministic=deterministic, wrt=wrt, edit=edit)
-    assert bp.q_norm_token and bp.tok_vecs == 1  # H*D = 256: the prep and finish kernels' vector paths
+    assert bp.backward.q_norm_token and bp.backward.tok_vecs == 1  # H*D = 256: the prep and finish kernels' vector paths
 
 
 @emu
@@ -319,8 +319,8 @@ def test_o_post_norm(kind, residual):
     want = reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, dY.astype(np.float64), wrt=wrt)
     src, bp = render_bwd.render_with_plan(v, Arch.SM90A)
     # dO' from ws_do: the TMA descriptor's tensor (the default), or the cp.async copies' base
-    assert bp.engine == BwdEngine.WGMMA and bp.o_norm
-    assert ("tm_do: ws_do" in src if bp.wg_loads == plan_bwd.WgmmaLoads.TMA else "ag_wg_load<WG_BLOCK_M, DV>(sdo, ag_do_base(p, b, h)" in src)
+    assert bp.engine == BwdEngine.WGMMA and bp.backward.o_norm
+    assert ("tm_do: ws_do" in src if bp.backward.wg_loads == plan_bwd.WgmmaLoads.TMA else "ag_wg_load<WG_BLOCK_M, DV>(sdo, ag_do_base(p, b, h)" in src)
     got = _host_emu.run(src, bp, v, arrays, lse, dY, o_pre, wrt=wrt)
     for n in ("dq", "dk", "dv", *wrt):
         assert np.all(np.isfinite(got[n]))
@@ -373,7 +373,7 @@ def test_split_mask_inside_the_products_gives_the_same_bits(name, monkeypatch):
     mask, scores, inputs = SPLIT_D64[name]
     v = T.variant(mask(), scores, D=64, heads=2, dtype=DType.BF16, inputs=inputs)
     src, bp = render_bwd.render_with_plan(v, Arch.SM90A)
-    assert bp.tc_block_m > plan_bwd.WG_SUB_M  # the vis_inline path
+    assert bp.backward.tc_block_m > plan_bwd.WG_SUB_M  # the vis_inline path
     assert "(emit.split_by_axis)" in src
     got, _, _ = _run(v, 2, 200, 200, seed=9)
     monkeypatch.setattr(render_bwd, "_bwd_split_ctx", lambda *a: None)

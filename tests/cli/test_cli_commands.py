@@ -273,7 +273,7 @@ def test_explain_paged_decode_describes_what_runs(capsys):
     from attngen.plan import decode as plan_decode
 
     dp = plan_decode.plan(load(str(ROOT / "examples/paged_decode_llama3.attn")).variants[0])
-    splits, ctas = dp.schedule(4, 1, 8192, 132)
+    splits, ctas = dp.split.schedule(4, 1, 8192, 132)
     assert f"split into {splits} key range(s), {ctas} CTAs" in out and dp.kernel_name in out
 
 
@@ -299,7 +299,7 @@ def test_explain_forward_variant_also_names_its_decode_plan(capsys, tmp_path):
     from attngen.plan import decode as plan_decode
 
     dp = plan_decode.plan(load(spec).variants[0])
-    splits, ctas = dp.schedule(2, 1, 8192, 132)
+    splits, ctas = dp.split.schedule(2, 1, 8192, 132)
     assert "at B=2, Lq=1, Lk=8192 on 132 SMs" in out and f"split into {splits} key range(s), {ctas} CTAs" in out
     assert "71 query heads of a key/value head packed" in out
     rc, out, err = run(capsys, "explain", str(ROOT / "examples/llama3_gqa_causal.attn"))

@@ -132,10 +132,12 @@ def test_resolve_tile_value_error_is_exit_1(capsys, monkeypatch):
     def refuse(v, arch=None):
         raise ValueError(f"variant {v.name}: tile 128x64 cannot be used on sm_80: too big")
 
-    monkeypatch.setattr(render_cuda, "resolve_tile", refuse)
-    render_cuda._plan.cache_clear()  # plans are cached per (variant, arch); recompute under the patch
+    from attngen.plan import forward as plan_forward
+
+    monkeypatch.setattr(plan_forward, "resolve_tile", refuse)
+    plan_forward._plan.cache_clear()  # plans are cached per (variant, arch); recompute under the patch
     rc, out, err = run(capsys, LLAMA, "--arch", "sm_80")
-    render_cuda._plan.cache_clear()
+    plan_forward._plan.cache_clear()
     assert rc == 1 and out == ""
     assert "cannot be used on sm_80" in err
 

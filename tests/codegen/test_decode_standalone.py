@@ -39,7 +39,7 @@ def test_split_policy_in_cpp_matches_python(tmp_path, spec):
     prog.write_text(
         "#include <cstdio>\n"
         "void choose(int B, int Lq, int Lk, int sm_count, int* splits, int* ctas) {\n"
-        + dp.splits_cpp() + "\n}\n"
+        + dp.split.splits_cpp() + "\n}\n"
         "int main() { int B, Lq, Lk, sm; while (std::scanf(\"%d %d %d %d\", &B, &Lq, &Lk, &sm) == 4) {\n"
         "  int s = 0, c = 0; choose(B, Lq, Lk, sm, &s, &c); std::printf(\"%d %d\\n\", s, c); } }\n")
     exe = tmp_path / "policy"
@@ -47,7 +47,7 @@ def test_split_policy_in_cpp_matches_python(tmp_path, spec):
     out = subprocess.run([str(exe)], input="".join(f"{b} {q} {k} {s}\n" for b, q, k, s in sizes),
                          capture_output=True, text=True, check=True).stdout.split("\n")
     for (b, q, k, s), line in zip(sizes, out):
-        assert tuple(map(int, line.split())) == dp.schedule(b, q, k, s), (b, q, k, s)
+        assert tuple(map(int, line.split())) == dp.split.schedule(b, q, k, s), (b, q, k, s)
 
 
 def test_paged_spec_compiles_to_the_decode_family_by_default(capsys):

@@ -103,12 +103,12 @@ def test_decode_refuses_varlen_and_the_backward_runs_tile_slots() -> None:
     assert "layout varlen" in (plan_decode.decode_unsupported(v) or "")
     assert not plan_bwd.unsupported(v)
     bp = plan_bwd.plan(v, Arch.SM90A)
-    assert bp.varlen and all(f in {x.name for x in bp.fields} for f in ("total_q", "total_k", "in_cu_seqlens"))
+    assert bp.backward.varlen and all(f in {x.name for x in bp.fields} for f in ("total_q", "total_k", "in_cu_seqlens"))
     # Key tile slots along x (total_k / tile + B), one sequence's tile each; the per-row kernels
     # run the packed rows as one sequence.
-    bn = bp.tc_block_n or bp.block_n
-    assert bp.grid("ag_bwd_dkdv", 3, 500, 500, v.heads, v.kv_heads, v.head_dim) == (500 // bn + 3, v.kv_heads, 1)
-    assert bp.grid("ag_bwd_pre", 3, 500, 500, v.heads, v.kv_heads, v.head_dim)[0] == v.heads * 500 // 8 + 1
+    bn = bp.backward.tc_block_n or bp.backward.block_n
+    assert bp.launch_grid(bp.kernel("ag_bwd_dkdv"), 3, 500, 500) == (500 // bn + 3, v.kv_heads, 1)
+    assert bp.launch_grid(bp.kernel("ag_bwd_pre"), 3, 500, 500)[0] == v.heads * 500 // 8 + 1
 
 
 @pytest.mark.nvcc

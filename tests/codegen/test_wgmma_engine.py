@@ -246,10 +246,15 @@ def test_short_loop_tiles(body: str, want) -> None:
     st = short_tile(v, Arch.SM90A)
     assert (None if st is None else (st.tile, st.max_lk)) == want
     assert short_tile(v, Arch.SM80) is None  # a wgmma choice
+    assert (render_cuda.plan(v, Arch.SM90A).short is None) == (st is None)
     if st is not None:
         # The short tile is valid and differs from the main one; explain names both.
         assert not validate_tile(v.dtype, v.head_dim, v.value_head_dim, st.tile, Arch.SM90A)
-        assert st.tile != render_cuda.plan(v, Arch.SM90A).tile
+        kp = render_cuda.plan(v, Arch.SM90A)
+        assert st.tile != kp.tile
+        # The plan holds the short-loop kernel, chosen once: the same op and ABI at the short tile.
+        assert kp.short is not None and kp.short.tile == st.tile and kp.short_max_lk == st.max_lk
+        assert kp.short.fields == kp.fields and kp.short.short is None
         text = explain(v, arch=Arch.SM90A)
         assert f"short key loops (Lk <= {st.max_lk}): a second kernel at block_m {st.tile.block_m}, block_n {st.tile.block_n}" in text
 
@@ -352,7 +357,8 @@ def test_tma_loads_where_the_plan_allows_them(body: str, tma: bool) -> None:
 def test_tma_descriptors_only_where_the_parameter_space_has_room() -> None:
     # The three 128-byte descriptors follow the ABI fields (64-byte aligned); a variant whose
     # fields leave less room keeps the cp.async producer rather than overflow the 32,764 bytes.
-    from attngen.cuda.render import Field, _tma_param_room
+    from attngen.cuda.render import Field
+    from attngen.plan.forward import _tma_param_room
     from attngen.plan.limits import MAX_PARAM_BYTES
 
     def fields(n: int) -> tuple:

@@ -1,10 +1,12 @@
 """Ring attention on CPUs with the gloo backend: sharding, position offsets and the LSE merge,
-against the NumPy reference on the whole sequence, for 2, 3 (odd), 4 and 8 processes.
+against the NumPy reference on the whole sequence, and the ring's backward against the
+single-device backward, for 2, 3 (odd), 4 and 8 processes.
 
 Each world size runs `_ring_worker.py` in a subprocess (torch.multiprocessing spawns the ranks);
 cases cover causal (zigzag and contiguous sharding), causal sliding windows, two-sided windows,
 packed documents, softcap (bf16), ALiBi with a prefix, padding, and a full mask, at lengths that do
-not divide evenly (with 8 ranks some chunks are empty).
+not divide evenly (with 8 ranks some chunks are empty). The backward cases (fp32, GQA) are listed
+in `_ring_worker.BWD_CASES` with their tolerance and why.
 """
 
 from __future__ import annotations
@@ -34,22 +36,41 @@ def _free_port() -> int:
 GROUPS = {2: [6, 7], 3: [1, 2, 3], 4: [0, 1, 2, 3], 8: list(range(8))}
 
 
-@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                    reason="torch.distributed with gloo is not available in this torch build")
-def test_rings_of_2_3_4_and_8_ranks_match_the_reference_on_the_whole_sequence(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def ring_results(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, dict]]:
+    """Every rank's results of one spawn of `_ring_worker.py` (forward and backward cases)."""
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    out = tmp_path_factory.mktemp("ring")
     spec = ";".join(",".join(map(str, m)) for m in GROUPS.values())
-    r = subprocess.run([sys.executable, str(HERE / "_ring_worker.py"), "8", str(_free_port()), str(tmp_path), spec],
+    r = subprocess.run([sys.executable, str(HERE / "_ring_worker.py"), "8", str(_free_port()), str(out), spec],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
+    return [(rank, x) for rank in range(8) for x in json.loads((out / f"rank{rank}.json").read_text())]
+
+
+def _check(results: list[tuple[int, dict]], which: str, n_cases: int) -> None:
     failures, seen = [], {}
-    for rank in range(8):
-        for x in json.loads((tmp_path / f"rank{rank}.json").read_text()):
-            seen[x["world"]] = seen.get(x["world"], 0) + 1
-            if not x["ok"]:
-                failures.append(f"world {x['world']} rank {rank} {x['case']}: {x['detail']}")
+    for rank, x in results:
+        if x["pass"] != which:
+            continue
+        seen[x["world"]] = seen.get(x["world"], 0) + 1
+        if not x["ok"]:
+            failures.append(f"world {x['world']} rank {rank} {x['case']}: {x['detail']}")
     assert not failures, "\n".join(failures)
     # Every member of every ring checked every case.
-    assert seen == {w: len(m) * 9 for w, m in GROUPS.items()}, seen
+    assert seen == {w: len(m) * n_cases for w, m in GROUPS.items()}, seen
+
+
+def test_rings_of_2_3_4_and_8_ranks_match_the_reference_on_the_whole_sequence(ring_results) -> None:
+    _check(ring_results, "fwd", 9)
+
+
+def test_ring_gradients_of_2_3_4_and_8_ranks_match_the_single_device_backward(ring_results) -> None:
+    """dq, dk, dv through autograd on every rank against the float64 backward on the whole sequence:
+    dense, causal (zigzag and contiguous), causal window with softcap, documents with ALiBi; GQA;
+    with a gradient at the LSE for the dense and causal cases (`_ring_worker.BWD_CASES`)."""
+    _check(ring_results, "bwd", 5)
 
 
 def test_sharding_round_trips_and_balances_causal_work() -> None:
@@ -93,3 +114,17 @@ def test_merge_is_exact_with_an_empty_partial_and_safe_when_both_are_empty() -> 
     m, ml = merge_partials(o.float(), l1, o2, l2, seq_dim=1)
     assert torch.allclose(m, 0.25 * o.float() + 0.75 * o2, atol=1e-4)  # fp32 LSEs near 500: ulp 3e-5
     assert torch.allclose(ml, torch.full_like(ml, 500.0 + np.log(4.0)))
+
+
+def test_the_cpu_backend_kernel_runs_a_ring_forward_and_backward(ring_results) -> None:
+    """The CPU backend's kernel (compiled without `output lse`; the ring recompiles it with the
+    LSE) as a 2-rank ring's local attention: outputs and gradients against the reference."""
+    from attngen.cpu.compile import CompilerNotFound, find_compiler
+
+    try:
+        find_compiler()
+    except CompilerNotFound as e:
+        pytest.skip(str(e))
+    got = [(rank, x) for rank, x in ring_results if x["pass"] == "cpu_backend"]
+    assert sorted(rank for rank, _ in got) == GROUPS[2]
+    assert all(x["ok"] for _, x in got), [x["detail"] for _, x in got]

@@ -40,3 +40,13 @@ def test_unmergeable_variants_are_refused() -> None:
         _check_variant(_v("mask causal; norm o rmsnorm(1e-5)"))
     with pytest.raises(ValueError, match="residual"):
         _check_variant(_v("mask causal; residual"))
+    with pytest.raises(ValueError, match="sink"):
+        _check_variant(_v("input sinks: fp32[H]; mask causal; sink sinks"))
+
+
+def test_the_cpu_block_backward_refuses_pre_norms_before_the_forward() -> None:
+    from attngen.runtime.distributed_bwd import _check_cpu
+
+    _check_cpu(_v("mask causal"))
+    with pytest.raises(ValueError, match="pre-norm"):
+        _check_cpu(_v("mask causal; norm q rmsnorm(1e-5)"))

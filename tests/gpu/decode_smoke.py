@@ -48,15 +48,15 @@ def main() -> int:
             print(f"{v.name}: COMPILE FAILED {type(e).__name__}: {str(e)[:2000]}")
             bad += 1
             continue
-        print(f"{v.name}: compiled in {time.perf_counter() - t0:.1f} s, chunk {k.plan.chunk}")
+        print(f"{v.name}: compiled in {time.perf_counter() - t0:.1f} s, chunk {k.plan.split.chunk}")
         for B, Lq, Lk, splits in shapes:
             if v.kind.value == "self":
                 Lk = Lq
-            n_chunks = -(-Lk // k.plan.chunk)
+            n_chunks = -(-Lk // k.plan.split.chunk)
             kw_s = {}
             if isinstance(splits, tuple):
                 if splits[0].startswith("ctas"):
-                    kw_s["ctas"] = min(splits[1], k.plan.units(B, Lq, Lk))
+                    kw_s["ctas"] = min(splits[1], k.plan.split.units(B, Lq, Lk))
                 else:
                     kw_s["splits"] = min(splits[1], n_chunks)
                 if splits[0].endswith("_fused"):

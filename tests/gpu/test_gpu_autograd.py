@@ -117,6 +117,41 @@ def test_direct_op_and_deterministic_mode():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_eager_route_matches_the_dispatched_ops(name, monkeypatch):
+    """The callable's eager route (`_Train`: no custom-op dispatch) and the registered custom ops
+    it stands in for: the same o and, with deterministic=True, bitwise the same dq, dk, dv (score
+    inputs' fp32-atomic sums within rounding); the eager route dispatches nothing."""
+    from attngen.runtime import torch_op
+
+    op = _op(name)
+    _, _, arrays, dO = _case(name, 2, 77, 77, 8)
+    got, dispatched = {}, []
+    real = op.fwd_op
+    monkeypatch.setattr(op, "fwd_op", lambda *a, **kw: dispatched.append(1) or real(*a, **kw))
+    for route in ("eager", "dispatch"):
+        if route == "dispatch":
+            monkeypatch.setattr(torch_op, "_eager", lambda q: False)
+        ts = {n: _leaf(a, True) for n, a in arrays.items()}
+        out = op(ts["q"], ts["k"], ts["v"], deterministic=True, **{n: ts[n] for n in op.input_names})
+        o = out[0] if isinstance(out, tuple) else out
+        (o.float() * fuzz.to_device(dO).float()).sum().backward()
+        got[route] = (o.detach(), {n: t.grad for n, t in ts.items() if t.requires_grad})
+        assert len(dispatched) == (0 if route == "eager" else 1), route
+    (o1, g1), (o2, g2) = got["eager"], got["dispatch"]
+    assert torch.equal(o1, o2) and set(g1) == set(g2)
+    for n in g1:
+        if n in ("q", "k", "v"):
+            assert torch.equal(g1[n], g2[n]), n
+        else:
+            # fp32 atomics add the score inputs' terms in any order; their sums cancel (the
+            # learnable slopes' reach -58 from terms of hundreds), so hold them to the largest
+            # gradient's scale, not to each element's
+            a, b = g1[n].float(), g2[n].float()
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max())), n
+
+
+@pytest.mark.gpu
 def test_gradient_through_the_declared_lse_matches_float64_torch():
     import attngen.runtime.torch as at
 

@@ -39,7 +39,7 @@ def _grads(v, arrays, dO, loads: WgmmaLoads):
 
     plan_bwd.WG_LOADS = loads
     kern = kernel_for(v)
-    assert compile_backward(v, kern.plan.arch).plan.wg_loads == loads
+    assert compile_backward(v, kern.plan.arch).plan.backward.wg_loads == loads
     q, k, vv, rest = fuzz.split_inputs(arrays)
     dev = {n: fuzz.to_device(a) for n, a in rest.items()}
     out = backward(kern, fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv), fuzz.to_device(dO), **dev)
@@ -119,5 +119,5 @@ def test_tma_is_the_default_and_plan_names_it():
     from attngen.runtime.bwd import compile_backward
 
     bk = compile_backward(v, Arch.SM90A)
-    assert bk.plan.engine == BwdEngine.WGMMA and bk.plan.wg_loads == WgmmaLoads.TMA
+    assert bk.plan.engine == BwdEngine.WGMMA and bk.plan.backward.wg_loads == WgmmaLoads.TMA
     assert "cp.async.bulk.tensor.4d" in bk.source and "__grid_constant__" in bk.source

@@ -167,3 +167,36 @@ def test_torch_op_in_a_cuda_graph_defers_nan_check_and_input_checks():
     g2.replay()
     with pytest.raises(InputCheckError, match=r"doc\[0, 1\]"):
         at.raise_pending()
+
+
+@pytest.mark.gpu
+def test_calls_from_threads_that_never_touched_cuda():
+    """A thread with no current CUDA context (torch's autograd worker running a backward after a
+    single-threaded warm-up, or a user's fresh thread): the driver calls bind the device's
+    primary context instead of failing with CUDA_ERROR_INVALID_CONTEXT, and the results equal
+    the main thread's."""
+    import threading
+
+    import attngen.runtime.torch as at
+
+    op = at.register(DOC)
+    q, k, v, doc = _doc_inputs(seed=6)
+    q.requires_grad_()
+    g = torch.randn_like(q)
+
+    def step():
+        return torch.autograd.grad(op(q, k, v, doc=doc), (q,), g)[0]
+
+    torch.autograd.set_multithreading_enabled(False)
+    try:
+        want = step()  # warms the allocator and every binding on the main thread
+    finally:
+        torch.autograd.set_multithreading_enabled(True)
+    torch.cuda.synchronize()
+    same = lambda a: torch.allclose(a, want, rtol=1e-3, atol=1e-3)  # noqa: E731 (dq's atomics: any order)
+    assert same(step())  # the backward on autograd's device thread
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(step()))
+    t.start()
+    t.join()
+    assert len(got) == 1 and same(got[0])

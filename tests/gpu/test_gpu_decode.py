@@ -103,7 +103,7 @@ def _cases(draw, v):
 def test_decode_matches_reference(text: str) -> None:
     v = variant_of(text)
     kernel = _decode(v)
-    chunk = kernel.plan.chunk
+    chunk = kernel.plan.split.chunk
 
     @settings(max_examples=examples(1 / 5))
     @given(_cases(v))
@@ -111,7 +111,7 @@ def test_decode_matches_reference(text: str) -> None:
         case, forced, fused = drawn
         n_chunks = -(-case.Lk // chunk)
         if isinstance(forced, tuple):  # equal shares of the units: any count up to the units
-            _check(v, kernel, case, ctas=min(forced[1], kernel.plan.units(case.B, case.Lq, case.Lk)), fused=fused)
+            _check(v, kernel, case, ctas=min(forced[1], kernel.plan.split.units(case.B, case.Lq, case.Lk)), fused=fused)
         else:
             _check(v, kernel, case, None if forced is None else min(forced, n_chunks), fused=fused)
 
@@ -124,7 +124,7 @@ def test_decode_every_split_count_edge(Lk: int) -> None:
     """One split, as many splits as chunks, and the launch-time choice, on long and tiny caches."""
     v = variant_of(SPECS[2])
     kernel = _decode(v)
-    n_chunks = -(-Lk // kernel.plan.chunk)
+    n_chunks = -(-Lk // kernel.plan.split.chunk)
     for splits in sorted({1, n_chunks, None} - {0}, key=lambda s: -1 if s is None else s):
         _check(v, kernel, fuzz.Case(B=2, Lq=1, Lk=Lk, seed=Lk), splits)
 
@@ -138,7 +138,7 @@ def test_decode_equal_shares_cut_row_blocks_anywhere(spec: int) -> None:
     v = variant_of(SPECS[spec])
     kernel = _decode(v)
     for B, Lq, Lk in ((3, 5, 2049), (2, 1, 777), (1, 16, 5000)):
-        base, units = kernel.plan.row_blocks(B, Lq), kernel.plan.units(B, Lq, Lk)
+        base, units = kernel.plan.split.row_blocks(B, Lq), kernel.plan.split.units(B, Lq, Lk)
         # One input set and one reference a shape: the schedules differ, not the data (the
         # NumPy reference, not the GPU, was most of this test's time).
         case = fuzz.Case(B=B, Lq=Lq, Lk=Lk, seed=Lk)
@@ -264,7 +264,7 @@ def test_paged_refuses_out_of_range_pages_and_runs_chunked_prefill() -> None:
 
     v = variant_of(next(s for s in SPECS if "d_paged16" in s))
     kernel = runtime.compile(v)  # auto: a paged cache always takes the decode family
-    assert kernel.plan.kernels[0].endswith("_decode")
+    assert kernel.plan.kernels[0].name.endswith("_decode")
     arrays = fuzz.case_inputs(v, fuzz.Case(B=2, Lq=40, Lk=300, seed=5))
     out, lse = fuzz.run_kernel(kernel, v, arrays)
     assert all(r.ok for r in fuzz.compare(v, arrays, out, lse))
@@ -315,11 +315,11 @@ def test_paged_speculative_draft_aligns_to_each_rows_length(lens: list[int], pag
     q, k, vv, rest = fuzz.split_inputs(arrays)
     ref = reference.attention(v, q, k, vv, rest)
     case = fuzz.Case(len(lens), 4, pages * 16, "normal", len(lens))
-    n_chunks = -(-pages * 16 // kernel.plan.chunk)
+    n_chunks = -(-pages * 16 // kernel.plan.split.chunk)
     for splits in sorted({1, min(2, n_chunks), min(7, n_chunks), n_chunks}):
         for fused in (True, False):
             _check(v, kernel, case, splits=splits, fused=fused, given=(arrays, ref))
-    _check(v, kernel, case, ctas=min(97, kernel.plan.units(len(lens), 4, pages * 16)), given=(arrays, ref))
+    _check(v, kernel, case, ctas=min(97, kernel.plan.split.units(len(lens), 4, pages * 16)), given=(arrays, ref))
     _check(v, kernel, case, given=(arrays, ref))
 
 

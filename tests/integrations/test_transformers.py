@@ -54,10 +54,13 @@ def _reference_on_cpu():
     hf.use_reference_on_cpu(False)
 
 
-def _pair(family: str, dtype=torch.float32, device: str = "cpu", impl: str = "attngen"):
-    """(the model through `impl`, the same weights through eager attention)."""
+def _pair(family: str, dtype=torch.float32, device: str = "cpu", impl: str = "attngen", **config):
+    """(the model through `impl`, the same weights through eager attention); `config` overrides
+    config attributes."""
     torch.manual_seed(0)
-    cfg = CONFIGS[family]
+    cfg = copy.deepcopy(CONFIGS[family])
+    for name, value in config.items():
+        setattr(cfg, name, value)
     ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=dtype)
     eager = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=dtype)
     with torch.no_grad():  # sinks of a few tenths, so that they matter
@@ -343,8 +346,8 @@ def test_cpu_backend_logits_match_eager(family: str) -> None:
 # GPU: the CUDA kernels through the torch op
 
 
-def _cuda_pair(family: str, dtype, impl: str = "attngen"):
-    ours, eager = _pair(family, dtype=dtype, device="cuda", impl=impl)
+def _cuda_pair(family: str, dtype, impl: str = "attngen", **config):
+    ours, eager = _pair(family, dtype=dtype, device="cuda", impl=impl, **config)
     return ours, eager
 
 
@@ -402,6 +405,43 @@ def test_gpu_bf16_logits_and_gradients_within_the_error_of_sdpa(family: str) -> 
         errs[impl] = (logit_err, grad_err)
     assert errs["attngen"][0] <= 2 * errs[peer][0] + 1e-2, errs
     assert errs["attngen"][1] <= 2 * errs[peer][1] + 1e-2, errs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_gpu_decode_steps_run_the_decode_family_within_the_error_of_sdpa(family: str, monkeypatch) -> None:
+    """bf16 at head dim 64, a prompt with left padding, then one token against the cache (Lq 1,
+    kind cross): the step runs attngen's split-KV decode family, and its logits are within twice the error of bf16
+    sdpa (eager where the model has no sdpa path) against fp32 eager on the whole sequence."""
+    from attngen.runtime import decode as runtime_decode
+
+    if family not in CONFIGS:
+        pytest.skip(f"transformers has no {family} config")
+    hf.use_reference_on_cpu(False)
+    lq = []
+    real = runtime_decode.DecodeKernel._run
+    monkeypatch.setattr(runtime_decode.DecodeKernel, "_run", lambda self, q, *a: lq.append(int(q.shape[1])) or real(self, q, *a))
+    ids, mask = _batch("cuda")
+    ids, mask = ids[1:], mask[1:].clone()
+    mask[0] = 1  # one full row, one left-padded row
+    nxt = torch.randint(0, VOCAB, (2, 1), generator=torch.Generator().manual_seed(5)).cuda()
+    full_ids, full_mask = torch.cat([ids, nxt], 1), torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    _, exact = _cuda_pair(family, torch.float32, head_dim=64)  # (the decode family's smallest head dim)
+    with torch.no_grad():
+        want = exact(full_ids, attention_mask=full_mask).logits[:, -1].float()
+    peer = "sdpa" if getattr(type(exact), "_supports_sdpa", False) else "eager"
+    errs = {}
+    for impl in ("attngen", peer):
+        model, _ = _cuda_pair(family, torch.bfloat16, impl=impl, head_dim=64)
+        model.load_state_dict({k: v.to(torch.bfloat16) for k, v in exact.state_dict().items()})
+        with torch.no_grad():
+            pre = model(ids, attention_mask=mask, use_cache=True)
+            n = len(lq)
+            step = model(nxt, attention_mask=full_mask, past_key_values=pre.past_key_values, use_cache=True)
+            if impl == "attngen":
+                assert lq[n:] and all(x == 1 for x in lq[n:]), lq  # every layer's step: the decode family
+        errs[impl] = (step.logits[:, -1].float() - want).abs().max().item()
+    assert errs["attngen"] <= 2 * errs[peer] + 1e-2, errs
 
 
 def test_module_names_no_model_string_in_the_spec() -> None:

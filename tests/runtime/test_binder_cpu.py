@@ -300,23 +300,22 @@ def test_load_functions_takes_every_entry_point_while_the_file_exists(monkeypatc
 
 
 def test_short_key_loops_launch_the_short_kernel(fake):
-    # Plain causal D128 on sm_90a: the main kernel (128 x 128 x 3) and, as the runtime's compile
-    # attaches it, the same variant at schedule.short_tile's tile for Lk <= 4096 (bshd: the
-    # sequence is dim 1). Each call launches exactly one of them, with that kernel's own plan.
-    import dataclasses
-
-    from attngen.ir.nodes import TileHint
+    # Plain causal D128 on sm_90a: the main kernel (128 x 128 x 3) and the plan's short-loop kernel
+    # (`OpPlan.short`, schedule.short_tile's tile) for Lk <= 4096, which the runtime's compile
+    # attaches (bshd: the sequence is dim 1). Each call launches exactly one of them, with that
+    # kernel's own plan.
     from attngen.plan.schedule import short_tile
 
     k = _kernel("attention c { dtype bf16; head_dim 128; heads 8 kv 2; layout bshd; mask causal; output lse }", Arch.SM90A)
     st = short_tile(k.variant, Arch.SM90A)
     assert st is not None and st.max_lk == 4096
     t = st.tile
-    sv = dataclasses.replace(k.variant, tile=TileHint(t.block_m, t.block_n, t.warps, t.stages))
-    sp = plan(sv, Arch.SM90A)
-    k.short = runtime.Kernel(sv, "", sp, 0.0, "none", True, None, types.SimpleNamespace(ptr=0xF01), (), device=0)
-    k.short_max_lk = st.max_lk
+    sp = k.plan.short
+    assert sp is not None and k.plan.short_max_lk == st.max_lk and sp.short is None
+    k.short = runtime.Kernel(k.variant, "", sp, 0.0, "none", True, None, types.SimpleNamespace(ptr=0xF01), (), device=0)
+    k.short_max_lk = k.plan.short_max_lk
     assert sp.tile == t and sp.smem.kv_split and sp.smem_bytes != k.plan.smem_bytes
+    assert sp.fields == k.plan.fields and sp.kernel_name == k.plan.kernel_name  # one ABI, one launcher
 
     def call(L):
         q = FakeArray((2, L, 8, 128), np.uint16)
@@ -332,7 +331,12 @@ def test_short_key_loops_launch_the_short_kernel(fake):
         assert (got["Lq"], got["Lk"]) == (L, L)
     assert len(k._bindings) == 2 and len(k.short._bindings) == 2
     # A tile hint is the user's choice at every length: no short kernel.
-    assert short_tile(sv, Arch.SM90A) is None
+    import dataclasses
+
+    from attngen.ir.nodes import TileHint
+
+    sv = dataclasses.replace(k.variant, tile=TileHint(t.block_m, t.block_n, t.warps, t.stages))
+    assert short_tile(sv, Arch.SM90A) is None and plan(sv, Arch.SM90A).short is None
 
 
 def test_tma_kernel_takes_descriptors_encoded_per_pointer(fake, monkeypatch):

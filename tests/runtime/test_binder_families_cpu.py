@@ -115,7 +115,7 @@ def test_backward_buffer_matches_the_plan_fields(name, fake, monkeypatch):
         x = inputs[d.name]
         assert got[f"in_{d.name}"] == x.data.ptr
         assert [got[f"in_{d.name}_n{j}"] for j in range(len(x.shape))] == list(x.shape)
-    grids = [bp.grid(kern.func, B, L, L, v.heads, v.kv_heads, v.head_dim) for kern in bp.kernels]
+    grids = [bp.launch_grid(kern, B, L, L) for kern in bp.kernels]
     assert [ln[1] for ln in fake.launches] == grids
     assert [ln[2] for ln in fake.launches] == [kern.threads for kern in bp.kernels]
 
@@ -165,7 +165,7 @@ def test_decode_buffer_matches_the_plan_fields(name, B, Lk, splits, fake):
     paged = v.page_size is not None
     if paged:  # a paged call's Lk is the block table's width in keys
         Lk = inputs["block_table"].shape[1] * v.page_size
-    n_split, n_ctas = (dp.slots(B, 1, dp.split_ctas(B, 1, Lk, splits)), dp.split_ctas(B, 1, Lk, splits)) if splits else dp.schedule(B, 1, Lk, 132)
+    n_split, n_ctas = (dp.split.slots(B, 1, dp.split.split_ctas(B, 1, Lk, splits)), dp.split.split_ctas(B, 1, Lk, splits)) if splits else dp.split.schedule(B, 1, Lk, 132)
     merged = n_split > 1  # fused_default: the split kernel merges with row-block counters
     want = dp.launches(B, 1, n_split, n_ctas, merged=merged)
     assert [(ln[1], ln[2], ln[3]) for ln in fake.launches] == [(w.grid, w.threads, w.smem_bytes) for w in want]
