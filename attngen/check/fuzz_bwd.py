@@ -12,15 +12,18 @@ compares dq, dk, dv and each of those with `attngen.check.reference_bwd` under
 `tolerance.check_grad`; rows with nothing visible must give exactly zero. A failure is shrunk by
 hypothesis and written as a reproducer (spec, inputs .npz with dO, FAILURE.txt).
 
-Without a GPU no kernel runs: the backward source is rendered in both dQ modes (and must render
-the same bytes twice), and the reference backward is run on the drawn cases: its gradients must be
+On the CPU backend (`--device cpu`, or `auto` without a GPU) the CPU backward
+(`attngen.cpu.backward`) runs instead, on smaller cases, against the same reference and tolerances.
+With no kernel at all (`--reference-only`) the backward source is rendered in both dQ modes (and
+must render the same bytes twice), and the reference backward is run on the drawn cases: its gradients must be
 finite, shaped like their inputs, zero on fully masked rows, and match central differences of the
 forward reference along a random direction (on the variant's fp32 twin, where rounding does not
 swamp the difference).
 
 `--specs` with the backward pass: generated valid specs (`fuzz.spec_strategy`) that the backward
 kernels accept must render (and, with nvcc, compile for sm_90a with atomics and sm_80
-deterministic); on a GPU one drawn case each runs against the reference. Specs the backward
+deterministic); on a GPU, or on the CPU backend where its backward takes the spec, one drawn case
+each runs against the reference. Specs the backward
 refuses (`plan.bwd.unsupported`) are counted, not failed.
 """
 

@@ -178,7 +178,8 @@ class CpuKernel:
 
     def backward(self, q: Any, k: Any, v: Any, dO: Any, **kwargs: Any) -> Any:
         """(dq, dk, dv) of sum(dO * O) for this kernel's O, on the CPU backward (`attngen.cpu.backward`;
-        its `backward` names the keywords: o, lse, wrt, dlse, positions, num_threads, runtime inputs)."""
+        its `backward` names the keywords: o, lse, wrt, dlse, q_offset, kv_offset, Lq_total, Lk_total,
+        num_threads and the runtime inputs)."""
         from attngen.cpu.backward import backward
 
         return backward(self, q, k, v, dO, **kwargs)
