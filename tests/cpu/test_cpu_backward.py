@@ -192,3 +192,21 @@ def test_fuzz_backward_on_the_cpu_backend(tmp_path, capsys):
     assert cli.main(["compile", str(EXAMPLES / "paged_decode_llama3.attn"), "--target", "cpu", "--pass", "backward"]) == 1
     err = capsys.readouterr().err
     assert "paged_decode_llama3.attn:" in err and "kv_cache paged" in err and "Traceback" not in err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llama3_gqa_causal", "t5_relative_bias", "qwen3_qk_norm", "varlen_causal_training",
+                                  "diff_transformer_subln"])
+def test_cpu_and_cuda_backward_pass_the_same_reference(name):
+    # On a GPU machine: the same drawn inputs through both backwards, each held to the float64
+    # reference gradients under the same tolerances (`attngen fuzz --pass backward`'s comparison).
+    from attngen.cpu.kernel import compile_cpu
+    from attngen.runtime import kernel as runtime
+
+    v = load(EXAMPLES / f"{name}.attn").get()
+    arrays, dO = _inputs(v, 2, 70, 70, seed=9)
+    wrt = fuzz_bwd.wrt_names(v)
+    for kern in (compile_cpu(v), runtime.compile(v, family="forward")):
+        got = fuzz_bwd.run_backward(kern, v, arrays, dO, wrt, False)
+        bad = [r.summary() for r in fuzz_bwd.compare_backward(v, arrays, dO, got, wrt) if not r.ok]
+        assert not bad, f"{getattr(kern, 'target', 'cuda')}: " + "\n".join(bad)
