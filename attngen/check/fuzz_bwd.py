@@ -12,15 +12,18 @@ compares dq, dk, dv and each of those with `attngen.check.reference_bwd` under
 `tolerance.check_grad`; rows with nothing visible must give exactly zero. A failure is shrunk by
 hypothesis and written as a reproducer (spec, inputs .npz with dO, FAILURE.txt).
 
-Without a GPU no kernel runs: the backward source is rendered in both dQ modes (and must render
-the same bytes twice), and the reference backward is run on the drawn cases: its gradients must be
+On the CPU backend (`--device cpu`, or `auto` without a GPU) the CPU backward
+(`attngen.cpu.backward`) runs instead, on smaller cases, against the same reference and tolerances.
+With no kernel at all (`--reference-only`) the backward source is rendered in both dQ modes (and
+must render the same bytes twice), and the reference backward is run on the drawn cases: its gradients must be
 finite, shaped like their inputs, zero on fully masked rows, and match central differences of the
 forward reference along a random direction (on the variant's fp32 twin, where rounding does not
 swamp the difference).
 
 `--specs` with the backward pass: generated valid specs (`fuzz.spec_strategy`) that the backward
 kernels accept must render (and, with nvcc, compile for sm_90a with atomics and sm_80
-deterministic); on a GPU one drawn case each runs against the reference. Specs the backward
+deterministic); on a GPU, or on the CPU backend where its backward takes the spec, one drawn case
+each runs against the reference. Specs the backward
 refuses (`plan.bwd.unsupported`) are counted, not failed.
 """
 
@@ -77,6 +80,12 @@ def run_backward(kernel: Any, v: Variant, arrays: Mapping[str, np.ndarray], dO: 
     from attngen.runtime.bwd import backward
 
     q, k, vv, rest = split_inputs(arrays)
+    if getattr(kernel, "target", None) == "cpu":  # the CPU backward takes the host arrays as they are
+        res = backward(kernel, q, k, vv, dO, wrt=wrt, **rest)
+        got = {n: np.asarray(x).astype(np.float64) for n, x in zip(("dq", "dk", "dv"), res[:3])}
+        if wrt:
+            got.update({n: np.asarray(res[3][n]).astype(np.float64) for n in wrt})
+        return got
     dev = {n: to_device(a) for n, a in rest.items()}
     res = backward(kernel, to_device(q), to_device(k), to_device(vv), to_device(dO),
                    deterministic=deterministic, wrt=wrt, **dev)
@@ -244,29 +253,43 @@ def _write_repro(out_dir: str, spec_text: str, v: Variant, arrays: Mapping[str, 
     return d
 
 
-def _refusal(v: Variant) -> str | None:
+def _refusal(v: Variant, cpu: bool = False) -> str | None:
     from attngen.plan import bwd as plan_bwd
 
+    if cpu:
+        from attngen.cpu import render_bwd as cpu_bwd
+
+        why = cpu_bwd.unsupported(v)
+        return why.removeprefix("--pass backward: ") if why else None
     bad = plan_bwd.unsupported(v)
     return "; ".join(d.message.removeprefix("--pass backward: ") for d in bad) if bad else None
 
 
 def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, seconds: float | None, seed: int,
-                          out_dir: str, quiet: bool = False, shape: tuple[int, int, int] | None = None) -> Outcome:
+                          out_dir: str, quiet: bool = False, shape: tuple[int, int, int] | None = None,
+                          cpu: bool = False) -> Outcome:
     """Fuzz one variant's backward (see the module doc). A variant the backward kernels refuse is
     a failure that says why (the user asked for that pass). `shape` = (B, Lq, Lk) pins every
-    case's sizes (whole sequences only: the backward fuzz places no decode step)."""
+    case's sizes (whole sequences only: the backward fuzz places no decode step). `cpu`: the CPU
+    backend's backward (`attngen.cpu.backward`) runs instead of the GPU's, on the GPU's shapes'
+    smaller cousins (its dQ mode is one: the drawn flag is ignored)."""
     from hypothesis import strategies as st
 
     outcome = Outcome(f"{v.name} (backward)")
-    why = _refusal(v)
+    why = _refusal(v, cpu)
     if why:
         outcome.failure = f"the backward kernels refuse this variant: {why}"
         return outcome
     wrt = wrt_names(v)
     kernel = None
     try:
-        if gpu:
+        if cpu:
+            from attngen.cpu.backward import compile_backward_cpu
+            from attngen.cpu.kernel import compile_cpu
+
+            kernel = compile_cpu(v)
+            compile_backward_cpu(v)
+        elif gpu:
             from attngen.runtime import kernel as runtime
             from attngen.runtime.bwd import compile_backward
 
@@ -282,11 +305,12 @@ def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples
                     raise AssertionError("rendering is not deterministic: two renders of the backward differ")
             outcome.notes.append("rendered the backward source (both dQ modes)")
     except Exception as e:
-        outcome.failure = f"backward {'compile' if gpu else 'render'} failed: {fmt_exc(e)}"
+        outcome.failure = f"backward {'compile' if gpu or cpu else 'render'} failed: {fmt_exc(e)}"
         outcome.reproducer = _write_repro(out_dir, spec_text, v, None, None, None, outcome.failure)
         return outcome
     # The float64 reference backward is the cost: smaller shapes than the forward's fuzzing.
-    cases = case_strategy(v, max_len=700 if gpu else 40, max_work=(1 << 20) if gpu else (1 << 12), shape=shape)
+    cases = case_strategy(v, max_len=700 if gpu else 200 if cpu else 40, max_work=(1 << 20) if gpu else (1 << 16) if cpu else (1 << 12),
+                          shape=shape)
     strategy = st.tuples(cases, st.booleans())
     last: list[Any] = [None, None]
 
@@ -296,6 +320,7 @@ def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples
         last[:] = [arrays, dO]
         if kernel is not None:
             got = run_backward(kernel, v, arrays, dO, wrt, det)
+            outcome.kernel_runs += 1
             bad = [r.summary() for r in compare_backward(v, arrays, dO, got, wrt) if not r.ok]
             if bad:
                 raise AssertionError(f"{v.name} backward (deterministic={det}) at {case.describe()}:\n" + "\n".join(bad))
@@ -320,9 +345,10 @@ def fuzz_backward_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples
 
 
 def fuzz_specs_backward(*, gpu: bool, max_examples: int, seconds: float | None, seed: int, out_dir: str,
-                        quiet: bool = False, nvcc_jobs: int = 0) -> list[Outcome]:
+                        quiet: bool = False, nvcc_jobs: int = 0, cpu: bool = False) -> list[Outcome]:
     """Generated valid specs through the backward pass (see the module doc); `nvcc_jobs` > 0
-    compiles each accepted backward source in the background (sm_90a atomics, sm_80 deterministic)."""
+    compiles each accepted backward source in the background (sm_90a atomics, sm_80 deterministic).
+    `cpu`: specs the CPU backward takes also run one drawn case each on it against the reference."""
     from hypothesis import strategies as st
 
     from attngen.cuda import nvcc_check, render_bwd
@@ -354,17 +380,26 @@ def fuzz_specs_backward(*, gpu: bool, max_examples: int, seconds: float | None, 
                 raise
             if pool is not None:
                 futures.append((pool.submit(nvcc_check.compile_check, src, arch), text, v.name, arch))
-        if not gpu:
-            return
-        from attngen.runtime import kernel as runtime
+        if cpu:
+            if _refusal(v, cpu=True):
+                return
+            from attngen.cpu.kernel import compile_cpu
 
-        if v not in kernels:
-            kernels[v] = runtime.compile(v, family="forward")
-        case = data.draw(case_strategy(v, max_len=300, max_work=1 << 18))
+            kernels.setdefault(v, compile_cpu(v))
+            case = data.draw(case_strategy(v, max_len=100, max_work=1 << 14))
+        elif not gpu:
+            return
+        else:
+            from attngen.runtime import kernel as runtime
+
+            if v not in kernels:
+                kernels[v] = runtime.compile(v, family="forward")
+            case = data.draw(case_strategy(v, max_len=300, max_work=1 << 18))
         det = data.draw(st.booleans())
         arrays, dO = backward_inputs(v, case)
         wrt = wrt_names(v)
         got = run_backward(kernels[v], v, arrays, dO, wrt, det)
+        out.kernel_runs += 1
         bad = [r.summary() for r in compare_backward(v, arrays, dO, got, wrt) if not r.ok]
         if bad:
             raise AssertionError(f"backward (deterministic={det}) at {case.describe()}:\n" + "\n".join(bad) + f"\n--- spec ---\n{text}")
@@ -380,7 +415,9 @@ def fuzz_specs_backward(*, gpu: bool, max_examples: int, seconds: float | None, 
         out.failure = fmt_exc(exc)
     if refused:
         out.notes.append("refused by the backward kernels: " + ", ".join(f"{k} x{c}" for k, c in sorted(refused.items())))
-    if not gpu:
+    if cpu:
+        out.notes.append("backward run on the CPU backend where it differentiates the spec")
+    elif not gpu:
         out.notes.append("no GPU kernels: backward sources rendered only")
     if pool is not None:
         if not quiet and futures:

@@ -176,6 +176,14 @@ class CpuKernel:
             raise NaNCheckError(f"variant {var.name}: nan_check found NaN or Inf in the output")
         return (o.obj, lse_arr.obj) if var.lse else o.obj
 
+    def backward(self, q: Any, k: Any, v: Any, dO: Any, **kwargs: Any) -> Any:
+        """(dq, dk, dv) of sum(dO * O) for this kernel's O, on the CPU backward (`attngen.cpu.backward`;
+        its `backward` names the keywords: o, lse, wrt, dlse, q_offset, kv_offset, Lq_total, Lk_total,
+        num_threads and the runtime inputs)."""
+        from attngen.cpu.backward import backward
+
+        return backward(self, q, k, v, dO, **kwargs)
+
     def _bind(self, arrs: dict[str, _Arr], pos: abi.Positions) -> _Binding:
         """The full validation of one signature; the params without pointers."""
         var = self.variant

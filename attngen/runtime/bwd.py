@@ -382,6 +382,11 @@ def backward(
 
     Each call signature (shapes, strides, dtypes, devices, stream, `wrt`, placement, whether
     `dlse` is given) is validated and packed once; later calls patch pointers and launch."""
+    if getattr(kernel, "target", None) == "cpu":  # the CPU backend's backward (attngen.cpu.backward)
+        from attngen.cpu.backward import backward as cpu_backward
+
+        return cpu_backward(kernel, q, k, v, dO, o=o, lse=lse, wrt=wrt, dlse=dlse, q_offset=q_offset, kv_offset=kv_offset,
+                            Lq_total=Lq_total, Lk_total=Lk_total, variant=variant, **inputs)
     var = kernel.variant if variant is None else variant
     if variant is not None and variant is not kernel.variant and not _same_training(kernel.variant, variant):
         raise ValueError(f"variant: expected {variant.name}'s own forward or its training forward, got a kernel of {kernel.variant.name}")

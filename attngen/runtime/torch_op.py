@@ -51,7 +51,9 @@ applies y = norm(O') w + b (+ x) itself (`apply_o_norm`), and the backward maps 
 norm. Constructs the backward kernels refuse (`plan.bwd.unsupported`: a paged cache, which is
 inference state, and a sink under the o post-norm) raise ValueError at the forward call when an
 input requires grad, never a silently wrong or missing gradient. `deterministic=True` (the callable,
-`Attention`) gives a bitwise reproducible dQ.
+`Attention`) gives a bitwise reproducible dQ. On CPU tensors the forward and the backward are the
+CPU backend's (`attngen.cpu.kernel`, `attngen.cpu.backward`; its refusals are
+`attngen.cpu.render_bwd.unsupported`, the GPU backward's).
 """
 
 from __future__ import annotations
@@ -86,6 +88,14 @@ _TORCH_DTYPES = {d: getattr(torch, d.info.torch) for d in ATTENTION_DTYPES}
 def _cpu_backend(q: torch.Tensor) -> bool:
     """Whether a call on `q` runs the CPU backend (CPU tensors) rather than the CUDA kernels."""
     return q.device.type == "cpu"
+
+
+def _cpu_refusal(v: Variant) -> str | None:
+    """Why the CPU backward cannot differentiate `v` (None when it can)."""
+    from attngen.cpu import render_bwd
+
+    why = render_bwd.unsupported(v)
+    return None if why is None else why.removeprefix("--pass backward: ")
 
 
 def _eager(q: Any) -> bool:
@@ -233,7 +243,7 @@ class AttnOp:
 
     def _impl(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
         arrays, (check_inputs,) = _trailing(rest, kw, len(self.input_names), {"check_inputs": True})
-        if _cpu_backend(q):  # the CPU backend (attngen.cpu): forward only, checks always on
+        if _cpu_backend(q):  # the CPU backend (attngen.cpu), checks always on
             from attngen.cpu.kernel import compile_cpu
 
             return compile_cpu(self.variant)(q, k, v, **dict(zip(self.input_names, arrays)))
@@ -258,18 +268,18 @@ class AttnOp:
         return self._fake_outputs(q, self.variant.lse)
 
     def _refuse(self, tensors: tuple[Any, ...]) -> None:
-        """ValueError when an input requires grad and the backward kernels refuse the variant (or
-        the tensors are on the CPU, whose backend has no backward)."""
-        if isinstance(tensors[0], torch.Tensor) and _cpu_backend(tensors[0]) and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors):
-            raise ValueError(f"attngen::{self.name}: the CPU backend has no backward pass; call it on tensors that do "
-                             f"not require grad (detach() them, or call under torch.no_grad()), or on CUDA tensors")
-        if self.refusal is None:
+        """ValueError when an input requires grad and the backward kernels refuse the variant (on
+        CPU tensors: the CPU backward, `attngen.cpu.render_bwd.unsupported`)."""
+        refusal, kernels = self.refusal, "backward kernels do"
+        if isinstance(tensors[0], torch.Tensor) and _cpu_backend(tensors[0]):
+            refusal, kernels = _cpu_refusal(self.variant), "CPU backward does"
+        if refusal is None:
             return
         which = [n for n, x in zip(("q", "k", "v", *self.input_names), tensors) if isinstance(x, torch.Tensor) and x.requires_grad]
         if which:
             raise ValueError(
-                f"attngen::{self.name}: {', '.join(which)} require{'s' if len(which) == 1 else ''} grad, but the backward "
-                f"kernels do not support this variant: {self.refusal}; pass tensors that do not require grad (detach() "
+                f"attngen::{self.name}: {', '.join(which)} require{'s' if len(which) == 1 else ''} grad, but the {kernels} "
+                f"not support this variant: {refusal}; pass tensors that do not require grad (detach() "
                 f"them, or call under torch.no_grad())")
 
     def _setup_public(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -308,14 +318,22 @@ class AttnOp:
     def _train_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arrays: Any, check_inputs: bool) -> Any:
         """(o, lse), or with `norm o` (y, lse, O'): the training forward's outputs (`_impl_fwd`, `_Train`)."""
         if not self.o_norm:
-            o, lse = self._launch(self.train_kernel(), q, k, v, arrays, self.input_names, check_inputs)
+            o, lse = self._train_launch(q, k, v, arrays, self.input_names, check_inputs)
             return o, lse
         # (o, lse, O'): O' from the forward without the post-norm, y = norm(O') (+ x) here.
         by_name = dict(zip(self.input_names, arrays))
-        o_pre, lse = self._launch(self.train_kernel(), q, k, v, [by_name[n] for n in self.train_input_names],
-                                  self.train_input_names, check_inputs)
+        o_pre, lse = self._train_launch(q, k, v, [by_name[n] for n in self.train_input_names], self.train_input_names, check_inputs)
         w, b = (by_name.get(n) for n in (norm_weight_name(NormTarget.O), norm_bias_name(NormTarget.O)))
         return apply_o_norm(self.variant, o_pre, q, w, b), lse, o_pre
+
+    def _train_launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arrays: Any, names: tuple[str, ...],
+                      check_inputs: bool) -> Any:
+        """(o, lse) of `train_variant`: on CPU tensors the CPU backend's (checks always on), else the GPU's."""
+        if _cpu_backend(q):
+            from attngen.cpu.kernel import compile_cpu
+
+            return compile_cpu(self.train_variant)(q, k, v, **dict(zip(names, arrays)))
+        return self._launch(self.train_kernel(), q, k, v, arrays, names, check_inputs)
 
     def _fake_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kw: Any) -> Any:
         o, lse = self._fake_outputs(q, True)
@@ -350,7 +368,7 @@ class AttnOp:
                arrays: Any, deterministic: bool, direct: bool = False) -> list[Any]:
         """Gradients of (q, k, v, *runtime inputs), None where not needed or not defined; `direct`
         runs the backward kernels without dispatching `attngen::<name>_bwd` (`_Train`)."""
-        if self.refusal is not None:  # (setup refuses first; kept for a saved graph replayed later)
+        if self.refusal is not None and not _cpu_backend(q):  # (setup refuses first; kept for a saved graph replayed later)
             raise ValueError(f"attngen::{self.name}: the backward kernels do not support this variant: {self.refusal}")
         n = len(self.input_names)
         if do is None:
@@ -407,7 +425,13 @@ class AttnOp:
         if names is None:
             names = self._wrt_names[wrt] = tuple(nm for i, nm in enumerate(self.grad_names) if wrt >> i & 1)
         inputs = dict(zip(self.input_names, arrays))
-        res = runtime_bwd.backward(self.train_kernel(), q, k, v, do, o=o, lse=lse, dlse=dlse, deterministic=deterministic,
+        if _cpu_backend(q):  # the CPU backend's training forward: backward() runs the CPU backward for it
+            from attngen.cpu.kernel import compile_cpu
+
+            kern = compile_cpu(self.train_variant)
+        else:
+            kern = self.train_kernel()
+        res = runtime_bwd.backward(kern, q, k, v, do, o=o, lse=lse, dlse=dlse, deterministic=deterministic,
                                    wrt=names, variant=self.variant, **inputs)
         out = list(res[:3])
         if names:

@@ -321,8 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Render a variant's kernel source. --target cuda (default) writes CUDA for "
                        "--arch; --target cpu writes one self-contained C++17 file (FlashAttention on the CPU, OpenMP) "
                        "whose extern \"C\" NAME_cpu_launch(params) a C++ engine links with no CUDA; --emit header "
-                       "writes either target's C header. --arch and the GPU-only options (--family, --pass, "
-                       "--resources, --emit ptx/cubin) are refused with --target cpu.")
+                       "writes either target's C header; --pass backward writes either target's backward source. --arch "
+                       "and the GPU-only options (--family, --deterministic, --resources, --emit ptx/cubin) are refused "
+                       "with --target cpu.")
     k.add_argument("file", metavar="FILE")
     k.add_argument("-o", "--output", help="output path (default: stdout)")
     k.add_argument("--variant", help="the variant to compile (needed when the file has several)")

@@ -3,10 +3,11 @@
     attngen compile FILE [-o OUT] [--variant NAME] [--arch ARCH] [--prefix NAME]
                          [--emit cu|ptx|cubin|header] [--family auto|forward|decode]
                          [--pass forward|backward] [--resources] [--verbose]
-    attngen compile FILE --target cpu [-o OUT] [--variant NAME] [--prefix NAME] [--emit cu|header]
+    attngen compile FILE --target cpu [-o OUT] [--variant NAME] [--prefix NAME] [--emit cu|header] [--pass forward|backward]
 
 `--target cpu` writes the CPU backend's self-contained C++17 file (`attngen.cpu.render`; `--emit
 cu`, the default, is the target's source) or its C header; the GPU options are refused with it.
+`--pass backward` with it writes the CPU backward's C++17 file (`attngen.cpu.render_bwd`).
 
 `cu` (the default) is the self-contained `.cu` (kernel + `extern "C"` host launcher); `header` is a
 plain C header declaring the launcher's parameter struct and prototype for a C++ engine; `ptx` and
@@ -323,8 +324,12 @@ def _run_backend(args: argparse.Namespace, backend, emit: str, out_path: str | N
                 if given]
     if (getattr(args, "family", None) or "auto") != "auto":
         gpu_only.append("--family")
-    if (getattr(args, "pass_", None) or "forward") != "forward":
+    backward = (getattr(args, "pass_", None) or "forward") == "backward"
+    if backward and backend.name != "cpu":
         gpu_only.append(f"--pass backward (the {backend.name} target has the forward pass only)")
+    if backward and emit == "header":
+        raise _Usage("--emit header is for the forward pass; the backward's params struct and launcher are in the .cpp's "
+                     "extern \"C\" block")
     if emit in ("ptx", "cubin"):
         gpu_only.append(f"--emit {emit}")
     if gpu_only:
@@ -339,10 +344,19 @@ def _run_backend(args: argparse.Namespace, backend, emit: str, out_path: str | N
     try:
         program = loads(text, args.file)
         v = _pick_variant(program, getattr(args, "variant", None), args.file)
-        why = backend.unsupported(v)
-        if why:
-            raise SpecError([Diagnostic(f"the {backend.name} target cannot run `{v.name}`", v.span, why)], text, args.file)
-        data = (backend.header(v, options) if emit == "header" else backend.render(v, options)).encode("utf-8")
+        if backward:  # the CPU backward (attngen.cpu.render_bwd)
+            from attngen.cpu import render_bwd as cpu_bwd
+
+            why = cpu_bwd.unsupported(v)
+            if why:
+                raise SpecError([Diagnostic(f"the {backend.name} backward cannot differentiate `{v.name}`", v.span,
+                                            why.removeprefix("--pass backward: "))], text, args.file)
+            data = cpu_bwd.render(v, options.prefix).encode("utf-8")
+        else:
+            why = backend.unsupported(v)
+            if why:
+                raise SpecError([Diagnostic(f"the {backend.name} target cannot run `{v.name}`", v.span, why)], text, args.file)
+            data = (backend.header(v, options) if emit == "header" else backend.render(v, options)).encode("utf-8")
     except SpecError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_SPEC

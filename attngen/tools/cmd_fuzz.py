@@ -104,10 +104,6 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         print(f"attngen fuzz: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     gpu, cpu = device == "cuda", device == "cpu"
-    if getattr(args, "device", None) == "cpu" and getattr(args, "pass_", None) == "backward":
-        print("attngen fuzz: error: the CPU backend has the forward pass only: --pass forward or both (the backward "
-              "then checks the reference), or --device cuda", file=sys.stderr)
-        return EXIT_USAGE
     print(f"attngen fuzz: {mode}; seed {seed}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     if args.specs:
@@ -132,7 +128,8 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             from attngen.check import fuzz_bwd
 
             outcomes += fuzz_bwd.fuzz_specs_backward(gpu=gpu, max_examples=max(1, n // 4), seconds=args.seconds and args.seconds / 4,
-                                                     seed=seed, out_dir=out_dir, nvcc_jobs=(args.jobs or nvcc_check.default_jobs()) if use_nvcc else 0)
+                                                     seed=seed, out_dir=out_dir, nvcc_jobs=(args.jobs or nvcc_check.default_jobs()) if use_nvcc else 0,
+                                                     cpu=cpu)
     else:
         if not args.file:
             print("attngen fuzz: error: expected FILE (or --specs)", file=sys.stderr)
@@ -166,7 +163,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
             from attngen.check import fuzz_bwd
 
             outcomes = [fuzz_bwd.fuzz_backward_variant(v, text, gpu=gpu, max_examples=n, seconds=per, seed=seed, out_dir=out_dir,
-                                                     shape=sizes)
+                                                     shape=sizes, cpu=cpu)
                         for v in variants]
         else:
             outcomes = []

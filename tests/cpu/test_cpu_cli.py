@@ -44,7 +44,7 @@ def test_header_is_plain_c_and_matches_the_source(tmp_path):
         assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize("extra", [["--arch", "sm_80"], ["--emit", "ptx"], ["--pass", "backward"], ["--family", "decode"],
+@pytest.mark.parametrize("extra", [["--arch", "sm_80"], ["--emit", "ptx"], ["--deterministic"], ["--family", "decode"],
                                    ["--resources"]])
 def test_gpu_options_are_refused_with_the_cpu_target(extra, capsys):
     f = str(ROOT / "examples" / "seed_padded_fp32.attn")

@@ -1,4 +1,4 @@
-"""`torch.ops.attngen.<name>` on CPU tensors runs the CPU backend (forward only)."""
+"""`torch.ops.attngen.<name>` on CPU tensors runs the CPU backend (forward, and the backward under autograd)."""
 
 from __future__ import annotations
 
@@ -43,15 +43,16 @@ def test_torch_op_on_cpu_tensors_matches_the_reference():
     assert torch.equal(o, o3)
 
 
-def test_cpu_tensors_that_require_grad_are_refused():
+def test_cpu_tensors_that_require_grad_train_on_the_cpu_backward():
     import attngen.torch as at
 
     v = load(EXAMPLES / "llama3_gqa_causal.attn").get()
     op = at.register(v)
     a = workload.make_inputs(v, 1, 20, 20, np.random.default_rng(0))
     q, k, vv = _t(a["q"]).requires_grad_(), _t(a["k"]), _t(a["v"])
-    with pytest.raises(ValueError, match="CPU backend has no backward"):
-        op(q, k, vv)
+    o, lse = op(q, k, vv)
     with torch.no_grad():
-        o, lse = op(q, k, vv)
-        assert o.shape == q.shape and lse.shape == (1, v.heads, 20)
+        o2, lse2 = op(q, k, vv)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2) and lse.shape == (1, v.heads, 20)
+    o.float().sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape and q.grad.dtype == q.dtype and torch.isfinite(q.grad.float()).all()
