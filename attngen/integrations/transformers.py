@@ -22,8 +22,8 @@ custom implementation no mask at all, and padding would be lost). Each call of a
    attribute. The proof reads one result back from the device, once per mask tensor: all layers
    that share a mask share the proof.
 3. runs (`execute`): CUDA tensors through the attngen torch op (autograd included); CPU tensors
-   through the CPU backend where it is installed (forward only), or through the NumPy float64
-   reference after `use_reference_on_cpu(True)` (a testing aid: slow, exact); otherwise it raises.
+   through the CPU backend where it is installed (training through the torch op's CPU backward),
+   or through the NumPy float64 reference after `use_reference_on_cpu(True)` (a testing aid: slow, exact); otherwise it raises.
    There is never a silent fallback to eager attention.
 
 Outputs match eager attention's on every row but one kind: a query row that sees no key at all (a
@@ -380,7 +380,7 @@ def use_reference_on_cpu(enabled: bool = True) -> None:
     """A testing aid: run attention on CPU tensors through the NumPy float64 reference
     (`attngen.check.reference`, forward and backward; exact, and slow: minutes for one layer of a
     real model). Off by default, when CPU tensors take the CPU backend where it is installed
-    (forward only) and raise otherwise."""
+    (forward and backward) and raise otherwise."""
     global _REFERENCE_ON_CPU
     _REFERENCE_ON_CPU = bool(enabled)
 
@@ -400,29 +400,34 @@ def execute(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Runs `variant` on q [B, Lq, H, D], k, v [B, Lk, Hkv, D] and its runtime inputs by name;
     returns o [B, Lq, H, Dv], differentiable where the path is (see the module doc)."""
     if q.device.type == "cuda":
-        op = _TORCH_OPS.get(id(variant))
-        if op is None:
-            from attngen.runtime.torch_op import register
-
-            op = _TORCH_OPS.setdefault(id(variant), register(variant))  # (variants live on in _SPECS)
-        # The integration builds every runtime input itself (doc_ids, the one `sorted` input, is a
-        # cumsum), so the device check, and the read-back it costs at every layer, is skipped.
-        return op(q, k, v, check_inputs=False, **{n: inputs[n] for n in op.input_names})
+        return _through_op(variant, q, k, v, inputs)
     if q.device.type != "cpu":
         raise RuntimeError(f"attngen runs on CUDA or CPU tensors, got tensors on {q.device}")
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *inputs.values()))
-    if not grad and not _REFERENCE_ON_CPU:
+    if not _REFERENCE_ON_CPU:
         kernel = _cpu_kernel(variant)
         if kernel is not None:
-            return kernel(q, k, v, **inputs)
+            # training: the torch op's CPU implementation, differentiable through the CPU backward
+            return _through_op(variant, q, k, v, inputs) if grad else kernel(q, k, v, **inputs)
     if _REFERENCE_ON_CPU:
         names = tuple(inputs)
         return _ReferenceAttention.apply(variant, names, q, k, v, *(inputs[n] for n in names))
     raise RuntimeError(
-        "attngen: attention on CPU tensors needs "
-        + ("a backward, which attngen's CPU backend does not have" if grad else "attngen's CPU backend, which is not installed")
-        + "; move the model to a CUDA device, or for tests call "
+        "attngen: attention on CPU tensors needs attngen's CPU backend, which is not installed; "
+        "move the model to a CUDA device, or for tests call "
         "attngen.integrations.transformers.use_reference_on_cpu(True) (the float64 NumPy reference, slow)")
+
+
+def _through_op(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
+    """`variant`'s torch op (registered once a variant) on q, k, v and its runtime inputs."""
+    op = _TORCH_OPS.get(id(variant))
+    if op is None:
+        from attngen.runtime.torch_op import register
+
+        op = _TORCH_OPS.setdefault(id(variant), register(variant))  # (variants live on in _SPECS)
+    # The integration builds every runtime input itself (doc_ids, the one `sorted` input, is a
+    # cumsum), so the device check, and the read-back it costs at every layer, is skipped.
+    return op(q, k, v, check_inputs=False, **{n: inputs[n] for n in op.input_names})
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
