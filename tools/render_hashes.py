@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                 # the CPU backend takes no --arch: its source and header once a variant
                 for e in ("cu", "header"):
                     add(f"{f}:{v}:cpu:{e}", run("compile", f, "--variant", v, *HOST_TARGET, "--emit", e, "-o", "-"))
+                for c in extra.get("--pass", ())[1:]:  # (the first is the default: the source above)
+                    add(f"{f}:{v}:cpu:cu--pass={c}", run("compile", f, "--variant", v, *HOST_TARGET, "--pass", c, "-o", "-"))
     lines.sort(key=lambda s: s.split("  ", 1)[1])
     sys.stdout.write("\n".join(lines) + "\n")
     n_cu = sum(1 for s in lines if s.endswith(":cu"))
