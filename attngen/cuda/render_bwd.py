@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from attngen import __version__
 from attngen.analysis import derivative
+from attngen.analysis.kv_bounds import kv_lower_bounds, kv_upper_bounds, sorted_matches
 from attngen.ir.nodes import DType, NormKind, NormScope, NormTarget, SizeSym, Variant
 from attngen.cuda.emit import INT_UNKNOWN, AxisSplit, ElementEmitter, IntervalEmitter, float_literal, split_by_axis, tensor_ctype
 from attngen.plan.bwd import (PRE_THREADS, THREADS, VEC_ELEMS, WG_CONSUMER_REGS, WG_DQ_PAD, WG_DQ_REGS, WG_DQ_THREADS, WG_SUB_M, BwdEngine,
@@ -113,6 +114,28 @@ def _param_grads(v: Variant, elem: ElementEmitter) -> list[dict]:
     return list(out.values())
 
 
+def _span_ctx(v: Variant, elem: ElementEmitter) -> dict:
+    """The tile loops' bounds from the mask (`analysis.kv_bounds`), so that a key tile's dK/dV walk
+    visits only the query tiles that may see it and the deterministic dQ kernel only the key tiles
+    a query tile may see: `kv_hi_code` (`kv_lo_code`), C++ for the tightest key upper (lower)
+    bound at a global query position `q` ('' where the mask states none); `sorted_spans`, per
+    sorted match `a[.., q] == c[.., kv]` the lookups at a position `q` (`kv`) and the length of
+    their last dim; `spans`, whether anything bounds the loops (else they run every tile, as
+    before: the classification alone skips)."""
+    hi = lo = ""
+    for e in kv_upper_bounds(v.mask):
+        c = elem.emit(e)
+        hi = c if not hi else f"min({hi}, {c})"
+    for e in kv_lower_bounds(v.mask):
+        c = elem.emit(e)
+        lo = c if not lo else f"max({lo}, {c})"
+    spans = [dict(text=f"{_expr_text(m.q_load)} == {_expr_text(m.kv_load)}",
+                  q_read=elem.emit(m.q_load), kv_read=elem.emit(m.kv_load),
+                  q_n=f"p.in_{m.q_load.tensor}_n{len(m.q_load.indices) - 1}", kv_n=f"p.in_{m.kv_load.tensor}_n{len(m.kv_load.indices) - 1}")
+             for m in sorted_matches(v.mask, {d.name: d for d in v.runtime_inputs()})]
+    return dict(spans=bool(hi or lo or spans), kv_hi_code=hi, kv_lo_code=lo, sorted_spans=spans)
+
+
 def _wg_shapes(v: Variant, op: OpPlan) -> list[dict]:
     """Operand lists of the m64nNk16 wgmma wrappers of the wgmma dK/dV kernel: N = 64 queries (S^T,
     dP^T of a sub-step), D and Dv (dK, dV) and a warpgroup's dQ columns (`wg_dq_cols`); N / 2 fp32 accumulators
@@ -180,6 +203,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, deterministic: bo
         mask_split=_bwd_split_ctx(v, op, consts),
         classify_lines=classify_lines,
         classify_result=classify_result,
+        **_span_ctx(v, elem),
         score_texts=[_expr_text(s) for s in v.scores],
         score_codes=[elem.emit(s) for s in v.scores],
         dscore_text=_expr_text(ds),
