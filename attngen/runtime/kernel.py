@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from attngen.cuda.compile import compile_source
+from attngen.ir.dtypes import INPUT_DTYPES
 from attngen.ir.nodes import DType, Layout, Program, TileConfig, TileHint, Variant
 from attngen.runtime.binder import (CALL_SCALARS, MAX_BINDINGS, call_outputs, POOL, SIG_FNS, Binding, InputCheckError, NaNCheckError, bind_forward,
                                     capturing, driver, launch_driver, load_functions, sig_fn,
@@ -319,7 +320,7 @@ def _check_function(arch: Arch, dtype: DType) -> Any:
     mod = _CHECK_MODULES.get((arch, dev))
     if mod is None:
         binary = compile_source(render_checks(), arch)
-        names = {check_kernel_name(d): 0 for d in DType}
+        names = {check_kernel_name(d): 0 for d in INPUT_DTYPES}
         mod = _CHECK_MODULES[(arch, dev)] = load_functions(binary.cubin, names)[0]
     return mod.get_function(check_kernel_name(dtype))
 
