@@ -351,7 +351,11 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
         parts.append(f"sink {v.sink}")
     from attngen.plan import decode as plan_decode
 
-    if plan_decode.forward_unsupported(v) is not None:
+    if v.quantized:
+        from attngen.lang.printer import quant_words
+
+        parts.append(quant_words(v) + ": no CUDA kernel yet (CPU backend and reference)")
+    elif plan_decode.forward_unsupported(v) is not None:
         dp = plan_decode.plan(v, arch)
         parts.append(f"kv_cache paged({v.page_size}): decode family for every Lq (split-KV mma.sync, "
                      f"{dp.block_n} keys a warp x {dp.warps} warps, {dp.stages} stages, {dp.smem_bytes / 1024:.0f} KiB smem on {arch.value})")
