@@ -425,6 +425,10 @@ def explain(
     seed: int = 0,
 ) -> str:
     """A multi-line plain-words description of `v`; `shape` = (B, Lq, Lk) for sample shapes."""
+    if v.quantized:
+        from attngen.tools import explain_quant
+
+        return explain_quant.explain(v, shape, seed)
     B, Lq, Lk = shape or DEFAULT_SHAPE
     if v.kind == AttnKind.SELF and Lq > Lk:
         Lq = Lk  # (the command line refuses it) a self-attention call has at most as many queries as keys
