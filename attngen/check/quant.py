@@ -324,6 +324,64 @@ def _row(v: Variant, b: int, qd, kd, vd, q_in, o4, lse, tensors, env_sizes, q_of
 
 
 # --------------------------------------------------------------------------------------------
+# Tolerance: what a kernel may differ by (docs/QUANT.md, "What a flash kernel does differently")
+
+
+def p_bound(v: Variant, v_max: float, n_keys: int) -> float:
+    """The absolute bound 2·max|V'|·(u_p + δ_p·n) on |O_kernel − O_ref| from quantizing p against
+    a running instead of the final row max (0 when p is not quantized): each element of P is
+    within u_p·p̃ + δ_p of the exact p̃ in either, and l ≥ 1."""
+    qn = v.quant(QuantOperand.P)
+    if qn is None:
+        return 0.0
+    d = qn.dtype
+    r = qn.static if qn.static is not None else d.info.qmax
+    half_step = {DType.FP8_E4M3: 2.0**-10, DType.FP8_E5M2: 2.0**-17, DType.I8: 0.5}[d]
+    u = d.info.unit_roundoff if d.info.is_float else 0.0
+    return 2.0 * v_max * (u + half_step / r * n_keys)
+
+
+def score_error(v: Variant, qd: np.ndarray, kd: np.ndarray) -> float:
+    """The score error a kernel may make against the reference: fp32 accumulation on the product's
+    operands (`tolerance.score_error`), plus one quantization step of q or k where the quantizer's
+    input is itself computed in fp32 (a norm's output, a smoothed k) and may round the other way."""
+    from attngen.check import tolerance
+
+    err = tolerance.score_error(qd, kd, v.effective_scale)
+    for op, x, partner in ((QuantOperand.Q, qd, kd), (QuantOperand.K, kd, qd)):
+        qn = v.quant(op)
+        target = NormTarget.Q if op == QuantOperand.Q else NormTarget.K
+        if qn is None or qn.source != ScaleSource.AMAX or not (qn.smooth or v.norm(target) is not None) or not x.size:
+            continue
+        xm, pm = float(np.abs(x).max()), float(np.abs(partner).max()) if partner.size else 0.0
+        step = xm / qn.dtype.info.qmax if qn.dtype == DType.I8 else 2 * qn.dtype.info.unit_roundoff * xm
+        err += abs(v.effective_scale) * step * pm
+    return err if np.isfinite(err) else 0.0
+
+
+def reports(v: Variant, arrays: Mapping[str, np.ndarray], out: np.ndarray, lse: np.ndarray | None,
+            ref: tuple[np.ndarray, np.ndarray]) -> list:
+    """Tolerance reports of a quantized variant's kernel output (and LSE) against the reference."""
+    from attngen.check import reference_eval as E
+    from attngen.check import tolerance
+
+    rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+    tensors = E.prepare_tensors(v, rest)
+    with np.errstate(all="ignore"):
+        qd, kd, vd = dense_operands(v, arrays["q"], arrays["k"], arrays["v"], tensors)
+    se = score_error(v, qd, kd)
+    o_ref, lse_ref = ref
+    extra = p_bound(v, float(np.abs(vd).max()) if vd.size else 0.0, kd.shape[2])
+    rf = np.asarray(o_ref, np.float64)
+    norm = float(np.linalg.norm(rf[np.isfinite(rf)]))
+    rel = extra * np.sqrt(rf.size) / norm if norm > 0 else 0.0
+    reps = [tolerance.check(out, o_ref, v.dtype, "O", score_err=se, extra_abs=extra, extra_rel_l2=rel)]
+    if v.lse and lse is not None:
+        reps.append(tolerance.check_lse(lse, lse_ref, v.dtype, "LSE", score_err=se))
+    return reps
+
+
+# --------------------------------------------------------------------------------------------
 # Inputs
 
 
@@ -335,7 +393,6 @@ def store_inputs(v: Variant, arrays: dict[str, np.ndarray]) -> None:
     from attngen.check import reference_eval as E
 
     H, Hkv = v.heads, v.kv_heads
-    table = np.asarray(arrays[BLOCK_TABLE], dtype=np.int64) if v.page_size is not None else None
     for op, stored, heads in ((QuantOperand.Q, v.q_dtype, H), (QuantOperand.K, v.k_dtype, Hkv), (QuantOperand.V, v.v_dtype, Hkv)):
         qn = v.quant(op)
         if qn is None or qn.source != ScaleSource.INPUT:
@@ -363,8 +420,7 @@ def store_inputs(v: Variant, arrays: dict[str, np.ndarray]) -> None:
             q4 = quantize(x4 * broadcast(r, qn, x4.shape, G_), stored).astype(ml_dtype(stored))
             arrays[name] = np.ascontiguousarray(q4 if v.layout == Layout.BHSD else q4.transpose(0, 2, 1, 3)).reshape(x.shape)
         arrays[quant_scale_name(op)] = s.astype(F32)
-    del table
 
 
-__all__ = ["Operand", "attention", "broadcast", "dense_operands", "group_amax", "operand", "quantize", "quantize_p",
-           "scale_pair", "store_inputs", "stored_values"]
+__all__ = ["Operand", "attention", "broadcast", "dense_operands", "group_amax", "operand", "p_bound", "quantize", "quantize_p",
+           "reports", "scale_pair", "score_error", "store_inputs", "stored_values"]

@@ -179,11 +179,10 @@ class CpuKernel:
     def _bind(self, arrs: dict[str, _Arr], pos: abi.Positions) -> _Binding:
         """The full validation of one signature; the params without pointers."""
         var = self.variant
-        want = abi.DTYPE_NAMES[var.dtype]
-        for n in ("q", "k", "v"):
+        for n, dt in (("q", var.q_dtype), ("k", var.k_dtype), ("v", var.v_dtype)):  # stored types (quantized specs differ)
             a = arrs[n]
-            if a.dtype != want:
-                raise ValueError(f"{n}: expected dtype {want} ({var.dtype.value}), got {a.dtype}")
+            if a.dtype != abi.DTYPE_NAMES[dt]:
+                raise ValueError(f"{n}: expected dtype {abi.DTYPE_NAMES[dt]} ({dt.value}), got {a.dtype}")
         given = {n: (arrs[n].shape, arrs[n].dtype) for n in self._names}
         sizes = abi.bind_sizes(var, arrs["q"].shape, arrs["k"].shape, arrs["v"].shape, given, positions=pos)
         for n in ("q", "k", "v"):
