@@ -243,7 +243,6 @@ def dense_operands(v: Variant, q, k, v_, tensors: Mapping[str, np.ndarray]) -> t
     """Q', K', V' as float64 [B, heads, L, D]: what each product reads (dequantized values of the
     quantized operands; the full-precision reference's operands otherwise)."""
     from attngen.check import reference_eval as E
-    from attngen.check.reference import _queries
 
     H, Hkv = v.heads, v.kv_heads
     q4 = E._as_bhsd(q, v.layout, H)
@@ -266,7 +265,7 @@ def dense_operands(v: Variant, q, k, v_, tensors: Mapping[str, np.ndarray]) -> t
         st = stored[op] if stored[op].info.quant else None
         if qn is None:
             if op == QuantOperand.Q:
-                out.append(np.stack([_queries(v, q4, tensors, b, np.arange(H), 0, q4.shape[2]) for b in range(q4.shape[0])]))
+                out.append(_plain_queries(v, q4, tensors))
             elif op == QuantOperand.K and v.norm(NormTarget.K) is not None:
                 nm = v.norm(NormTarget.K)
                 w, bias = E._weights(tensors, NormTarget.K, nm.affine, nm.kind)  # type: ignore[union-attr]
@@ -280,6 +279,22 @@ def dense_operands(v: Variant, q, k, v_, tensors: Mapping[str, np.ndarray]) -> t
             o = E.round_to(o.astype(F32), v.dtype)
         out.append(o)
     return out[0], out[1], out[2]
+
+
+def _plain_queries(v: Variant, q4: np.ndarray, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Q' of an unquantized q (as the full-precision reference: rounded, pre-normed, rounded again)."""
+    from attngen.check import reference_eval as E
+
+    x = E.round_to(q4, v.dtype)
+    qn = v.norm(NormTarget.Q)
+    if qn is None:
+        return x
+    w, bias = E._weights(tensors, NormTarget.Q, qn.affine, qn.kind)
+    if qn.scope == NormScope.HEAD:
+        return E.round_to(E._normalise(x, qn.kind, qn.eps, w, bias), v.dtype)
+    B, H, L, D = x.shape  # token scope: the whole H*D row
+    flat = x.transpose(0, 2, 1, 3).reshape(B, L, H * D)
+    return E.round_to(E._normalise(flat, qn.kind, qn.eps, w, bias), v.dtype).reshape(B, L, H, D).transpose(0, 2, 1, 3)
 
 
 def _row(v: Variant, b: int, qd, kd, vd, q_in, o4, lse, tensors, env_sizes, q_offset: int, kv_offset: int, sink) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attngen.ir.nodes import QuantOperand, ScaleGranularity, ScaleSource, Variant
+from attngen.ir.nodes import NormTarget, QuantOperand, ScaleGranularity, ScaleSource, Variant
 from attngen.lang.printer import quant_words
 
 # The accuracy report's shape: small enough that explain stays interactive (the float64 reference
@@ -36,6 +36,9 @@ def quant_lines(v: Variant) -> list[str]:
             gran = _GRAN[qn.granularity].format(n=qn.block) if qn.granularity else ""  # type: ignore[index]
             how = f"scales {_SOURCE[qn.source]}, {gran}" + (f": input {qn.scale_input}" if qn.scale_input else "")
         smooth = "; k minus its per-channel mean over tokens first" if qn.smooth else ""
+        target = {QuantOperand.Q: NormTarget.Q, QuantOperand.K: NormTarget.K}.get(qn.operand)
+        if target is not None and v.norm(target) is not None and qn.source == ScaleSource.AMAX:
+            smooth += "; the norm's output, the scale folded into its gamma and beta (one FMA an element)"
         out.append(f"  {qn.operand.value}: {qn.dtype.value} (saturate to ±{qn.dtype.info.qmax:g}, round to nearest even), {how}{smooth}")
     qk = "Q·Kᵀ on quantized operands" if v.quantized_qk else "Q·Kᵀ at full precision"
     pv = "P·V on quantized operands" if v.quantized_pv else "P·V at full precision"
@@ -46,40 +49,23 @@ def quant_lines(v: Variant) -> list[str]:
     return out
 
 
-def explain(v: Variant, shape: tuple[int, int, int] | None, seed: int) -> str:
-    """The plain-words text of a quantized variant (`explain.explain` sends it here)."""
+def accuracy_lines(v: Variant, seed: int) -> list[str]:
+    """The accuracy report in words: the emulation's error and the full-precision spec's, plain and with outliers."""
     from attngen.check.quant_accuracy import accuracy
-    from attngen.tools import explain as ex
-    from attngen.tools.explain import DEFAULT_SHAPE, _computation_lines, _decl_symbolic, _heading_lines, _input_role
 
-    B, Lq, Lk = shape or DEFAULT_SHAPE
-    out = _heading_lines(v) + _computation_lines(v) + quant_lines(v)
-    out += ["", f"Inputs and outputs (shapes at B={B}, Lq={Lq}, Lk={Lk}):"]
-    io = ex.io_shapes(v, B, Lq, Lk)
-    rows = [(n, d.value, ex._symbolic(v, n), ex._dims_text(io[n]), role)
-            for n, d, role in (("q", v.q_dtype, "queries"), ("k", v.k_dtype, "keys"), ("v", v.v_dtype, "values"))]
-    sizes = ex.sample_sizes(v, B, Lq, Lk)
-    from attngen.ir import abi
-
-    for d in v.runtime_inputs():
-        try:
-            concrete = ex._dims_text(abi.input_shape(v, d, sizes))
-        except ValueError:
-            concrete = "bound at run time"
-        role = "scale (dequantize: stored x scale)" if d.name in {qn.scale_input for qn in v.quants} else _input_role(v, d)
-        rows.append((d.name, d.dtype.value, _decl_symbolic(v, d), concrete, role))
-    rows.append(("o", v.dtype.value, ex._symbolic(v, "o"), ex._dims_text(io["o"]), "output"))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    out += ["  " + "  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
     a = accuracy(v, accuracy_shape(v), seed)
     b, lq, lk = a.shape
-    out += ["", f"Accuracy against the unquantized float64 attention (the reference emulation; B={b}, Lq={lq}, Lk={lk}, seed {seed}):",
+    return ["", f"Accuracy against the unquantized float64 attention (the reference emulation; B={b}, Lq={lq}, Lk={lk}, seed {seed}):",
             f"  N(0,1) inputs:            quantized {a.emulation.text()}; {a.baseline} {a.full_precision.text()}",
             f"  0.1% channels x20:        quantized {a.emulation_outliers.text()}; {a.baseline} {a.full_precision_outliers.text()}",
-            "  (a kernel's error is held to 1.1x the quantized figure: attngen.check.quant_accuracy.within_bar)"]
-    out += ["", "Kernels: the CPU backend (--target cpu) runs it; no CUDA kernel yet (compile --target cuda refuses it); "
+            "  (a kernel's error is held to 1.1x the quantized figure: attngen.check.quant_accuracy.within_bar)",
+            "", "Kernels: the CPU backend (--target cpu) runs it; no CUDA kernel yet (compile --target cuda refuses it); "
                 "no backward (training refuses it)"]
-    return "\n".join(out)
+
+
+def input_role(v: Variant, name: str) -> str | None:
+    """What an implied scale input is for (None for any other input)."""
+    return "scale (dequantize: stored x scale)" if name in {qn.scale_input for qn in v.quants} else None
 
 
 def json_fields(v: Variant, seed: int = 0) -> dict[str, Any]:

@@ -175,3 +175,18 @@ def test_fmt_keeps_the_new_statements() -> None:
     text = SAGE.replace("quant k i8 amax per block(64) smooth mean", "quant  k i8 amax  per block( 64 )  smooth mean")
     assert format_file(parse(text), text) == SAGE
     assert format_file(parse(FP8_PREFILL), FP8_PREFILL) == FP8_PREFILL
+
+
+def test_torch_op_refuses_autograd_and_docs_specs_load() -> None:
+    import re
+    from pathlib import Path
+
+    from attngen.runtime.torch_op import backward_refusal
+
+    assert "quantized attention has no backward kernels yet" in backward_refusal(lower(FP8_PREFILL))
+    assert backward_refusal(lower(spec("dtype bf16"))) is None
+    page = (Path(__file__).resolve().parents[2] / "docs" / "QUANT.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```\n(.*?)```", page, re.S) if b.lstrip().startswith(("#", "attention"))]
+    assert len(blocks) == 2
+    for b in blocks:
+        assert lower(b).quantized
