@@ -192,3 +192,44 @@ def test_accuracy_report() -> None:
     worse = emu.astype(np.float64) + 0.2 * a.emulation.rel_l2 * np.abs(truth).max() * np.sign(np.asarray(emu, np.float64) - truth + 1e-30)
     assert not quant_accuracy.within_bar(worse, truth, emu)[0]
     assert math.isfinite(a.emulation.max_abs)
+
+
+def test_a_running_max_kernel_stays_within_the_derived_p_bound() -> None:
+    """A flash kernel's order (keys in tiles of 16, p quantized against the running max, the
+    accumulator rescaled): it differs from the reference, within `quant.p_bound` (docs/QUANT.md)."""
+    from attngen.check import reference_eval as E
+    from attngen.check.fuzz_run import compare
+
+    v = frontend.loads(SAGE.replace("  mask causal\n", "").replace(" smooth mean", "")).variants[0]
+    arrays = workload.make_inputs(v, 1, 96, 96, np.random.default_rng(11))
+    tensors = E.prepare_tensors(v, {})
+    qd, kd, vd = quant.dense_operands(v, arrays["q"], arrays["k"], arrays["v"], tensors)
+    c = F32(v.quant(quant.QuantOperand.P).static)
+    out = np.zeros(qd.shape)
+    for h in range(v.heads):
+        hk = h // v.group_size
+        s = qd[0, h] @ kd[0, hk].T * v.effective_scale
+        m = np.full((s.shape[0], 1), -np.inf)
+        l = np.zeros((s.shape[0], 1))
+        acc = np.zeros((s.shape[0], vd.shape[-1]))
+        for k0 in range(0, s.shape[1], 16):
+            st = s[:, k0:k0 + 16]
+            m_new = np.maximum(m, st.max(axis=1, keepdims=True))
+            alpha = np.exp(m - m_new)
+            p = np.exp(st - m_new)
+            pq = quant.quantize(p.astype(F32) * c, DType.FP8_E4M3).astype(np.float64) * float(F32(1) / c)
+            l = l * alpha + p.sum(axis=1, keepdims=True)
+            acc = acc * alpha + pq @ vd[0, hk, k0:k0 + 16]
+            m = m_new
+        out[0, h] = acc / l
+    flash = out.astype(np.float16)
+    ref = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], {})
+    diff = np.abs(flash.astype(np.float64) - ref[0].astype(np.float64)).max()
+    bound = quant.p_bound(v, float(np.abs(vd).max()), 96)
+    assert diff > 1e-3  # the orders do differ
+    assert diff <= bound < 0.5 * float(np.abs(vd).max())  # within the bound, which is not vacuous
+    assert all(r.ok for r in compare(v, arrays, flash, None, ref))
+    # Without the p term the fp16 policy alone would refuse this kernel.
+    from attngen.check import tolerance
+
+    assert not tolerance.check(flash, ref[0], v.dtype, score_err=quant.score_error(v, qd, kd)).ok
