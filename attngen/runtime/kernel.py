@@ -378,6 +378,8 @@ def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | Non
     from attngen.runtime import decode as runtime_decode
 
     v = _resolve(spec, variant)
+    if v.quantized:  # no silent full-precision fallback
+        raise ValueError(f"variant {v.name}: {plan_decode.quant_unsupported(v)}")
     a = Arch(arch) if isinstance(arch, str) else (arch or device_arch())
     fam = plan_decode.Family(family)
     no_forward = plan_decode.forward_unsupported(v)
