@@ -46,7 +46,9 @@ class _Arr:
 
 
 _TORCH_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.int32": "int32",
-                "torch.uint8": "uint8", "torch.int64": "int64", "torch.float64": "float64", "torch.bool": "bool"}
+                "torch.uint8": "uint8", "torch.int64": "int64", "torch.float64": "float64", "torch.bool": "bool",
+                # the quantized types of q, k and v (docs/QUANT.md)
+                "torch.float8_e4m3fn": "float8_e4m3fn", "torch.float8_e5m2": "float8_e5m2", "torch.int8": "int8"}
 
 
 def _arr(name: str, x: Any) -> _Arr:

@@ -214,7 +214,9 @@ class AttnOp:
     def _refuse(self, tensors: tuple[Any, ...]) -> None:
         """ValueError when an input requires grad and the backward kernels refuse the variant (or
         the tensors are on the CPU, whose backend has no backward)."""
-        if isinstance(tensors[0], torch.Tensor) and _cpu_backend(tensors[0]) and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors):
+        # (a quantized variant has no backward on any device: the refusal below says so)
+        if isinstance(tensors[0], torch.Tensor) and _cpu_backend(tensors[0]) and not self.variant.quantized \
+                and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors):
             raise ValueError(f"attngen::{self.name}: the CPU backend has no backward pass; call it on tensors that do "
                              f"not require grad (detach() them, or call under torch.no_grad()), or on CUDA tensors")
         if self.refusal is None:

@@ -69,3 +69,31 @@ def test_check_explain_and_targets(path: Path, tmp_path: Path, capsys) -> None:
     assert cli.main(["explain", str(path)]) == 0
     text = capsys.readouterr().out
     assert "Accuracy against the unquantized float64 attention" in text and "0.1% channels x20" in text
+
+
+def test_torch_op_on_cpu_takes_fp8_and_refuses_autograd() -> None:
+    torch = pytest.importorskip("torch")
+    import attngen.torch as at
+    from attngen.check import reference
+    from attngen.check.fuzz_device import to_host_cpu
+
+    v = frontend.load(str(ROOT / "examples/quant/fp8_prefill.attn")).get()
+    a = workload.make_inputs(v, 1, 24, 24, np.random.default_rng(2))
+
+    def t(x):
+        x = np.ascontiguousarray(x)
+        if x.dtype.name == "bfloat16" or x.dtype.name.startswith("float8"):
+            bits = np.int16 if x.dtype.itemsize == 2 else np.int8
+            return torch.from_numpy(x.view(bits)).view(getattr(torch, x.dtype.name))
+        return torch.from_numpy(x)
+
+    ts = {n: t(x) for n, x in a.items()}
+    op = at.register(v)
+    rest = {n: ts[n] for n in op.input_names}
+    o = op(ts["q"], ts["k"], ts["v"], **rest)
+    ref, _ = reference.attention(v, a["q"], a["k"], a["v"], {n: a[n] for n in op.input_names})
+    assert o.dtype == torch.bfloat16
+    assert np.abs(to_host_cpu(o).astype(np.float64) - ref.astype(np.float64)).max() <= 2.0**-7 * np.abs(ref.astype(np.float64)).max()
+    with pytest.raises(ValueError, match="q_scale requires grad, but the backward kernels do not support this variant: "
+                                         "quantized attention has no backward kernels yet"):
+        op(ts["q"], ts["k"], ts["v"], **{**rest, "q_scale": rest["q_scale"].clone().requires_grad_()})
