@@ -11,6 +11,10 @@ from attngen.ir.nodes import AttnKind, Builtin, BuiltinName, NormScope, NormTarg
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
 IDS = [p.stem for p in EXAMPLES]
+# The quantized gallery (docs/QUANT.md) lives apart until the CUDA backend runs it: the tests that
+# compile every example for a GPU read EXAMPLES; the language's tests below read both.
+QUANT = sorted((ROOT / "examples" / "quant").glob("*.attn"))
+ALL, ALL_IDS = EXAMPLES + QUANT, IDS + [f"quant/{p.stem}" for p in QUANT]
 
 
 def _load(path: Path):
@@ -23,7 +27,7 @@ def test_gallery_size():
     assert len(EXAMPLES) >= 14, [p.name for p in EXAMPLES]
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
+@pytest.mark.parametrize("path", ALL, ids=ALL_IDS)
 def test_example_loads(path):
     program = _load(path)
     assert program.variants, f"{path.name} defines no variant"
@@ -31,7 +35,7 @@ def test_example_loads(path):
     assert len(set(names)) == len(names)
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
+@pytest.mark.parametrize("path", ALL, ids=ALL_IDS)
 def test_example_has_header_comment(path):
     lines = path.read_text().splitlines()
     header = []
@@ -44,7 +48,7 @@ def test_example_has_header_comment(path):
     assert len(words) >= 40, f"{path.name}: the header comment should say what model/use it stands for"
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
+@pytest.mark.parametrize("path", ALL, ids=ALL_IDS)
 def test_example_print_round_trip(path):
     from attngen.lang.frontend import loads, print_program
 
@@ -55,7 +59,7 @@ def test_example_print_round_trip(path):
     assert print_program(again) == text  # the printer is a fixed point
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
+@pytest.mark.parametrize("path", ALL, ids=ALL_IDS)
 def test_single_variant_examples_are_named_after_their_file(path):
     program = _load(path)
     if len(program.variants) == 1:
@@ -97,3 +101,15 @@ def test_gallery_covers_the_headline_cases():
     assert any(v.lse for v in vs)
     assert any(v.dtype.value == d for v in vs for d in ("fp16",))
     assert any(len(_load(p).variants) >= 2 for p in EXAMPLES)
+
+
+def test_quantized_gallery_covers_the_issue():
+    # FP8 prefill, Sage-style INT8, the pre-LN INT8 seed case and an FP8 paged decode.
+    from attngen.ir.nodes import QuantOperand
+
+    vs = {p.stem: _load(p).get() for p in QUANT}
+    assert vs["fp8_prefill"].quantized_qk and vs["fp8_prefill"].quantized_pv and vs["fp8_prefill"].q_dtype.value == "fp8_e4m3"
+    assert vs["sage_int8"].quant(QuantOperand.K).smooth is not None and vs["sage_int8"].quant(QuantOperand.Q).dtype.value == "i8"
+    seed = vs["whisper_preln_int8"]
+    assert seed.norm(NormTarget.Q).scope == NormScope.TOKEN and seed.quant(QuantOperand.Q).dtype.value == "i8"
+    assert vs["fp8_paged_decode"].page_size is not None and vs["fp8_paged_decode"].k_dtype.value == "fp8_e4m3"

@@ -75,6 +75,16 @@ def fuzz_variant(v: Variant, spec_text: str, *, gpu: bool, max_examples: int, se
             outcome.failure = f"compile failed: {fmt_exc(e)}"
             outcome.reproducer = write_reproducer(out_dir, spec_text, v, None, None, outcome.failure)
             return outcome
+    elif v.quantized:
+        # No CUDA kernel reads quantized operands yet, and FlexAttention does not quantize: the
+        # reference's own checks, and its CPU source rendered (`--device cpu` runs it).
+        from attngen.cpu.render import render as render_cpu
+
+        if render_cpu(v) != render_cpu(v):
+            outcome.failure = "rendering is not deterministic: two renders of one variant differ"
+            return outcome
+        outcome.notes.append("rendered CPU source (quantized: no CUDA kernel yet)")
+        do_flex = False
     else:
         from attngen.cuda.render_decode import render_family as render  # jinja2 only: works without a GPU
 

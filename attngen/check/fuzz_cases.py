@@ -186,6 +186,14 @@ def case_inputs(v: Variant, case: Case) -> dict[str, np.ndarray]:
     from attngen.check import workload
 
     rng = np.random.default_rng(case.seed)
+    if v.quantized:
+        # Drawn as the full-precision spec, then stored and scaled for the call it makes (a decode
+        # step's q scales are those of its own rows).
+        from attngen.check import quant, quant_accuracy
+
+        arrays = case_inputs(quant_accuracy.full_precision(v), case)
+        quant.store_inputs(v, arrays)
+        return arrays
     if decode_positions(v, case.Lq, case.Lk):
         # A decode step: the whole Lk-long sequence's inputs (runtime inputs sized by Lq see it all),
         # then q's last Lq rows, the new tokens.

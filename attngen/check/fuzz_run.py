@@ -84,6 +84,10 @@ def compare(v: Variant, arrays: Mapping[str, np.ndarray], out: np.ndarray, lse: 
     q, k, vv, rest = split_inputs(arrays)
     if ref is None:
         ref = reference.attention(v, q, k, vv, rest, **positions_of(v, arrays))
+    if v.quantized:  # the quantized product's operands and p's rounding (attngen.check.quant)
+        from attngen.check import quant
+
+        return quant.reports(v, arrays, out, lse, ref)
     o_ref, lse_ref = ref
     se = reference.score_error(v, q, k, rest)
     reps = [tolerance.check(out, o_ref, v.dtype, "O", score_err=se)]

@@ -40,6 +40,7 @@ def spec_strategy(name: str = "fuzzed"):
             sp.lines.append(f"score {_draw_score(sp, ctx)}")
         _draw_norms_and_flags(sp)
         _draw_later_constructs(sp)
+        _draw_quant(sp)
         lines = sp.lines
         body = "\n".join(f"  {x}" for x in lines[:5] + sp.inputs + lines[5:])
         return f"attention {name} {{\n{body}\n}}\n"
@@ -216,6 +217,33 @@ def _draw_later_constructs(sp: _SpecDraft) -> None:
         lines[4] = "layout varlen"
 
 
+def _draw_quant(sp: _SpecDraft) -> None:
+    """`quant` statements (docs/QUANT.md), drawn last so that every earlier draw stays as it was:
+    Q·Kᵀ quantized in the kernel (per token or per block of 16, k maybe smoothed), maybe P·V too;
+    or, for a paged cache, fp8 pages with per-head, per-page or per-tensor scales."""
+    draw, st, lines = sp.draw, sp.st, sp.lines
+    if lines[4] == "layout varlen" or draw(st.integers(0, 5)) != 0:
+        return
+    paged = any(x.startswith("kv_cache") for x in lines)
+    types = ["i8", "fp8_e4m3", "fp8_e5m2"]
+    if paged:
+        t = draw(st.sampled_from(types[1:]))
+        lines[0] = f"dtype {sp.dtype} k {t} v {t}"
+        lines.append(f"quant k {t} input per {draw(st.sampled_from(['head', 'page', 'tensor']))}")
+        lines.append(f"quant v {t} input per {draw(st.sampled_from(['head', 'page', 'tensor']))}")
+        return
+    t = draw(st.sampled_from(types))
+    gran = draw(st.sampled_from(["token", "block(16)"]))
+    plain = not any(x.startswith(("score", "output lse", "sink")) for x in lines)
+    smooth = " smooth mean" if plain and draw(st.booleans()) else ""
+    lines.append(f"quant q {t} amax per {gran}")
+    lines.append(f"quant k {t} amax per {draw(st.sampled_from(['token', 'block(16)']))}{smooth}")
+    if draw(st.booleans()):
+        tv = draw(st.sampled_from(types))
+        lines.append(f"quant v {tv} amax per channel")
+        lines.append(f"quant p {tv} " + draw(st.sampled_from([f"static({'127.0' if tv == 'i8' else '448.0'})", "amax per token"])))
+
+
 # Tokens a mutation may insert: keywords, builtins, punctuation, odd numbers and names, junk.
 MUTATION_TOKENS = (
     "attention", "dtype", "head_dim", "heads", "kv", "kind", "layout", "scale", "input", "mask", "score", "norm",
@@ -375,12 +403,12 @@ def _fuzz_generated(*, gpu: bool, max_examples: int, seconds: float | None, seed
         rt = check_round_trip(prog)
         if rt:
             raise AssertionError(f"{rt}\n--- original ---\n{text}")
-        if nvcc is not None:
+        if nvcc is not None and not prog.variants[0].quantized:  # (no CUDA kernel for quantized specs yet)
             nvcc.submit(text, prog.variants)
         v = prog.variants[0]
         case = data.draw(case_strategy(v, max_len=600 if gpu else 96, max_work=(1 << 20) if gpu else (1 << 14)))
         arrays, seen[0] = case_inputs(v, case), seen[0] + 1
-        if gpu or (cpu and (v in kernels or (seen[0] - 1) % CPU_SAMPLE == 0)):
+        if (gpu and not v.quantized) or (cpu and (v in kernels or (seen[0] - 1) % CPU_SAMPLE == 0)):
             from attngen import backend
 
             if v not in kernels:
@@ -394,9 +422,14 @@ def _fuzz_generated(*, gpu: bool, max_examples: int, seconds: float | None, seed
             probs = reference_invariants(v, arrays)
             if probs:
                 raise AssertionError(f"at {case.describe()}: " + "; ".join(probs) + f"\n--- spec ---\n{text}")
-            from attngen.cuda.render_decode import render_family
+            if v.quantized:
+                from attngen.cpu.render import render as render_cpu
 
-            render_family(v)
+                render_cpu(v)
+            else:
+                from attngen.cuda.render_decode import render_family
+
+                render_family(v)
 
     progress = Progress(max_examples, "generated specs", quiet)
     try:
@@ -442,7 +475,7 @@ def _fuzz_mutated(*, gpu: bool, max_examples: int, seconds: float | None, seed: 
             rt = check_round_trip(prog)
             if rt:
                 raise AssertionError(f"{rt}\n--- original ---\n{text}")
-            if nvcc is not None:
+            if nvcc is not None and not prog.variants[0].quantized:
                 nvcc.submit(text, prog.variants)
 
     n_mut = max_examples * 5 if not gpu else max_examples * 2

@@ -174,6 +174,10 @@ def attention(
     `layout varlen`: O [total_q, H, Dv] and LSE [H, total_q], each sequence computed on its own
     (`attention_varlen`)."""
     _check_mask(v)
+    if v.quantized:  # the numerics order of docs/QUANT.md
+        from attngen.check import quant
+
+        return quant.attention(v, q, k, v_, inputs, q_offset=q_offset, kv_offset=kv_offset, Lq_total=Lq_total, Lk_total=Lk_total)  # type: ignore[arg-type]
     if v.layout == Layout.VARLEN:
         return attention_varlen(v, q, k, v_, inputs, positions=abi.Positions(q_offset, kv_offset, Lq_total, Lk_total))
     pos_given = abi.Positions(q_offset, kv_offset, Lq_total, Lk_total)

@@ -143,19 +143,24 @@ def _dtype_name(dtype: DType | str) -> str:
     return dtype.value if isinstance(dtype, DType) else str(dtype)
 
 
-def check(out: object, ref: object, dtype: DType | str, what: str = "O", *, score_err: float = 0.0) -> Report:
+def check(out: object, ref: object, dtype: DType | str, what: str = "O", *, score_err: float = 0.0,
+          extra_abs: float = 0.0, extra_rel_l2: float = 0.0) -> Report:
     """Compare an output with the reference under the policy for `dtype` (see module docstring).
 
-    `score_err` (from `score_error`) widens the bounds for inputs with large scores."""
+    `score_err` (from `score_error`) widens the bounds for inputs with large scores; `extra_abs`
+    (absolute) and `extra_rel_l2` add error a kernel may make beyond them (a quantized P's
+    rounding against a running max: attngen.check.quant.reports)."""
     tol = tolerance_for(dtype)
     o = _f64(out)
     r = _f64(ref)
     with np.errstate(invalid="ignore", over="ignore"):
-        return _check(o, r, tol, dtype, what, score_err)
+        return _check(o, r, tol, dtype, what, score_err, extra_abs, extra_rel_l2)
 
 
-def _check(o: np.ndarray, r: np.ndarray, tol: Tolerance, dtype: DType | str, what: str, score_err: float) -> Report:
+def _check(o: np.ndarray, r: np.ndarray, tol: Tolerance, dtype: DType | str, what: str, score_err: float,
+           extra_abs: float = 0.0, extra_rel_l2: float = 0.0) -> Report:
     rel_bound, abs_factor = bounds(dtype, score_err)
+    rel_bound += max(0.0, extra_rel_l2)
     reasons: list[str] = []
     if o.shape != r.shape:
         return Report(what, _dtype_name(dtype), False, math.inf, math.inf, rel_bound, math.inf,
@@ -186,7 +191,7 @@ def _check(o: np.ndarray, r: np.ndarray, tol: Tolerance, dtype: DType | str, wha
     else:
         rel = 0.0 if err_norm == 0 else math.inf  # all-zero reference: only exact zeros pass
     max_abs = float(diff.max()) if n else 0.0
-    abs_bound = abs_factor * ref_max
+    abs_bound = abs_factor * ref_max + max(0.0, extra_abs)
     bad = (diff > abs_bound) | nan_out | np.isnan(r) | inf_mismatch
     n_bad = int(bad.sum())
     if rel > rel_bound:

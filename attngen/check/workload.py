@@ -174,6 +174,10 @@ def make_inputs(
     if num_pages is not None:
         out[BLOCK_TABLE] = rng.permutation(num_pages)[: B * syms[BLOCK_TABLE_PAGES]].reshape(B, -1).astype(np.int32)
         out[CACHE_LENS] = cache_lengths(rng, B, Lq, Lk)
+    if v.quantized:  # stored types and calibrated scale inputs (attngen.check.quant)
+        from attngen.check import quant
+
+        quant.store_inputs(v, out)
     roles = _role_of_tensors(v)
     lengths = {"q": Lq, "kv": Lk}
     for decl in v.runtime_inputs():

@@ -46,7 +46,9 @@ class _Arr:
 
 
 _TORCH_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.int32": "int32",
-                "torch.uint8": "uint8", "torch.int64": "int64", "torch.float64": "float64", "torch.bool": "bool"}
+                "torch.uint8": "uint8", "torch.int64": "int64", "torch.float64": "float64", "torch.bool": "bool",
+                # the quantized types of q, k and v (docs/QUANT.md)
+                "torch.float8_e4m3fn": "float8_e4m3fn", "torch.float8_e5m2": "float8_e5m2", "torch.int8": "int8"}
 
 
 def _arr(name: str, x: Any) -> _Arr:
@@ -187,11 +189,10 @@ class CpuKernel:
     def _bind(self, arrs: dict[str, _Arr], pos: abi.Positions) -> _Binding:
         """The full validation of one signature; the params without pointers."""
         var = self.variant
-        want = abi.DTYPE_NAMES[var.dtype]
-        for n in ("q", "k", "v"):
+        for n, dt in (("q", var.q_dtype), ("k", var.k_dtype), ("v", var.v_dtype)):  # stored types (quantized specs differ)
             a = arrs[n]
-            if a.dtype != want:
-                raise ValueError(f"{n}: expected dtype {want} ({var.dtype.value}), got {a.dtype}")
+            if a.dtype != abi.DTYPE_NAMES[dt]:
+                raise ValueError(f"{n}: expected dtype {abi.DTYPE_NAMES[dt]} ({dt.value}), got {a.dtype}")
         given = {n: (arrs[n].shape, arrs[n].dtype) for n in self._names}
         sizes = abi.bind_sizes(var, arrs["q"].shape, arrs["k"].shape, arrs["v"].shape, given, positions=pos)
         for n in ("q", "k", "v"):

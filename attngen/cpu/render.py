@@ -58,6 +58,10 @@ def symbol(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
 def unsupported(v: Variant) -> str | None:
     """Why the CPU backend cannot run `v`, or None. (Every construct of the language runs today;
     the reference's own refusals are repeated so that compile reports them before any build.)"""
+    if v.quantized:
+        from attngen.cpu import render_quant
+
+        return render_quant.unsupported(v)
     if v.residual and v.head_dim != v.value_head_dim:
         return f"residual needs Dv == D, got D={v.head_dim}, Dv={v.value_head_dim}"
     for t in (NormTarget.K, NormTarget.O):
@@ -70,9 +74,9 @@ def unsupported(v: Variant) -> str | None:
 def fields(v: Variant) -> tuple[Field, ...]:
     """The params struct's fields, in order (also the ctypes Structure the runtime builds)."""
     f = [
-        Field("const void*", "q", f"query [{_layout_text(v, 'q')}] ({v.dtype.value}; the hidden state x with a token-scope q norm)"),
-        Field("const void*", "k", f"keys [{_layout_text(v, 'k')}] ({v.dtype.value})"),
-        Field("const void*", "v", f"values [{_layout_text(v, 'v')}] ({v.dtype.value})"),
+        Field("const void*", "q", f"query [{_layout_text(v, 'q')}] ({v.q_dtype.value}; the hidden state x with a token-scope q norm)"),
+        Field("const void*", "k", f"keys [{_layout_text(v, 'k')}] ({v.k_dtype.value})"),
+        Field("const void*", "v", f"values [{_layout_text(v, 'v')}] ({v.v_dtype.value})"),
         Field("void*", "o", f"output [{_layout_text(v, 'o')}] ({v.dtype.value})"),
         Field("float*", "lse", ("log-sum-exp [H, total_q], head stride lse_sh" if v.layout == Layout.VARLEN
                                 else "log-sum-exp [B, H, Lq], contiguous") + " (may be null unless `output lse`)"),
@@ -195,6 +199,15 @@ def render(v: Variant, prefix: str = DEFAULT_PREFIX) -> str:
     bad = unsupported(v)
     if bad:
         raise ValueError(f"variant {v.name}: the cpu target cannot run it: {bad}")
+    name = symbol(v, prefix)
+    if v.quantized:  # its own kernel, the numerics order of docs/QUANT.md (attngen.cpu.render_quant)
+        from attngen.cpu import render_quant
+
+        return _environment().get_template("quant.cpp.j2").render(
+            header="\n".join("// " + ln for ln in _banner(v, prefix)) + "\n//\n" + "\n".join(
+                "//   " + ln if ln else "//" for ln in _spec_lines(v)),
+            params_struct=params_struct(v, prefix), struct=f"{name}_params", launch=f"{name}_launch", ns=f"{name}_impl",
+            **render_quant.context(v))
     consts = {SizeSym.H: v.heads, SizeSym.HKV: v.kv_heads, SizeSym.D: v.head_dim, SizeSym.DV: v.value_head_dim}
     decls = {d.name: d for d in v.runtime_inputs()}
     elem = ElementEmitter(consts, fast_math=False, dialect=CPU)

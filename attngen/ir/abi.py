@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from attngen.ir.nodes import BLOCK_TABLE, CACHE_LENS, INT32_MAX, AttnKind, DType, Layout, NormScope, NormTarget, SizeSym, TensorDecl, Variant
+from attngen.ir.nodes import (BLOCK_TABLE, CACHE_LENS, INT32_MAX, K_SCALE_BLOCKS, NUM_PAGES, Q_SCALE_BLOCKS, AttnKind, DType, Layout,
+                              NormScope, NormTarget, QuantOperand, ScaleGranularity, ScaleSource, SizeSym, TensorDecl, Variant)
 
 Shape = tuple[int, ...]
 
@@ -247,7 +248,8 @@ def bind_sizes(
             raise ValueError(f"positions: `kind self` expects Lq_total == Lk_total, got {pos.Lq_total} and {pos.Lk_total}")
         seen = Sizes(B, int(pos.Lq_total), int(pos.Lk_total))  # type: ignore[arg-type]
 
-    return bind_sizes_inputs(v, seen, given, check_dtypes, Sizes(B, Lq, Lk))
+    return bind_sizes_inputs(v, seen, given, check_dtypes, Sizes(B, Lq, Lk),
+                             fixed={NUM_PAGES: int(k[0])} if v.page_size is not None else None)
 
 
 def _bind_varlen(
@@ -289,10 +291,24 @@ def _bind_varlen(
     return Sizes(B or 1, Lq, Lk, sizes.symbols)
 
 
+def quant_symbols(v: Variant, seen: Sizes, fixed: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The free dims of the implied scale inputs that the call fixes: ceil(L / N) scale blocks
+    (`per block(N)`), and a paged cache's page count (from k, in `fixed`)."""
+    out: dict[str, int] = {}
+    for qn in v.quants:
+        if qn.block is not None and qn.source == ScaleSource.INPUT:
+            L = seen.Lq if qn.operand == QuantOperand.Q else seen.Lk
+            out[Q_SCALE_BLOCKS if qn.operand == QuantOperand.Q else K_SCALE_BLOCKS] = -(-L // qn.block)
+    if fixed and NUM_PAGES in fixed and any(qn.granularity == ScaleGranularity.PAGE for qn in v.quants):
+        out[NUM_PAGES] = fixed[NUM_PAGES]
+    return out
+
+
 def bind_sizes_inputs(v: Variant, seen: Sizes, given: Mapping[str, tuple[Sequence[int], str]], check_dtypes: bool,
-                      result: Sizes | None = None) -> Sizes:
+                      result: Sizes | None = None, fixed: Mapping[str, int] | None = None) -> Sizes:
     """Check every runtime input against `seen` (the sizes inputs are measured in) and bind the
-    free dims; returns `result` (default `seen`) with them."""
+    free dims; returns `result` (default `seen`) with them. The scale inputs' free dims are fixed
+    by the call (`quant_symbols`; `fixed` holds a paged cache's page count)."""
     decls = v.runtime_inputs()
     expected_names = [d.name for d in decls]
     missing = [n for n in expected_names if n not in given]
@@ -307,7 +323,7 @@ def bind_sizes_inputs(v: Variant, seen: Sizes, given: Mapping[str, tuple[Sequenc
         raise ValueError(f"runtime inputs: expected {exp}; got {'; '.join(parts)}")
 
     partial = seen
-    symbols: dict[str, int] = {}
+    symbols: dict[str, int] = dict(quant_symbols(v, seen, fixed))
     for decl in decls:
         shape, dtype_name = given[decl.name]
         if check_dtypes:

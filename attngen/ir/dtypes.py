@@ -11,14 +11,18 @@ from dataclasses import dataclass
 
 
 class DType(enum.Enum):
-    """Element types: the attention ones (`ATTENTION_DTYPES`) for Q/K/V/O, all of them for
-    declared runtime inputs."""
+    """Element types: the attention ones (`ATTENTION_DTYPES`) for Q/K/V/O, the quantized ones
+    (`QUANT_DTYPES`) for stored or in-kernel quantized Q/K/V/P (docs/QUANT.md), the others
+    (`INPUT_DTYPES`) for declared runtime inputs."""
 
     FP32 = "fp32"
     FP16 = "fp16"
     BF16 = "bf16"
     I32 = "i32"
     U8 = "u8"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+    I8 = "i8"
 
     @property
     def info(self) -> DTypeInfo:
@@ -83,6 +87,10 @@ class DTypeInfo:
     unit_roundoff: float = 0.0  # 2^-p: rounding a real to it errs by at most this, relatively (0: integers)
     tolerances: Tolerances | None = None  # None: never an output type
     large_magnitude: float = 30.0  # the fuzzer's "large" inputs: exp of a raw score overflows, the values stay finite
+    # A quantized type (docs/QUANT.md): never an attention or input type, only what `quant` and the
+    # per-tensor `dtype` put Q/K/V/P in; products of two of them run in fp32 (fp8) or int32 (i8).
+    quant: bool = False
+    qmax: float = 0.0  # the saturation bound of quantizing to it: its largest finite magnitude (i8: 127, symmetric)
 
     @property
     def vec_elems(self) -> int:
@@ -151,7 +159,31 @@ DTYPES: dict[DType, DTypeInfo] = {
         itemsize=1, is_float=False, to_float="(int)"),
 }
 
+_FP8_MMA = (MmaShape("mma.sync", "m16n8k32", 89), MmaShape("wgmma", "m64nNk32", 90, arch_specific=True))
+
+DTYPES.update({
+    # FP8 (OCP e4m3 without infinities, "fn", and e5m2): products on sm_89+ mma.sync and sm_90a
+    # wgmma, both k = 32, fp32 accumulation. No tolerances: never an output type.
+    DType.FP8_E4M3: DTypeInfo(
+        DType.FP8_E4M3, numpy="float8_e4m3fn", storage="uint8", torch="float8_e4m3fn", cuda="__nv_fp8_e4m3", cpp="uint8_t",
+        suffix="e4m3", itemsize=1, is_float=True, min_cc=89, mma=_FP8_MMA, ptx="e4m3", tma="CU_TENSOR_MAP_DATA_TYPE_UINT8",
+        to_float="ag_to_float", unit_roundoff=2.0**-4, quant=True, qmax=448.0),
+    DType.FP8_E5M2: DTypeInfo(
+        DType.FP8_E5M2, numpy="float8_e5m2", storage="uint8", torch="float8_e5m2", cuda="__nv_fp8_e5m2", cpp="uint8_t",
+        suffix="e5m2", itemsize=1, is_float=True, min_cc=89, mma=_FP8_MMA, ptx="e5m2", tma="CU_TENSOR_MAP_DATA_TYPE_UINT8",
+        to_float="ag_to_float", unit_roundoff=2.0**-3, quant=True, qmax=57344.0),
+    # INT8, symmetric (-128 is never produced): s8 x s8 -> s32 on sm_80+ mma.sync m16n8k32 and sm_90a wgmma.
+    DType.I8: DTypeInfo(
+        DType.I8, numpy="int8", storage="int8", torch="int8", cuda="signed char", cpp="int8_t", suffix="i8",
+        itemsize=1, is_float=False, min_cc=80,
+        mma=(MmaShape("mma.sync", "m16n8k32", 80), MmaShape("wgmma", "m64nNk32", 90, arch_specific=True)),
+        ptx="s8", tma="CU_TENSOR_MAP_DATA_TYPE_UINT8", to_float="(int)", quant=True, qmax=127.0),
+})
+
 ATTENTION_DTYPES: tuple[DType, ...] = tuple(d for d in DType if DTYPES[d].attention)
+QUANT_DTYPES: tuple[DType, ...] = tuple(d for d in DType if DTYPES[d].quant)
+# What a declared runtime input (`input x: T[...]`) may be: every type but the quantized ones.
+INPUT_DTYPES: tuple[DType, ...] = tuple(d for d in DType if not DTYPES[d].quant)
 TENSOR_CORE_DTYPES: tuple[DType, ...] = tuple(d for d in ATTENTION_DTYPES if DTYPES[d].tensor_cores)
 
 
@@ -177,5 +209,5 @@ def ml_dtype(d: DType) -> object:
     return getattr(ml_dtypes, d.info.numpy)
 
 
-__all__ = ["ATTENTION_DTYPES", "DTYPES", "DType", "DTypeInfo", "FP32_UNIT_ROUNDOFF", "MmaShape", "TENSOR_CORE_DTYPES",
+__all__ = ["ATTENTION_DTYPES", "DTYPES", "DType", "DTypeInfo", "FP32_UNIT_ROUNDOFF", "INPUT_DTYPES", "MmaShape", "QUANT_DTYPES", "TENSOR_CORE_DTYPES",
            "Tolerances", "by_numpy_name", "by_torch_name", "ml_dtype"]

@@ -18,6 +18,8 @@ Semantics of one variant (the numerics contract, implemented by `attngen.referen
 
 Q' and K' are the q and k inputs after their pre-norms (if any), rounded to the spec dtype.
 Accumulation is always at least fp32.
+With `quant` statements (`Variant.quants`), the quantized operands and products follow the
+numerics order of docs/QUANT.md, which also states this part of the contract.
 """
 
 from __future__ import annotations
@@ -229,6 +231,92 @@ CU_SEQLENS_DIM = "B_plus_1"  # their free dim (bind_sizes checks it is B + 1)
 PAGE_SIZES = (8, 256)  # smallest and largest page, tokens (multiples of 8)
 ALIBI_SLOPES = "alibi_slopes"  # only when `alibi(slopes)` is not given a tensor: standard slopes are
 # computed at compile time and are not an input.
+
+
+# --------------------------------------------------------------------------------------------
+# Quantization (docs/QUANT.md: the language, the numerics order, this contract)
+
+
+class QuantOperand(enum.Enum):
+    """What a `quant` statement quantizes: an input, or P (the softmax probabilities before P·V).
+    Q·Kᵀ runs quantized when q and k are; P·V when p and v are."""
+
+    Q = "q"
+    K = "k"
+    V = "v"
+    P = "p"
+
+
+class ScaleSource(enum.Enum):
+    """Where an operand's scale comes from."""
+
+    INPUT = "input"  # a runtime input, `<operand>_scale` (f32, shape by granularity: `Variant.scale_inputs`)
+    AMAX = "amax"  # computed in the kernel: amax over each group / qmax
+    STATIC = "static"  # a constant of the spec (p only): `static(c)`
+
+
+class ScaleGranularity(enum.Enum):
+    """The group of elements one scale covers (docs/QUANT.md lists the shapes of the inputs)."""
+
+    TENSOR = "tensor"  # one scale for the whole tensor
+    HEAD = "head"  # one per (batch, kv head), FA3's descales; one per kv head for a paged cache
+    TOKEN = "token"  # one per (batch, head, position): a row of D (p: a row of the score matrix)
+    BLOCK = "block"  # one per (batch, head, block of N positions)
+    CHANNEL = "channel"  # v only: one per (batch, kv head, value channel)
+    PAGE = "page"  # paged k/v only: one per (page, kv head)
+
+
+class Smooth(enum.Enum):
+    """Smoothing before quantization (k only)."""
+
+    MEAN = "mean"  # subtract K's per-channel mean over tokens; every score of a row shifts by the same amount
+
+
+@dataclass(frozen=True, slots=True)
+class Quant:
+    """One `quant` statement: `operand` is quantized to `dtype` (a QUANT_DTYPES member) with scales
+    from `source` at `granularity` (None for STATIC); `block` is N of `per block(N)`, `static` the c
+    of `static(c)` (the value the quantizer multiplies by), `smooth` k's smoothing. The operand's
+    value in the products is dequantized as stored * scale (docs/QUANT.md, "Numerics")."""
+
+    operand: QuantOperand
+    dtype: DType
+    source: ScaleSource
+    granularity: ScaleGranularity | None = None
+    block: int | None = None
+    static: float | None = None
+    smooth: Smooth | None = None
+    span: Span | None = _span()
+
+    @property
+    def scale_input(self) -> str | None:
+        """The name of its runtime scale input, None unless its source is INPUT."""
+        return quant_scale_name(self.operand) if self.source == ScaleSource.INPUT else None
+
+
+QUANT_OPERAND_ORDER = (QuantOperand.Q, QuantOperand.K, QuantOperand.V, QuantOperand.P)
+# Free dims of the implied scale inputs: bound from the arrays, checked against ceil(L / N).
+Q_SCALE_BLOCKS = "q_scale_blocks"
+K_SCALE_BLOCKS = "k_scale_blocks"
+NUM_PAGES = "num_pages"  # a paged cache's page count (dim 0 of its k and v), for per-page scales
+
+
+def quant_scale_name(operand: QuantOperand) -> str:
+    """The implied runtime input of an operand's INPUT scale: `q_scale`, `k_scale`, `v_scale`."""
+    return f"{operand.value}_scale"
+
+
+QUANT_SCALE_NAMES = tuple(quant_scale_name(o) for o in (QuantOperand.Q, QuantOperand.K, QuantOperand.V))
+
+
+@dataclass(frozen=True, slots=True)
+class InputDTypes:
+    """The stored types of q, k and v where any differs from the variant's `dtype` (which is then
+    the output's type): `dtype fp8_e4m3 out bf16` is InputDTypes(e4m3, e4m3, e4m3) with dtype bf16."""
+
+    q: DType
+    k: DType
+    v: DType
 
 
 def norm_weight_name(target: NormTarget) -> str:
@@ -445,6 +533,78 @@ class Variant:
     # page, Lk = max_pages * N is the capacity, and the implied cache_lens: i32[B] holds each row's
     # length (vLLM / FlashInfer semantics). None: contiguous K/V.
     page_size: int | None = None
+    # Per-tensor storage types (`dtype T q T1 k T2 v T3 out T4`): None when q, k and v are stored
+    # in `dtype`, the output's type, as every unquantized spec is (the IR of those is unchanged).
+    input_dtypes: InputDTypes | None = None
+    # The `quant` statements, in QUANT_OPERAND_ORDER (at most one an operand); () for full precision.
+    quants: tuple[Quant, ...] = ()
+
+    @property
+    def q_dtype(self) -> DType:
+        """The stored type of the q input."""
+        return self.input_dtypes.q if self.input_dtypes is not None else self.dtype
+
+    @property
+    def k_dtype(self) -> DType:
+        """The stored type of the k input (a paged cache's pages)."""
+        return self.input_dtypes.k if self.input_dtypes is not None else self.dtype
+
+    @property
+    def v_dtype(self) -> DType:
+        """The stored type of the v input."""
+        return self.input_dtypes.v if self.input_dtypes is not None else self.dtype
+
+    @property
+    def out_dtype(self) -> DType:
+        """The output's type (`dtype` itself; named for symmetry with the inputs)."""
+        return self.dtype
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any operand is quantized (stored quantized implies a `quant` statement)."""
+        return bool(self.quants)
+
+    def quant(self, operand: QuantOperand) -> Quant | None:
+        """The `quant` statement of `operand`, or None."""
+        for qn in self.quants:
+            if qn.operand == operand:
+                return qn
+        return None
+
+    @property
+    def quantized_qk(self) -> bool:
+        """Whether Q·Kᵀ runs on quantized operands (q and k both quantized)."""
+        return self.quant(QuantOperand.Q) is not None and self.quant(QuantOperand.K) is not None
+
+    @property
+    def quantized_pv(self) -> bool:
+        """Whether P·V runs on quantized operands (p and v both quantized)."""
+        return self.quant(QuantOperand.P) is not None and self.quant(QuantOperand.V) is not None
+
+    def scale_inputs(self) -> tuple[TensorDecl, ...]:
+        """The implied f32 scale inputs of the INPUT-sourced `quant`s, q's then k's then v's."""
+        out = []
+        for qn in self.quants:
+            if qn.source == ScaleSource.INPUT:
+                out.append(TensorDecl(quant_scale_name(qn.operand), DType.FP32, self._scale_shape(qn)))
+        return tuple(out)
+
+    def _scale_shape(self, qn: Quant) -> tuple[Dim, ...]:
+        g, is_q = qn.granularity, qn.operand == QuantOperand.Q
+        heads: Dim = SizeSym.H if is_q else SizeSym.HKV
+        if g == ScaleGranularity.TENSOR:
+            return (1,)
+        if g == ScaleGranularity.HEAD:
+            return (SizeSym.HKV,) if self.page_size is not None and not is_q else (SizeSym.B, SizeSym.HKV)
+        if g == ScaleGranularity.TOKEN:
+            return (SizeSym.B, heads, SizeSym.LQ if is_q else SizeSym.LK)
+        if g == ScaleGranularity.BLOCK:
+            return (SizeSym.B, heads, Q_SCALE_BLOCKS if is_q else K_SCALE_BLOCKS)
+        if g == ScaleGranularity.CHANNEL:
+            return (SizeSym.B, SizeSym.HKV, SizeSym.DV)
+        if g == ScaleGranularity.PAGE:
+            return (NUM_PAGES, SizeSym.HKV)
+        raise ValueError(f"no scale input for {qn.operand.value} at granularity {g}")
 
     @property
     def effective_scale(self) -> float:
@@ -495,6 +655,8 @@ class Variant:
         if self.page_size is not None:
             implied[BLOCK_TABLE] = TensorDecl(BLOCK_TABLE, DType.I32, (SizeSym.B, BLOCK_TABLE_PAGES))
             implied[CACHE_LENS] = cache_lens_decl()
+        for d in self.scale_inputs():
+            implied[d.name] = d
         declared = {d.name for d in self.inputs}
         extra = tuple(implied[k] for k in sorted(implied) if k not in declared)
         return self.inputs + extra

@@ -109,6 +109,7 @@ class StmtKind(enum.Enum):
     SINK = "sink"
     KV_CACHE = "kv_cache"
     TILE = "tile"
+    QUANT = "quant"
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +185,31 @@ class KvCacheStmt:
 
 
 @dataclass(frozen=True, slots=True)
+class DTypeStmt:
+    """`dtype T [TENSOR T]...`: T for q, k, v and the output, then per-tensor overrides."""
+
+    value: Word
+    overrides: tuple[tuple[Word, Word], ...]  # (tensor: q/k/v/out, type), as written
+    span: Span
+    kind: StmtKind = StmtKind.DTYPE
+
+
+@dataclass(frozen=True, slots=True)
+class QuantStmt:
+    """`quant OPERAND TYPE SOURCE[(c)] [per GRANULARITY[(N)]] [smooth HOW]`."""
+
+    operand: Word
+    qtype: Word
+    source: Word
+    source_arg: Num | None  # c of `static(c)`
+    per: Word | None  # the granularity word
+    per_arg: Num | None  # N of `block(N)`
+    smooth: Word | None
+    span: Span
+    kind: StmtKind = StmtKind.QUANT
+
+
+@dataclass(frozen=True, slots=True)
 class FlagStmt:
     """`residual`, `nan_check`."""
 
@@ -205,7 +231,7 @@ class TileStmt:
     kind: StmtKind = StmtKind.TILE
 
 
-Stmt = Union[WordStmt, PairStmt, ScaleStmt, InputStmt, ExprStmt, NormStmt, FlagStmt, TileStmt, KvCacheStmt]
+Stmt = Union[WordStmt, PairStmt, ScaleStmt, InputStmt, ExprStmt, NormStmt, FlagStmt, TileStmt, KvCacheStmt, DTypeStmt, QuantStmt]
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,13 @@ def format_stmt(st: A.Stmt) -> str:
     if isinstance(st, A.NormStmt):
         text = f"norm {st.target.text} {st.norm_kind.text}({_num(st.eps)})"
         return text + "".join(f" {o.key} {o.value.text}" for o in st.options)
+    if isinstance(st, A.DTypeStmt):
+        return f"dtype {st.value.text}" + "".join(f" {t.text} {w.text}" for t, w in st.overrides)
+    if isinstance(st, A.QuantStmt):
+        text = f"quant {st.operand.text} {st.qtype.text} {st.source.text}" + (f"({_num(st.source_arg)})" if st.source_arg else "")
+        if st.per is not None:
+            text += f" per {st.per.text}" + (f"({_num(st.per_arg)})" if st.per_arg else "")
+        return text + (f" smooth {st.smooth.text}" if st.smooth is not None else "")
     if isinstance(st, A.FlagStmt):
         return st.kind.value
     if isinstance(st, A.KvCacheStmt):

@@ -44,6 +44,8 @@ from attngen.ir.nodes import (
     cache_lens_decl,
 )
 from attngen.ir import names
+from attngen.ir.dtypes import INPUT_DTYPES
+from attngen.lang import lower_quant
 from attngen.lang.builtins import alibi_standard_slope, make_builtin  # noqa: F401 (public here too, as before the registry)
 from attngen.lang.lower_expr import MAX_LOOKUP_NESTING  # noqa: F401 (public here too)
 from attngen.lang.lower_expr import (
@@ -67,7 +69,7 @@ from attngen.lang.lower_expr import (
 MAX_EXPR_NODES = 128
 
 
-_DTYPES = {d.value: d for d in DType}
+_DTYPES = {d.value: d for d in INPUT_DTYPES}
 _ATTN_DTYPES = {d.value: d for d in ATTENTION_DTYPES}
 _LAYOUTS = {x.value: x for x in Layout}
 _KINDS = {x.value: x for x in AttnKind}
@@ -77,7 +79,7 @@ _SCOPES = {x.value: x for x in NormScope}
 _BOOLS = {"true": True, "false": False}
 _OUTPUTS = {"lse": True}
 _TILE_KEYS = ("block_m", "block_n", "warps", "stages")
-_REPEATABLE = frozenset({A.StmtKind.INPUT, A.StmtKind.SCORE, A.StmtKind.NORM})
+_REPEATABLE = frozenset({A.StmtKind.INPUT, A.StmtKind.SCORE, A.StmtKind.NORM, A.StmtKind.QUANT})
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,7 +104,7 @@ def _variant(lw: Lowerer, v: A.VariantDecl) -> Variant | None:
     _variant_name(lw, v.name)
     # Pass 1: everything expressions depend on (sizes, kind, inputs), so order in the file is free.
     seen = _statements_once(lw, v)
-    dtype = _word(lw, seen, A.StmtKind.DTYPE, _ATTN_DTYPES, "attention dtype")
+    dtype, input_dtypes = lower_quant.dtypes(lw, seen[A.StmtKind.DTYPE]) if A.StmtKind.DTYPE in seen else (None, None)
     if A.StmtKind.DTYPE not in seen:
         lw.error(f"variant `{v.name.text}` has no `dtype`", v.name.span, f"add e.g. `dtype bf16` ({_either([d.value for d in ATTENTION_DTYPES])})")
     elif isinstance(dtype, DType) and lw.target.cc is not None and dtype.info.min_cc > lw.target.cc:
@@ -148,6 +150,8 @@ def _variant(lw: Lowerer, v: A.VariantDecl) -> Variant | None:
     if isinstance(ts, A.TileStmt) and ts.fields:
         tile = _tile(lw, ts)
 
+    quants = lower_quant.quants(lw, v, input_dtypes, paged, layout, norms, seen.get(A.StmtKind.RESIDUAL), tile, tensors)
+
     if len(lw.diags) > n_before:
         return None
     assert isinstance(dtype, DType) and head_dim is not None and value_dim is not None
@@ -173,6 +177,8 @@ def _variant(lw: Lowerer, v: A.VariantDecl) -> Variant | None:
         span=v.span,
         sink=sink,
         page_size=page_size,
+        input_dtypes=input_dtypes,
+        quants=quants or (),
     )
     return lowered
 

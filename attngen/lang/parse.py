@@ -267,6 +267,13 @@ class _Builder:
 
     def stmt(self, t: Tree) -> A.Stmt:
         d, ch, sp = t.data, t.children, self.span(t)
+        if d == "dtype_stmt":
+            if len(ch) == 1:  # the one-type form keeps its AST (and everything that reads it) unchanged
+                return A.WordStmt(A.StmtKind.DTYPE, self.word(ch[0]), sp)
+            pairs = tuple((self.word(o.children[0]), self.word(o.children[1])) for o in ch[1:])
+            return A.DTypeStmt(self.word(ch[0]), pairs, sp)
+        if d == "quant_stmt":
+            return self.quant(ch, sp)
         if d in ("dtype_stmt", "kind_stmt", "layout_stmt", "output_stmt", "sink_stmt"):
             return A.WordStmt(A.StmtKind(d[: -len("_stmt")]), self.word(ch[0]), sp)
         if d in ("head_dim_stmt", "heads_stmt"):
@@ -298,6 +305,16 @@ class _Builder:
                 tuple(A.TileField(self.word(f.children[0]), self.num(f.children[1]), self.span(f)) for f in ch), sp
             )
         raise AssertionError(f"grammar rule without a builder: {d}")
+
+    def quant(self, ch: list, sp: Span) -> A.QuantStmt:
+        src, per, smooth = ch[2], ch[3], ch[4]
+
+        def arg(t: Tree | None) -> A.Num | None:
+            return None if t is None else self.signed(t.children[0])
+
+        return A.QuantStmt(self.word(ch[0]), self.word(ch[1]), self.word(src.children[0]), arg(src.children[1]),
+                           None if per is None else self.word(per.children[0]), None if per is None else arg(per.children[1]),
+                           None if smooth is None else self.word(smooth.children[0]), sp)
 
     def expr(self, t: Tree | Token, depth: int) -> A.AExpr:
         if depth > MAX_NESTING:

@@ -21,6 +21,8 @@ from attngen.ir.nodes import (
     Load,
     Norm,
     NormScope,
+    Quant,
+    ScaleGranularity,
     Program,
     ScalarType,
     Score,
@@ -135,9 +137,35 @@ def _norm(n: Norm) -> str:
     return text
 
 
+def _dtype(v: Variant) -> str:
+    """`dtype T`, or with stored types: the q type first, then each tensor that differs from it."""
+    first = v.q_dtype
+    text = f"dtype {first.value}"
+    for name, d in (("k", v.k_dtype), ("v", v.v_dtype), ("out", v.out_dtype)):
+        if d != first:
+            text += f" {name} {d.value}"
+    return text
+
+
+def _quant(qn: Quant) -> str:
+    text = f"quant {qn.operand.value} {qn.dtype.value} {qn.source.value}"
+    if qn.static is not None:
+        text += f"({format_number(float(qn.static))})"
+    if qn.granularity is not None:
+        text += f" per {qn.granularity.value}" + (f"({qn.block})" if qn.granularity == ScaleGranularity.BLOCK else "")
+    if qn.smooth is not None:
+        text += f" smooth {qn.smooth.value}"
+    return text
+
+
+def quant_words(v: Variant) -> str:
+    """The stored types and the `quant` statements in one phrase (summaries)."""
+    return "; ".join([_dtype(v).removeprefix("dtype ")] + [_quant(qn).removeprefix("quant ") for qn in v.quants])
+
+
 def variant_lines(v: Variant) -> list[str]:
     """The statements of a variant, one a line, in canonical order; defaults are left out."""
-    lines = [f"dtype {v.dtype.value}"]
+    lines = [_dtype(v)]
     lines.append(f"head_dim {v.head_dim}" + (f" value {v.value_head_dim}" if v.value_head_dim != v.head_dim else ""))
     lines.append(f"heads {v.heads}" + (f" kv {v.kv_heads}" if v.kv_heads != v.heads else ""))
     if v.kind != AttnKind.SELF:
@@ -151,6 +179,7 @@ def variant_lines(v: Variant) -> list[str]:
         lines.append(f"mask {print_expr(v.mask)}")
     lines.extend(f"score {print_expr(s)}" for s in v.scores)
     lines.extend(_norm(n) for n in v.norms)
+    lines.extend(_quant(qn) for qn in v.quants)
     if v.sink is not None:
         lines.append(f"sink {v.sink}")
     if v.page_size is not None:

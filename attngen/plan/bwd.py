@@ -195,6 +195,12 @@ def unsupported(v: Variant) -> list[Diagnostic]:
     Everything else trains: masks, scores, GQA, varlen, q/k pre-norms (head scope, q also token
     scope), the o post-norm and the residual."""
     out = []
+    if v.quantized:
+        # No silent full-precision fallback: a quantized forward's gradient is not the one of the
+        # spec it was trained through.
+        out.append(Diagnostic(
+            "--pass backward: quantized attention has no backward kernels yet", v.quants[0].span or v.span,
+            "train the full-precision spec (drop `quant` and the quantized `dtype`) and quantize for inference"))
     on = v.norm(NormTarget.O)
     if on is not None and v.sink is not None:
         out.append(Diagnostic(

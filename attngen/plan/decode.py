@@ -58,9 +58,20 @@ class Family(enum.Enum):
     DECODE = "decode"
 
 
+def quant_unsupported(v: Variant) -> str | None:
+    """Why the CUDA kernels cannot run quantized `v` (None for a full-precision spec): none of
+    them reads quantized operands yet; the CPU backend and the reference do (docs/QUANT.md)."""
+    if not v.quantized:
+        return None
+    return ("quantized attention (`quant`, quantized `dtype`) is not yet on the CUDA backend; "
+            "the CPU backend (--target cpu, attngen fuzz --device cpu) and the NumPy reference run it")
+
+
 def decode_unsupported(v: Variant, arch: Arch | None = None) -> str | None:
     """Why the decode family cannot run `v` (None when it can); with `arch`, also on that target
     (cp.async and m16n8k16 tensor cores, and the head dim's ring in its shared memory)."""
+    if v.quantized:
+        return quant_unsupported(v)
     if v.layout == Layout.VARLEN:
         return "the decode family takes padded batches, not `layout varlen` (packed batches run on the forward family)"
     if not v.dtype.info.has_mma("m16n8k16"):
@@ -90,6 +101,8 @@ def decode_unsupported(v: Variant, arch: Arch | None = None) -> str | None:
 
 def forward_unsupported(v: Variant) -> str | None:
     """Why the forward family cannot run `v` (None when it can)."""
+    if v.quantized:
+        return quant_unsupported(v)
     if v.page_size is not None:
         return "`kv_cache paged` runs on the decode family (attngen.compile(..., family=\"decode\") or \"auto\")"
     return None
@@ -304,5 +317,5 @@ def choose_family(v: Variant, Lq: int, family: Family = Family.AUTO) -> Family:
     return Family.DECODE if Lq <= DECODE_MAX_LQ and decode_unsupported(v) is None else Family.FORWARD
 
 
-__all__ = ["Family", "SplitSchedule", "Launch", "decode_fields", "plan", "decode_unsupported", "choose_family", "mask_uses_head",
+__all__ = ["Family", "SplitSchedule", "Launch", "decode_fields", "plan", "decode_unsupported", "quant_unsupported", "choose_family", "mask_uses_head",
            "DECODE_MAX_LQ", "COMBINE_THREADS"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from attngen.ir.dtypes import TENSOR_CORE_DTYPES
-from attngen.ir.nodes import Program, Variant
+from attngen.ir.nodes import Program, QuantOperand, TileConfig, Variant
 from attngen.lang import frontend
 from attngen.lang.diagnostics import Diagnostic, SpecError
 from attngen.lang.lower import Target
@@ -24,7 +24,7 @@ from attngen.plan import limits
 from attngen.plan.schedule import (DEFAULT_ARCH, SUPPORTED_HEAD_DIMS, WIDE_HEAD_DIMS, Arch, describe_head_dims, q_token_norm,
                                    validate_tile, variant_tile)
 
-__all__ = ["load", "loads", "resolve", "target", "validate", "variant_problems"]
+__all__ = ["load", "loads", "quant_tile_problems", "resolve", "target", "validate", "variant_problems"]
 
 
 def target(arch: Arch = DEFAULT_ARCH) -> Target:
@@ -36,6 +36,10 @@ def target(arch: Arch = DEFAULT_ARCH) -> Target:
 def variant_problems(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[Diagnostic]:
     """Every reason `v` cannot be built and launched on `arch`, located at the spec: its tile hint
     (completed with the auto choice), then the kernel's limits once the tile is sound."""
+    if v.quantized:
+        # No CUDA kernel reads quantized operands yet (plan.decode.quant_unsupported); the one
+        # fact of the tile they will need is checked already.
+        return quant_tile_problems(v, variant_tile(v, arch))
     if v.tile is not None:
         tile = variant_tile(v, arch)
         bad = validate_tile(v.dtype, v.head_dim, v.value_head_dim, tile, arch, token_norm=q_token_norm(v))
@@ -48,6 +52,19 @@ def variant_problems(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[Diagnostic]:
     except ValueError:
         kp = None  # a tile this arch cannot take: the tile check reports it (and `compile --arch`)
     return [Diagnostic(p.message, p.span, p.help) for p in limits.check(v, arch, kp)]
+
+
+def quant_tile_problems(v: Variant, tile: TileConfig) -> list[Diagnostic]:
+    """A `per block(N)` scale must tile the kernel's tile: N divides block_m (q) or block_n (k),
+    so each tile's rows or keys hold whole scale blocks. (Lowering checks a `tile` hint's given
+    fields; this checks the tile the plan resolved for an arch.)"""
+    out = []
+    for qn, field in ((v.quant(QuantOperand.Q), "block_m"), (v.quant(QuantOperand.K), "block_n")):
+        size = getattr(tile, field)
+        if qn is not None and qn.block is not None and size % qn.block:
+            out.append(Diagnostic(f"scale block {qn.block} does not divide the tile's {field} {size}", qn.span or v.span,
+                                  f"use `per block(N)` with N dividing {size}, or a `tile` with {field} a multiple of {qn.block}"))
+    return out
 
 
 def validate(program: Program, arch: Arch = DEFAULT_ARCH, source: str | None = None) -> Program:

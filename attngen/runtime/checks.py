@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attngen import __version__
+from attngen.ir.dtypes import INPUT_DTYPES
 from attngen.ir.nodes import DType
 from attngen.cuda.render import _environment
 
@@ -40,7 +41,7 @@ def render_checks() -> str:
     """The check kernels' CUDA source (stable bytes)."""
     env = _environment()
     # Every element type a sorted input may have, the integer ones first (the source's stable order).
-    types = [dict(suffix=d.info.suffix, ctype=d.info.cuda) for d in sorted(DType, key=lambda d: d.is_float)]
+    types = [dict(suffix=d.info.suffix, ctype=d.info.cuda) for d in sorted(INPUT_DTYPES, key=lambda d: d.is_float)]
     return env.get_template("common/checks.cu.j2").render(version=__version__, types=types, threads=CHECK_THREADS)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from attngen.cuda.compile import compile_source
+from attngen.ir.dtypes import INPUT_DTYPES
 from attngen.ir.nodes import DType, Layout, Program, TileConfig, Variant
 from attngen.runtime.binder import (CALL_SCALARS, MAX_BINDINGS, call_outputs, POOL, SIG_FNS, Binding, InputCheckError, NaNCheckError, bind_forward,
                                     capturing, driver, launch_driver, load_functions, sig_fn,
@@ -318,7 +319,7 @@ def _check_function(arch: Arch, dtype: DType) -> Any:
     mod = _CHECK_MODULES.get((arch, dev))
     if mod is None:
         binary = compile_source(render_checks(), arch)
-        names = {check_kernel_name(d): 0 for d in DType}
+        names = {check_kernel_name(d): 0 for d in INPUT_DTYPES}
         mod = _CHECK_MODULES[(arch, dev)] = load_functions(binary.cubin, names)[0]
     return mod.get_function(check_kernel_name(dtype))
 
@@ -397,6 +398,8 @@ def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | Non
     from attngen.runtime import decode as runtime_decode
 
     v = _resolve(spec, variant)
+    if v.quantized:  # no silent full-precision fallback
+        raise ValueError(f"variant {v.name}: {plan_decode.quant_unsupported(v)}")
     a = Arch(arch) if isinstance(arch, str) else (arch or device_arch())
     fam = plan_decode.Family(family)
     no_forward = plan_decode.forward_unsupported(v)

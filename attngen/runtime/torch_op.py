@@ -271,7 +271,8 @@ class AttnOp:
         """ValueError when an input requires grad and the backward kernels refuse the variant (on
         CPU tensors: the CPU backward, `attngen.cpu.render_bwd.unsupported`)."""
         refusal, kernels = self.refusal, "backward kernels do"
-        if isinstance(tensors[0], torch.Tensor) and _cpu_backend(tensors[0]):
+        # (a quantized variant has no backward on any device: its own refusal says so)
+        if isinstance(tensors[0], torch.Tensor) and _cpu_backend(tensors[0]) and not self.variant.quantized:
             refusal, kernels = _cpu_refusal(self.variant), "CPU backward does"
         if refusal is None:
             return

@@ -100,6 +100,14 @@ def _check_text(text: str, path: str, arch) -> tuple[list, list]:
         return list(e.diagnostics), []
     diagnostics, ok = [], []
     for v in program.variants:
+        if v.quantized:
+            # The language, the reference and the CPU backend run it; say which target does not.
+            from attngen.plan.decode import quant_unsupported
+
+            diagnostics.append(Diagnostic(f"`{v.name}` has no CUDA kernel yet", v.quants[0].span or v.span,
+                                          quant_unsupported(v), severity="warning"))
+            ok.append(v)
+            continue
         why = _no_kernel(v)
         if why is not None:
             diagnostics.append(Diagnostic(f"variant `{v.name}` has no kernel: {why}", v.span,

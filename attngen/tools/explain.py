@@ -346,7 +346,11 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
         parts.append(f"sink {v.sink}")
     from attngen.plan import decode as plan_decode
 
-    if plan_decode.forward_unsupported(v) is not None:
+    if v.quantized:
+        from attngen.lang.printer import quant_words
+
+        parts.append(quant_words(v) + ": no CUDA kernel yet (CPU backend and reference)")
+    elif plan_decode.forward_unsupported(v) is not None:
         op = plan_decode.plan(v, arch)
         dp = op.split
         assert dp is not None
@@ -421,6 +425,8 @@ def explain(
     seed: int = 0,
 ) -> str:
     """A multi-line plain-words description of `v`; `shape` = (B, Lq, Lk) for sample shapes."""
+    if v.quantized:
+        return _quant_explain(v, shape, seed)
     B, Lq, Lk = shape or DEFAULT_SHAPE
     if v.kind == AttnKind.SELF and Lq > Lk:
         Lq = Lk  # (the command line refuses it) a self-attention call has at most as many queries as keys
@@ -490,6 +496,30 @@ def explain(
     out += describe_backward(v, arch)
     out += _bwd_partial_tile_lines(v, arch)
     return "\n".join(out)
+
+
+def _quant_explain(v: Variant, shape: tuple[int, int, int] | None, seed: int) -> str:
+    """A quantized variant: its stored types and quant statements, its I/O, the accuracy report
+    (attngen.tools.explain_quant); no CUDA plan, since no CUDA kernel runs it yet."""
+    from attngen.tools import explain_quant
+
+    B, Lq, Lk = shape or DEFAULT_SHAPE
+    out = _heading_lines(v) + _computation_lines(v) + explain_quant.quant_lines(v)
+    out += ["", f"Inputs and outputs (shapes at B={B}, Lq={Lq}, Lk={Lk}):"]
+    io = io_shapes(v, B, Lq, Lk)
+    rows = [(n, d.value, _symbolic(v, n), _dims_text(io[n]), role)
+            for n, d, role in (("q", v.q_dtype, "queries"), ("k", v.k_dtype, "keys"), ("v", v.v_dtype, "values"))]
+    sizes = sample_sizes(v, B, Lq, Lk)
+    for d in v.runtime_inputs():
+        try:
+            concrete = _dims_text(abi.input_shape(v, d, sizes))
+        except ValueError:
+            concrete = "bound at run time"
+        rows.append((d.name, d.dtype.value, _decl_symbolic(v, d), concrete, explain_quant.input_role(v, d.name) or _input_role(v, d)))
+    rows.append(("o", v.dtype.value, _symbolic(v, "o"), _dims_text(io["o"]), "output"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    out += ["  " + "  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+    return "\n".join(out + explain_quant.accuracy_lines(v, seed))
 
 
 def _heading_lines(v: Variant) -> list[str]:

@@ -59,7 +59,11 @@ def variant(v: Variant, arch: Arch) -> dict[str, Any]:
         "value_head_dim": v.value_head_dim,
         "runtime_inputs": [{"name": d.name, "dtype": d.dtype.value, "shape": _dims(d.shape)} for d in v.runtime_inputs()],
     }
-    if plan_decode.forward_unsupported(v) is not None:
+    if v.quantized:  # no CUDA kernel yet (plan.decode.quant_unsupported)
+        from attngen.tools.explain_quant import quant_json
+
+        out.update(family=None, engine=None, tile=None, quant=quant_json(v))
+    elif plan_decode.forward_unsupported(v) is not None:
         out.update(family="decode", engine=None, tile=None)
     else:
         t = variant_tile(v, arch)
@@ -95,11 +99,15 @@ def explain_variant(v: Variant, arch: Arch, shape: tuple[int, int, int], text: s
             io[d.name] = list(abi.input_shape(v, d, sizes))
         except ValueError:
             io[d.name] = None  # bound at run time (the text says so)
-    move = engine_move(v, arch)
+    move = None if v.quantized else engine_move(v, arch)
     out.update(
         shape={"B": B, "Lq": Lq, "Lk": Lk}, io=io, text=text,
         tile_advice=None if move is None else {
             "engine": move.engine.value, "auto_engine": move.auto_engine.value,
             "auto_tile": tile_statement(move.auto_tile), "why": move.why},
     )
+    if v.quantized:
+        from attngen.tools.explain_quant import json_fields
+
+        out.update(json_fields(v))
     return out

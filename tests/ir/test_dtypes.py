@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attngen.ir.dtypes import (ATTENTION_DTYPES, DTYPES, FP32_UNIT_ROUNDOFF, TENSOR_CORE_DTYPES, DType, DTypeInfo,
-                               by_numpy_name, by_torch_name, ml_dtype)
+from attngen.ir.dtypes import (ATTENTION_DTYPES, DTYPES, FP32_UNIT_ROUNDOFF, INPUT_DTYPES, QUANT_DTYPES, TENSOR_CORE_DTYPES,
+                               DType, DTypeInfo, by_numpy_name, by_torch_name, ml_dtype)
 
 
 def test_every_dtype_has_its_row() -> None:
@@ -52,12 +52,12 @@ def test_vector_width_follows_the_element_size() -> None:
 
 
 def test_the_spellings_the_generated_code_has_always_used() -> None:
-    assert {d: d.info.cuda for d in DType} == {DType.I32: "int", DType.U8: "unsigned char", DType.FP32: "float",
+    assert {d: d.info.cuda for d in INPUT_DTYPES} == {DType.I32: "int", DType.U8: "unsigned char", DType.FP32: "float",
                                                 DType.FP16: "__half", DType.BF16: "__nv_bfloat16"}
-    assert {d: d.info.suffix for d in DType} == {DType.I32: "i32", DType.U8: "u8", DType.FP32: "f32",
+    assert {d: d.info.suffix for d in INPUT_DTYPES} == {DType.I32: "i32", DType.U8: "u8", DType.FP32: "f32",
                                                   DType.FP16: "f16", DType.BF16: "bf16"}
     assert [d.info.ptx for d in ATTENTION_DTYPES] == [None, "f16", "bf16"]
-    assert [d.info.to_float for d in DType] == ["", "ag_to_float", "ag_to_float", "(int)", "(int)"]
+    assert [d.info.to_float for d in INPUT_DTYPES] == ["", "ag_to_float", "ag_to_float", "(int)", "(int)"]
 
 
 def test_attention_and_tensor_core_sets() -> None:
@@ -81,7 +81,7 @@ def test_tensor_core_shapes_per_arch() -> None:
 
 def test_rounding_terms() -> None:
     assert DType.FP32.info.unit_roundoff == FP32_UNIT_ROUNDOFF == 2.0**-24
-    assert [d.info.rounding_beyond_fp32 for d in DType] == [0.0, 2.0**-11, 2.0**-8, 0.0, 0.0]
+    assert [d.info.rounding_beyond_fp32 for d in INPUT_DTYPES] == [0.0, 2.0**-11, 2.0**-8, 0.0, 0.0]
     for d in ATTENTION_DTYPES:  # the unit roundoff is what rounding to the type does
         x = np.float64(1.0) + 3 * d.info.unit_roundoff
         err = abs(float(np.asarray(x).astype(ml_dtype(d))) - x) / x
@@ -96,3 +96,26 @@ def test_tolerance_policy_is_read_from_the_rows() -> None:
     assert tolerance.GRAD_MAX_ABS == {DType.FP32: 2e-3, DType.FP16: 1.5e-2, DType.BF16: 4e-2}
     with pytest.raises(ValueError, match="expected fp32, fp16 or bf16"):
         tolerance.tolerance_for(DType.I32)
+
+
+def test_quantized_rows() -> None:
+    # The quantized types are neither attention nor input types; their facts are the hardware's.
+    assert QUANT_DTYPES == (DType.FP8_E4M3, DType.FP8_E5M2, DType.I8)
+    assert not set(QUANT_DTYPES) & (set(ATTENTION_DTYPES) | set(INPUT_DTYPES))
+    assert [d.info.qmax for d in QUANT_DTYPES] == [448.0, 57344.0, 127.0]
+    assert [d.info.min_cc for d in QUANT_DTYPES] == [89, 89, 80]
+    assert [d.info.cuda for d in QUANT_DTYPES] == ["__nv_fp8_e4m3", "__nv_fp8_e5m2", "signed char"]
+    assert [d.info.ptx for d in QUANT_DTYPES] == ["e4m3", "e5m2", "s8"]
+    for d in QUANT_DTYPES:
+        assert d.info.tolerances is None and d.itemsize == 1
+        assert [m.shape for m in d.info.mma_shapes(90, arch_specific=True)] == ["m16n8k32", "m64nNk32"]
+        assert [m.shape for m in d.info.mma_shapes(90)] == ["m16n8k32"]
+    assert DType.FP8_E4M3.info.mma_shapes(86) == () and DType.I8.info.mma_shapes(80)
+    # qmax is the largest finite value: ml_dtypes agrees, and one step beyond is not finite (fp8).
+    import ml_dtypes
+
+    assert float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max) == 448.0
+    assert float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max) == 57344.0
+    for d in (DType.FP8_E4M3, DType.FP8_E5M2):
+        x = np.float32(1.0) + np.float32(d.info.unit_roundoff)  # a tie: rounds to even, 1.0
+        assert float(np.asarray(x).astype(ml_dtype(d))) == 1.0

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from attngen.lang.diagnostics import SpecError
 from attngen.lang.frontend import format_source, loads, print_expr, print_program
+from attngen.ir.dtypes import INPUT_DTYPES
 from attngen.ir.nodes import (
     FP32_MAX,
     ATTENTION_DTYPES,
@@ -253,7 +254,7 @@ dims = st.one_of(st.integers(1, 4096), st.sampled_from(list(SizeSym)), tensor_na
 def tensor_decls(draw) -> tuple[TensorDecl, ...]:
     ns = draw(st.lists(tensor_names, max_size=5, unique=True))
     return tuple(
-        TensorDecl(n, draw(st.sampled_from(list(DType))), tuple(draw(st.lists(dims, min_size=1, max_size=4))), draw(st.booleans()))
+        TensorDecl(n, draw(st.sampled_from(INPUT_DTYPES)), tuple(draw(st.lists(dims, min_size=1, max_size=4))), draw(st.booleans()))
         for n in ns
     )
 

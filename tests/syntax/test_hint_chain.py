@@ -206,6 +206,20 @@ def whole_spec(text: str, d: Diagnostic) -> str:
     return text + fill(snippets(d)[0]).replace("; ", "\n  ").replace("{ ", "{\n  ").replace(" }", "\n}") + "\n"
 
 
+def insert_all(text: str, d: Diagnostic) -> str:
+    """`add `a`, `b``: every snippet, one a line."""
+    for snip in snippets(d):
+        text = insert_line(text, snip)
+    return text
+
+
+def append_to_line(text: str, d: Diagnostic) -> str:
+    """`add one of `x`, ...`: the first snippet appended to the statement at the span."""
+    lines = text.split("\n")
+    lines[d.span.line - 1] += " " + snippets(d)[0]
+    return "\n".join(lines)
+
+
 FIXERS: dict[str, Callable[[str, Diagnostic], str]] = {
     "bad number `{}`": replace_span(1),
     "`{}` is a function": replace_span(0),
@@ -242,6 +256,18 @@ FIXERS: dict[str, Callable[[str, Diagnostic], str]] = {
     "token-scope norm is only for `q`, not `{}`": replace_span(0),
     "no `attention` variant in this file": whole_spec,
     "{}": did_you_mean,  # the parser's "unexpected ...": did you mean `keyword`?
+    "the output cannot be {}: quantized types are for q, k and v": replace_line(0),
+    "{}{} stored quantized without a scale": insert_all,
+    "`{}` is stored as {}: its scale cannot be computed in the kernel": replace_line(0),
+    "`{}` is quantized in the kernel but `{}` is not": insert(0),
+    "p is quantized but v is not": insert(0),
+    "p is computed in the kernel and has no input scale": replace_line(0),
+    "`static` needs its scale: `static(c)`": replace_line(0),
+    "a `static` scale covers the whole of p": replace_line(0),
+    "`smooth mean` needs scales computed in the kernel": replace_line(0),
+    "`quant` is not implemented with `layout varlen`": replace_statement("layout", 0),
+    "say what one scale of `{}` covers": append_to_line,
+    "`{}` takes no `{}` scales `per {}`{}": replace_span(0),
 }
 
 NOT_TEXT = {
@@ -295,6 +321,20 @@ CASES: dict[str, str] = {
     "token-scope norm is only for `q`, not `{}`": HEAD + "  layout bshd\n  norm k rmsnorm(1e-6) scope token\n}\n",
     "no `attention` variant in this file": "# nothing here yet\n",
     "{}": (HEAD + "  dtyp fp16\n}\n").replace("  dtype fp16\n", ""),
+    "the output cannot be {}: quantized types are for q, k and v": HEAD.replace("fp16", "fp8_e4m3") + "}\n",
+    "{}{} stored quantized without a scale": HEAD.replace("fp16", "fp16 k i8 v i8") + "}\n",
+    "`{}` is stored as {}: its scale cannot be computed in the kernel":
+        HEAD.replace("fp16", "fp16 v fp8_e5m2") + "  quant v fp8_e5m2 amax per channel\n}\n",
+    "`{}` is quantized in the kernel but `{}` is not": HEAD + "  quant k i8 amax per block(64)\n}\n",
+    "p is quantized but v is not": HEAD + "  quant p fp8_e4m3 static(448.0)\n}\n",
+    "p is computed in the kernel and has no input scale": HEAD + "  quant v fp8_e4m3 amax per channel\n  quant p fp8_e4m3 input per head\n}\n",
+    "`static` needs its scale: `static(c)`": HEAD + "  quant v fp8_e4m3 amax per channel\n  quant p fp8_e4m3 static\n}\n",
+    "a `static` scale covers the whole of p": HEAD + "  quant v i8 amax per channel\n  quant p i8 static(127.0) per token\n}\n",
+    "`smooth mean` needs scales computed in the kernel":
+        HEAD + "  quant q i8 input per head\n  quant k i8 input per head smooth mean\n}\n",
+    "`quant` is not implemented with `layout varlen`": HEAD + "  layout varlen\n  quant q i8 amax per token\n  quant k i8 amax per token\n}\n",
+    "say what one scale of `{}` covers": HEAD + "  quant q i8 amax\n  quant k i8 amax per token\n}\n",
+    "`{}` takes no `{}` scales `per {}`{}": HEAD + "  quant v fp8_e4m3 input per token\n  quant p fp8_e4m3 static(448.0)\n}\n",
 }
 # The chain of the issue: a lookup of the reserved `bias` hints at another name, not `input bias`.
 CASES_EXTRA = {"reserved lookup": HEAD + "  score s + bias[q, kv]\n}\n",
