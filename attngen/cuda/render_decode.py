@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from attngen import __version__
 from attngen.ir import names
-from attngen.ir.nodes import CACHE_LENS, SizeSym, Variant, tensors_used
+from attngen.ir.dtypes import DType
+from attngen.ir.nodes import BLOCK_TABLE, CACHE_LENS, QuantOperand, ScaleGranularity, SizeSym, Variant, quant_scale_name, tensors_used
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.decode import COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, DecodePlan, mask_uses_head, plan
+from attngen.plan.decode import COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, DecodePlan, fp8_kv, mask_uses_head, plan
 from attngen.cuda.render import Field, _environment, input_fields, _expr_text, _spec_text, _tensor_ctx
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -19,10 +20,13 @@ from attngen.plan.schedule import DEFAULT_ARCH, Arch
 def decode_fields(v: Variant) -> tuple[Field, ...]:
     """Kernel parameters of both decode kernels (the same list), in ABI order."""
     e = "const elem_t* __restrict__"
+    kv = e
+    if fp8_kv(v):  # the FP8 cache's bytes (k_scale and v_scale follow among the runtime inputs)
+        kv = "const unsigned char* __restrict__"
     f = [
         Field(e, "q", "query"),
-        Field(e, "k", "keys"),
-        Field(e, "v", "values"),
+        Field(kv, "k", "keys" if kv == e else f"keys, {v.k_dtype.value} bytes, dequantized as read: fp32(k * k_scale) to {v.dtype.value}"),
+        Field(kv, "v", "values" if kv == e else f"values, {v.v_dtype.value} bytes, dequantized as read: fp32(v * v_scale) to {v.dtype.value}"),
         Field("elem_t* __restrict__", "o", "output"),
         Field("float* __restrict__", "lse", "log-sum-exp [B, H, Lq], contiguous (nullptr unless `output lse`)"),
         Field("int*", "nan_flag", "set to 1 when the output holds NaN/Inf (nullptr unless `nan_check`)"),
@@ -92,6 +96,39 @@ def _header(v: Variant, dp: DecodePlan, fields: tuple[Field, ...]) -> str:
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
 
 
+def _scale_expr(v: Variant, op: QuantOperand) -> tuple[str, str]:
+    """(C++ expression of key kv's scale, for the kernel's comment the scale's granularity) of an
+    FP8 cache's k or v: `b`, `hk` and `kv` in scope (ag_k_scale / ag_v_scale)."""
+    qn = v.quant(op)
+    assert qn is not None and qn.granularity is not None
+    load = names.input_loader(quant_scale_name(op))
+    g = qn.granularity
+    if g == ScaleGranularity.TENSOR:
+        return f"{load}(p, 0)", "per tensor [1]"
+    if g == ScaleGranularity.HEAD:
+        return (f"{load}(p, hk)", "per kv head [Hkv]") if v.page_size is not None else (f"{load}(p, b, hk)", "per (batch, kv head) [B, Hkv]")
+    return f"{load}(p, {names.input_loader(BLOCK_TABLE)}(p, b, kv / PAGE), hk)", "per (page, kv head) [num_pages, Hkv]"
+
+
+def _fp8_kv_ctx(v: Variant) -> dict:
+    """The template's names for the K/V ring: the FP8 cache's (a byte ring, dequantized by each
+    warp into one chunk of the output type) or, for every other variant, the full-precision ring's
+    own names, which render the bytes they always did."""
+    if not fp8_kv(v):
+        return dict(kv_fp8=False, ring_t="elem_t", vec=8, ring_bytes=2, ring_k="sk", ring_v="sv", ring_k_stride="SK_STRIDE",
+                    ring_v_stride="SV_STRIDE", ring_k_elems="SK_ELEMS", ring_v_elems="SV_ELEMS",
+                    stage_k="sk + slot * SK_ELEMS", stage_v="sv + slot * SV_ELEMS")
+    k_expr, k_text = _scale_expr(v, QuantOperand.K)
+    v_expr, v_text = _scale_expr(v, QuantOperand.V)
+    return dict(kv_fp8=True, ring_t="kv_t", vec=16, ring_bytes=1, ring_k="rk", ring_v="rv", ring_k_stride="RK_STRIDE",
+                ring_v_stride="RV_STRIDE", ring_k_elems="RK_ELEMS", ring_v_elems="RV_ELEMS", stage_k="sk", stage_v="sv",
+                k_fp8=v.k_dtype.value, v_fp8=v.v_dtype.value,
+                k_e5m2="true" if v.k_dtype == DType.FP8_E5M2 else "false",
+                v_e5m2="true" if v.v_dtype == DType.FP8_E5M2 else "false",
+                k_scale_expr=k_expr, v_scale_expr=v_expr, k_scale_text=k_text, v_scale_text=v_text,
+                kv_bound="kv_len" if v.page_size is not None else "p.Lk")
+
+
 def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None, *,
                   prefix: str = "attngen") -> tuple[str, DecodePlan]:
     """The decode family's `.cu` source for one variant and its plan (ValueError when the family
@@ -156,6 +193,7 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
         # which measured 2-3% faster on the mask-free rows of decode_bench.
         walk_window=bool(tensors_used(mask)),
     )
+    ctx.update(_fp8_kv_ctx(v))
     src = _environment().get_template("decode/decode.cu.j2").render(**ctx)
     return src, dp
 

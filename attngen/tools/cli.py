@@ -100,7 +100,9 @@ def _check_text(text: str, path: str, arch) -> tuple[list, list]:
         return list(e.diagnostics), []
     diagnostics, ok = [], []
     for v in program.variants:
-        if v.quantized:
+        from attngen.plan.decode import fp8_kv
+
+        if v.quantized and not fp8_kv(v):  # an FP8 KV cache runs on the decode family
             # The language, the reference and the CPU backend run it; say which target does not.
             from attngen.plan.decode import quant_unsupported
 

@@ -77,8 +77,11 @@ def explain(v: Variant, shape: tuple[int, int, int] | None, seed: int) -> str:
             f"  N(0,1) inputs:            quantized {a.emulation.text()}; {a.baseline} {a.full_precision.text()}",
             f"  0.1% channels x20:        quantized {a.emulation_outliers.text()}; {a.baseline} {a.full_precision_outliers.text()}",
             "  (a kernel's error is held to 1.1x the quantized figure: attngen.check.quant_accuracy.within_bar)"]
-    out += ["", "Kernels: the CPU backend (--target cpu) runs it; no CUDA kernel yet (compile --target cuda refuses it); "
-                "no backward (training refuses it)"]
+    from attngen.plan.decode import fp8_kv
+
+    cuda = ("the CUDA decode family runs it on sm_89+ (the FP8 cache dequantized in the split-KV kernel)" if fp8_kv(v)
+            else "no CUDA kernel yet (compile --target cuda refuses it)")
+    out += ["", f"Kernels: the CPU backend (--target cpu) runs it; {cuda}; no backward (training refuses it)"]
     return "\n".join(out)
 
 
