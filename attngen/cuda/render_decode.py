@@ -120,13 +120,15 @@ def _fp8_kv_ctx(v: Variant) -> dict:
                     stage_k="sk + slot * SK_ELEMS", stage_v="sv + slot * SV_ELEMS")
     k_expr, k_text = _scale_expr(v, QuantOperand.K)
     v_expr, v_text = _scale_expr(v, QuantOperand.V)
+    per_page = any(qn.granularity == ScaleGranularity.PAGE for qn in v.quants)
     return dict(kv_fp8=True, ring_t="kv_t", vec=16, ring_bytes=1, ring_k="rk", ring_v="rv", ring_k_stride="RK_STRIDE",
                 ring_v_stride="RV_STRIDE", ring_k_elems="RK_ELEMS", ring_v_elems="RV_ELEMS", stage_k="sk", stage_v="sv",
                 k_fp8=v.k_dtype.value, v_fp8=v.v_dtype.value,
                 k_e5m2="true" if v.k_dtype == DType.FP8_E5M2 else "false",
                 v_e5m2="true" if v.v_dtype == DType.FP8_E5M2 else "false",
                 k_scale_expr=k_expr, v_scale_expr=v_expr, k_scale_text=k_text, v_scale_text=v_text,
-                kv_bound="kv_len" if v.page_size is not None else "p.Lk")
+                kv_bound="kv_len" if v.page_size is not None else "p.Lk",
+                scale_rows_share="true" if not per_page else "PAGE % BLOCK_N == 0")
 
 
 def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None, *,
