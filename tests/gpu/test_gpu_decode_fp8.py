@@ -169,3 +169,41 @@ def test_other_quantized_specs_keep_the_cuda_refusal() -> None:
         "  quant k", "  quant q fp8_e4m3 input per head\n  quant k")
     with pytest.raises(ValueError, match="not yet on the CUDA backend"):
         runtime.compile(variant_of(text), family="decode")
+
+
+def test_torch_op_and_cuda_graphs_carry_the_scales() -> None:
+    """attngen.torch.register: the op takes the fp8 cache and the scales by name and equals the
+    kernel; a CUDA graph of the kernel replays to the same output with new scales copied in."""
+    torch = pytest.importorskip("torch")
+    from attngen.runtime import torch_op
+
+    v, kern, _, _ = _kernels(SPECS[0])
+    arrays = fuzz.case_inputs(v, fuzz.Case(B=8, Lq=1, Lk=1000, seed=11))
+    q, k, vv, rest = fuzz.split_inputs(arrays)
+    dq, dk, dv = fuzz.to_device(q), fuzz.to_device(k), fuzz.to_device(vv)
+    drest = {n: fuzz.to_device(a) for n, a in rest.items()}
+    assert dk.dtype == torch.float8_e4m3fn and drest["k_scale"].dtype == torch.float32
+    o_k, lse_k = kern(dq, dk, dv, **drest)
+    op = torch_op.register(v)
+    with torch.no_grad():
+        o, lse = op(dq, dk, dv, **drest)
+    torch.cuda.synchronize()
+    assert torch.equal(o, o_k) and torch.equal(lse, lse_k)
+    # A graph captured with one set of scales, replayed after copying in doubled v scales: O doubles
+    # exactly (a power of two commutes with every rounding), the LSE is unchanged.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        kern(dq, dk, dv, **drest)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        o_g, lse_g = kern(dq, dk, dv, **drest)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_g, o_k) and torch.equal(lse_g, lse_k)
+    drest["v_scale"].mul_(2.0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_g.float(), 2 * o_k.float()) and torch.equal(lse_g, lse_k)
