@@ -10,9 +10,9 @@ from __future__ import annotations
 from attngen import __version__
 from attngen.ir import names
 from attngen.ir.dtypes import DType
-from attngen.ir.nodes import BLOCK_TABLE, CACHE_LENS, QuantOperand, ScaleGranularity, SizeSym, Variant, quant_scale_name, tensors_used
+from attngen.ir.nodes import CACHE_LENS, QuantOperand, ScaleGranularity, SizeSym, Variant, quant_scale_name, tensors_used
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.decode import COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, DecodePlan, fp8_kv, mask_uses_head, plan
+from attngen.plan.decode import COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, DecodePlan, fp8_kv, fp8_page_scales, mask_uses_head, plan
 from attngen.cuda.render import Field, _environment, input_fields, _expr_text, _spec_text, _tensor_ctx
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
 
@@ -97,8 +97,9 @@ def _header(v: Variant, dp: DecodePlan, fields: tuple[Field, ...]) -> str:
 
 
 def _scale_expr(v: Variant, op: QuantOperand) -> tuple[str, str]:
-    """(C++ expression of key kv's scale, for the kernel's comment the scale's granularity) of an
-    FP8 cache's k or v: `b`, `hk` and `kv` in scope (ag_k_scale / ag_v_scale)."""
+    """(C++ expression of the scale, for the kernel's comment the scale's granularity) of an FP8
+    cache's k or v: `b` and `hk` in scope (ag_k_scale / ag_v_scale; per-page scales travel with
+    the ring's rows instead, `_scale_ptr`)."""
     qn = v.quant(op)
     assert qn is not None and qn.granularity is not None
     load = names.input_loader(quant_scale_name(op))
@@ -107,7 +108,7 @@ def _scale_expr(v: Variant, op: QuantOperand) -> tuple[str, str]:
         return f"{load}(p, 0)", "per tensor [1]"
     if g == ScaleGranularity.HEAD:
         return (f"{load}(p, hk)", "per kv head [Hkv]") if v.page_size is not None else (f"{load}(p, b, hk)", "per (batch, kv head) [B, Hkv]")
-    return f"{load}(p, {names.input_loader(BLOCK_TABLE)}(p, b, kv / PAGE), hk)", "per (page, kv head) [num_pages, Hkv]"
+    return "", "per (page, kv head) [num_pages, Hkv]"
 
 
 def _fp8_kv_ctx(v: Variant) -> dict:
@@ -115,12 +116,12 @@ def _fp8_kv_ctx(v: Variant) -> dict:
     warp into one chunk of the output type) or, for every other variant, the full-precision ring's
     own names, which render the bytes they always did."""
     if not fp8_kv(v):
-        return dict(kv_fp8=False, ring_t="elem_t", vec=8, ring_bytes=2, ring_k="sk", ring_v="sv", ring_k_stride="SK_STRIDE",
+        return dict(kv_fp8=False, page_scales=False, scale_args_s="", scale_args_ps="", ring_t="elem_t", vec=8, ring_bytes=2, ring_k="sk", ring_v="sv", ring_k_stride="SK_STRIDE",
                     ring_v_stride="SV_STRIDE", ring_k_elems="SK_ELEMS", ring_v_elems="SV_ELEMS",
                     stage_k="sk + slot * SK_ELEMS", stage_v="sv + slot * SV_ELEMS")
     k_expr, k_text = _scale_expr(v, QuantOperand.K)
     v_expr, v_text = _scale_expr(v, QuantOperand.V)
-    per_page = any(qn.granularity == ScaleGranularity.PAGE for qn in v.quants)
+    per_page = fp8_page_scales(v)
     return dict(kv_fp8=True, ring_t="kv_t", vec=16, ring_bytes=1, ring_k="rk", ring_v="rv", ring_k_stride="RK_STRIDE",
                 ring_v_stride="RV_STRIDE", ring_k_elems="RK_ELEMS", ring_v_elems="RV_ELEMS", stage_k="sk", stage_v="sv",
                 k_fp8=v.k_dtype.value, v_fp8=v.v_dtype.value,
@@ -128,7 +129,22 @@ def _fp8_kv_ctx(v: Variant) -> dict:
                 v_e5m2="true" if v.v_dtype == DType.FP8_E5M2 else "false",
                 k_scale_expr=k_expr, v_scale_expr=v_expr, k_scale_text=k_text, v_scale_text=v_text,
                 kv_bound="kv_len" if v.page_size is not None else "p.Lk",
-                scale_rows_share="true" if not per_page else "PAGE % BLOCK_N == 0")
+                page_scales=per_page, k_scale_ptr=_scale_ptr(v, QuantOperand.K), v_scale_ptr=_scale_ptr(v, QuantOperand.V),
+                scale_args_s=", rks + s * CHUNK, rvs + s * CHUNK, hk" if per_page else "",
+                scale_args_ps=", rks + ps * CHUNK, rvs + ps * CHUNK, hk" if per_page else "")
+
+
+def _scale_ptr(v: Variant, op: QuantOperand) -> str:
+    """C++ address of a paged cache row's scale (`page` and `hk` in scope, the page in range): the
+    copy of per-page scales into the ring reads it."""
+    qn = v.quant(op)
+    assert qn is not None
+    f = names.input_field(quant_scale_name(op))
+    if qn.granularity == ScaleGranularity.PAGE:
+        return f"p.{f} + (long long)page * p.{names.input_stride_field(quant_scale_name(op), 0)} + (long long)hk * p.{names.input_stride_field(quant_scale_name(op), 1)}"
+    if qn.granularity == ScaleGranularity.HEAD:
+        return f"p.{f} + (long long)hk * p.{names.input_stride_field(quant_scale_name(op), 0)}"
+    return f"p.{f}"
 
 
 def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None, *,

@@ -83,6 +83,12 @@ def fp8_kv(v: Variant) -> bool:
                for qn, stored in ((qk, v.k_dtype), (qv, v.v_dtype)))
 
 
+def fp8_page_scales(v: Variant) -> bool:
+    """Whether an FP8 cache has a scale per page (k's or v's): the ring then carries each row's
+    scales beside it (4 bytes a row of K and of V a slot)."""
+    return fp8_kv(v) and any(qn.granularity == ScaleGranularity.PAGE for qn in v.quants)
+
+
 def decode_unsupported(v: Variant, arch: Arch | None = None) -> str | None:
     """Why the decode family cannot run `v` (None when it can); with `arch`, also on that target
     (cp.async and m16n8k16 tensor cores, and the head dim's ring in its shared memory). Of the
@@ -285,7 +291,7 @@ def smem_bytes(v: Variant, block_n: int, stages: int) -> int:
         # The ring holds fp8 rows padded by 16 bytes; each warp dequantizes its rows of the slot it
         # computes into one chunk of the output type (rows padded by 8 elements), which ldmatrix reads.
         tiles = ((BLOCK_M * (d + 8) + block_n * WARPS * ((d + 8) + (dv + 8))) * v.dtype.itemsize
-                 + stages * block_n * WARPS * ((d + 16) + (dv + 16)))
+                 + stages * block_n * WARPS * ((d + 16) + (dv + 16) + (8 if fp8_page_scales(v) else 0)))
     else:
         tiles = (BLOCK_M * (d + 8) + stages * block_n * WARPS * ((d + 8) + (dv + 8))) * v.dtype.itemsize
     reduce = WARPS * BLOCK_M * (dv + 4) * 4 + 2 * WARPS * BLOCK_M * 4
@@ -334,5 +340,5 @@ def choose_family(v: Variant, Lq: int, family: Family = Family.AUTO) -> Family:
     return Family.DECODE if Lq <= DECODE_MAX_LQ and decode_unsupported(v) is None else Family.FORWARD
 
 
-__all__ = ["Family", "DecodePlan", "Launch", "plan", "decode_unsupported", "quant_unsupported", "fp8_kv", "choose_family", "mask_uses_head",
+__all__ = ["Family", "DecodePlan", "Launch", "plan", "decode_unsupported", "quant_unsupported", "fp8_kv", "fp8_page_scales", "choose_family", "mask_uses_head",
            "DECODE_MAX_LQ", "COMBINE_THREADS"]

@@ -73,7 +73,9 @@ def test_the_abi_carries_the_cache_bytes_and_the_scales() -> None:
     src, dp = render_decode(v, Arch.SM90A)
     assert "in_k_scale: runtime input k_scale: fp32" in src and "k, fp8_e4m3 bytes" not in src
     assert "keys, fp8_e4m3 bytes, dequantized as read: fp32(k * k_scale) to bf16" in src
-    assert "ag_ld_k_scale(p, ag_ld_block_table(p, b, kv / PAGE), hk)" in src
+    # Per-page scales travel with their rows through the ring (no dependent loads in the step).
+    assert "ag_cp_async4(ag_smem_addr(ks_slot + kv_row), ok ? p.in_k_scale + (long long)page * p.in_k_scale_s0" in src
+    assert "ag_ld_k_scale" not in src.split("ag_dequant_rows")[1]
     assert "cvt.rn.f16x2.e4m3x2" in src and "typedef unsigned char kv_t;" in src
     # Half the ring bytes of the bf16 cache's: 3 slots of fp8 plus one bf16 staging chunk.
     full = _v(PAGED.replace("dtype bf16 k fp8_e4m3 v fp8_e4m3", "dtype bf16").replace(
