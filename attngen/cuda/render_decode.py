@@ -116,9 +116,10 @@ def _fp8_kv_ctx(v: Variant) -> dict:
     warp into one chunk of the output type) or, for every other variant, the full-precision ring's
     own names, which render the bytes they always did."""
     if not fp8_kv(v):
-        return dict(kv_fp8=False, page_scales=False, scale_args_s="", scale_args_ps="", ring_t="elem_t", vec=8, ring_bytes=2, ring_k="sk", ring_v="sv", ring_k_stride="SK_STRIDE",
-                    ring_v_stride="SV_STRIDE", ring_k_elems="SK_ELEMS", ring_v_elems="SV_ELEMS",
-                    stage_k="sk + slot * SK_ELEMS", stage_v="sv + slot * SV_ELEMS")
+        return dict(kv_fp8=False, page_scales=False, scale_args_s="", scale_args_ps="", ring_t="elem_t", vec=8,
+                    ring_bytes=2, ring_k="sk", ring_v="sv", ring_k_stride="SK_STRIDE", ring_v_stride="SV_STRIDE",
+                    ring_k_elems="SK_ELEMS", ring_v_elems="SV_ELEMS", stage_k="sk + slot * SK_ELEMS",
+                    stage_v="sv + slot * SV_ELEMS")
     k_expr, k_text = _scale_expr(v, QuantOperand.K)
     v_expr, v_text = _scale_expr(v, QuantOperand.V)
     per_page = fp8_page_scales(v)
@@ -139,12 +140,14 @@ def _scale_ptr(v: Variant, op: QuantOperand) -> str:
     copy of per-page scales into the ring reads it."""
     qn = v.quant(op)
     assert qn is not None
-    f = names.input_field(quant_scale_name(op))
+    name = quant_scale_name(op)
+    base, s0, s1 = (f"p.{names.input_field(name)}", f"p.{names.input_stride_field(name, 0)}",
+                    f"p.{names.input_stride_field(name, 1)}")
     if qn.granularity == ScaleGranularity.PAGE:
-        return f"p.{f} + (long long)page * p.{names.input_stride_field(quant_scale_name(op), 0)} + (long long)hk * p.{names.input_stride_field(quant_scale_name(op), 1)}"
+        return f"{base} + (long long)page * {s0} + (long long)hk * {s1}"
     if qn.granularity == ScaleGranularity.HEAD:
-        return f"p.{f} + (long long)hk * p.{names.input_stride_field(quant_scale_name(op), 0)}"
-    return f"p.{f}"
+        return f"{base} + (long long)hk * {s0}"
+    return base
 
 
 def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None, *,

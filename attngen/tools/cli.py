@@ -99,9 +99,9 @@ def _check_text(text: str, path: str, arch) -> tuple[list, list]:
     except SpecError as e:
         return list(e.diagnostics), []
     diagnostics, ok = [], []
-    for v in program.variants:
-        from attngen.plan.decode import fp8_kv
+    from attngen.plan.decode import fp8_kv
 
+    for v in program.variants:
         if v.quantized and not fp8_kv(v):  # an FP8 KV cache runs on the decode family
             # The language, the reference and the CPU backend run it; say which target does not.
             from attngen.plan.decode import quant_unsupported
