@@ -131,6 +131,7 @@ def _fp8_kv_ctx(v: Variant) -> dict:
                 k_scale_expr=k_expr, v_scale_expr=v_expr, k_scale_text=k_text, v_scale_text=v_text,
                 kv_bound="kv_len" if v.page_size is not None else "p.Lk",
                 page_scales=per_page, k_scale_ptr=_scale_ptr(v, QuantOperand.K), v_scale_ptr=_scale_ptr(v, QuantOperand.V),
+                scale_srcs="rks + slot * CHUNK, rvs + slot * CHUNK" if per_page else "ksc, vsc",
                 scale_args_s=", rks + s * CHUNK, rvs + s * CHUNK, hk" if per_page else "",
                 scale_args_ps=", rks + ps * CHUNK, rvs + ps * CHUNK, hk" if per_page else "")
 
