@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from attngen import __version__
 from attngen.ir import names
-from attngen.ir.nodes import CACHE_LENS, SizeSym, Variant, tensors_used
+from attngen.ir.dtypes import DType
+from attngen.ir.nodes import CACHE_LENS, QuantOperand, ScaleGranularity, SizeSym, Variant, quant_scale_name, tensors_used
 from attngen.cuda.emit import INT_UNKNOWN, ElementEmitter, IntervalEmitter, float_literal, tensor_ctype
-from attngen.plan.decode import COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, decode_fields, mask_uses_head, plan  # noqa: F401
+from attngen.plan.decode import (COMBINE_THREADS, MAX_UNITS_TIMES_CTAS, decode_fields, fp8_kv, fp8_page_scales,  # noqa: F401
+                                 mask_uses_head, plan)
 from attngen.plan.op_plan import WARP_ROWS_MAX_BLOCKS, Field, KernelRole, OpPlan
 from attngen.cuda.render import _environment, _expr_text, _spec_text, _tensor_ctx
 from attngen.plan.schedule import DEFAULT_ARCH, Arch
@@ -55,6 +57,61 @@ def _header(v: Variant, op: OpPlan, fields: tuple[Field, ...]) -> str:
         f"  {op.kernel_name}_launch(const Params* p, cudaStream_t stream); {op.kernel_name}_choose_splits(...): the split policy.",
     ]
     return "\n".join("// " + ln if ln else "//" for ln in lines) + "\n"
+
+
+def _scale_expr(v: Variant, op: QuantOperand) -> tuple[str, str]:
+    """(C++ expression of the scale, for the kernel's comment the scale's granularity) of an FP8
+    cache's k or v: `b` and `hk` in scope (ag_k_scale / ag_v_scale; per-page scales travel with
+    the ring's rows instead, `_scale_ptr`)."""
+    qn = v.quant(op)
+    assert qn is not None and qn.granularity is not None
+    load = names.input_loader(quant_scale_name(op))
+    g = qn.granularity
+    if g == ScaleGranularity.TENSOR:
+        return f"{load}(p, 0)", "per tensor [1]"
+    if g == ScaleGranularity.HEAD:
+        return (f"{load}(p, hk)", "per kv head [Hkv]") if v.page_size is not None else (f"{load}(p, b, hk)", "per (batch, kv head) [B, Hkv]")
+    return "", "per (page, kv head) [num_pages, Hkv]"
+
+
+def _fp8_kv_ctx(v: Variant) -> dict:
+    """The template's names for the K/V ring: the FP8 cache's (a byte ring, dequantized by each
+    warp into one chunk of the output type) or, for every other variant, the full-precision ring's
+    own names, which render the bytes they always did."""
+    if not fp8_kv(v):
+        return dict(kv_fp8=False, page_scales=False, scale_args_s="", scale_args_ps="", ring_t="elem_t", vec=8,
+                    ring_bytes=2, ring_k="sk", ring_v="sv", ring_k_stride="SK_STRIDE", ring_v_stride="SV_STRIDE",
+                    ring_k_elems="SK_ELEMS", ring_v_elems="SV_ELEMS", stage_k="sk + slot * SK_ELEMS",
+                    stage_v="sv + slot * SV_ELEMS")
+    k_expr, k_text = _scale_expr(v, QuantOperand.K)
+    v_expr, v_text = _scale_expr(v, QuantOperand.V)
+    per_page = fp8_page_scales(v)
+    return dict(kv_fp8=True, ring_t="kv_t", vec=16, ring_bytes=1, ring_k="rk", ring_v="rv", ring_k_stride="RK_STRIDE",
+                ring_v_stride="RV_STRIDE", ring_k_elems="RK_ELEMS", ring_v_elems="RV_ELEMS", stage_k="sk", stage_v="sv",
+                k_fp8=v.k_dtype.value, v_fp8=v.v_dtype.value,
+                k_e5m2="true" if v.k_dtype == DType.FP8_E5M2 else "false",
+                v_e5m2="true" if v.v_dtype == DType.FP8_E5M2 else "false",
+                k_scale_expr=k_expr, v_scale_expr=v_expr, k_scale_text=k_text, v_scale_text=v_text,
+                kv_bound="kv_len" if v.page_size is not None else "p.Lk",
+                page_scales=per_page, k_scale_ptr=_scale_ptr(v, QuantOperand.K), v_scale_ptr=_scale_ptr(v, QuantOperand.V),
+                scale_srcs="rks + slot * CHUNK, rvs + slot * CHUNK" if per_page else "ksc, vsc",
+                scale_args_s=", rks + s * CHUNK, rvs + s * CHUNK, hk" if per_page else "",
+                scale_args_ps=", rks + ps * CHUNK, rvs + ps * CHUNK, hk" if per_page else "")
+
+
+def _scale_ptr(v: Variant, op: QuantOperand) -> str:
+    """C++ address of a paged cache row's scale (`page` and `hk` in scope, the page in range): the
+    copy of per-page scales into the ring reads it."""
+    qn = v.quant(op)
+    assert qn is not None
+    name = quant_scale_name(op)
+    base, s0, s1 = (f"p.{names.input_field(name)}", f"p.{names.input_stride_field(name, 0)}",
+                    f"p.{names.input_stride_field(name, 1)}")
+    if qn.granularity == ScaleGranularity.PAGE:
+        return f"{base} + (long long)page * {s0} + (long long)hk * {s1}"
+    if qn.granularity == ScaleGranularity.HEAD:
+        return f"{base} + (long long)hk * {s0}"
+    return base
 
 
 def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = None, *,
@@ -124,6 +181,7 @@ def render_decode(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] |
         # which measured 2-3% faster on the mask-free rows of decode_bench.
         walk_window=bool(tensors_used(mask)),
     )
+    ctx.update(_fp8_kv_ctx(v))
     src = _environment().get_template("decode/decode.cu.j2").render(**ctx)
     return src, op
 

@@ -30,8 +30,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from attngen.ir.dtypes import TENSOR_CORE_DTYPES
-from attngen.ir.nodes import Index, Layout, IndexVar, TileConfig, Variant, strip_sugar, walk
+from attngen.ir.dtypes import TENSOR_CORE_DTYPES, DType
+from attngen.ir.nodes import (Index, Layout, IndexVar, QuantOperand, ScaleGranularity, ScaleSource, TileConfig, Variant,
+                              strip_sugar, walk)
 from attngen.plan.forward import input_fields
 from attngen.plan.op_plan import Field, GridRule, KernelRole, Launch, OpFamily, OpKernel, OpPlan, problem_of
 from attngen.plan.schedule import DEFAULT_ARCH, Arch, Engine, SmemLayout
@@ -67,11 +68,38 @@ def quant_unsupported(v: Variant) -> str | None:
             "the CPU backend (--target cpu, attngen fuzz --device cpu) and the NumPy reference run it")
 
 
+FP8_KV_DTYPES = (DType.FP8_E4M3, DType.FP8_E5M2)
+FP8_KV_SCALES = (ScaleGranularity.TENSOR, ScaleGranularity.HEAD, ScaleGranularity.PAGE)
+FP8_KV_MIN_CC = 89  # cvt.rn.f16x2.e4m3x2 / e5m2x2
+
+
+def fp8_kv(v: Variant) -> bool:
+    """Whether `v` is the quantized spec the decode family runs: an FP8 KV cache (k and v stored
+    fp8_e4m3/e5m2 with `input` scales per tensor, head or page) beside full-precision q and output
+    (k and v dequantized as they are read, docs/QUANT.md); no other operand quantized."""
+    qk, qv = v.quant(QuantOperand.K), v.quant(QuantOperand.V)
+    if qk is None or qv is None or len(v.quants) != 2:
+        return False
+    if v.q_dtype != v.dtype or v.k_dtype not in FP8_KV_DTYPES or v.v_dtype not in FP8_KV_DTYPES:
+        return False
+    return all(qn.source == ScaleSource.INPUT and qn.granularity in FP8_KV_SCALES and qn.dtype == stored
+               for qn, stored in ((qk, v.k_dtype), (qv, v.v_dtype)))
+
+
+def fp8_page_scales(v: Variant) -> bool:
+    """Whether an FP8 cache has a scale per page (k's or v's): the ring then carries each row's
+    scales beside it (4 bytes a row of K and of V a slot)."""
+    return fp8_kv(v) and any(qn.granularity == ScaleGranularity.PAGE for qn in v.quants)
+
+
 def decode_unsupported(v: Variant, arch: Arch | None = None) -> str | None:
     """Why the decode family cannot run `v` (None when it can); with `arch`, also on that target
-    (cp.async and m16n8k16 tensor cores, and the head dim's ring in its shared memory)."""
-    if v.quantized:
+    (cp.async and m16n8k16 tensor cores, and the head dim's ring in its shared memory). Of the
+    quantized specs it runs an FP8 KV cache (`fp8_kv`), on sm_89 and newer."""
+    if v.quantized and not fp8_kv(v):
         return quant_unsupported(v)
+    if v.quantized and arch is not None and arch.cc < FP8_KV_MIN_CC:
+        return f"the decode family dequantizes an FP8 KV cache with the sm_89+ fp8 conversions, not on {arch.value}"
     if v.layout == Layout.VARLEN:
         return "the decode family takes padded batches, not `layout varlen` (packed batches run on the forward family)"
     if not v.dtype.info.has_mma("m16n8k16"):
@@ -235,7 +263,13 @@ def smem_bytes(v: Variant, block_n: int, stages: int) -> int:
     """Q tile plus the K/V ring (rows padded by 8 elements), or the epilogue's fp32 per-warp
     partial O and row statistics, whichever is larger (they share the space)."""
     d, dv = v.head_dim, v.value_head_dim
-    tiles = (BLOCK_M * (d + 8) + stages * block_n * WARPS * ((d + 8) + (dv + 8))) * v.dtype.itemsize
+    if fp8_kv(v):
+        # The ring holds fp8 rows padded by 16 bytes; each warp dequantizes its rows of the slot it
+        # computes into one chunk of the output type (rows padded by 8 elements), which ldmatrix reads.
+        tiles = ((BLOCK_M * (d + 8) + block_n * WARPS * ((d + 8) + (dv + 8))) * v.dtype.itemsize
+                 + stages * block_n * WARPS * ((d + 16) + (dv + 16) + (8 if fp8_page_scales(v) else 0)))
+    else:
+        tiles = (BLOCK_M * (d + 8) + stages * block_n * WARPS * ((d + 8) + (dv + 8))) * v.dtype.itemsize
     reduce = WARPS * BLOCK_M * (dv + 4) * 4 + 2 * WARPS * BLOCK_M * 4
     return max(tiles, reduce)
 
@@ -246,7 +280,7 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = N
     (keys a warp, stages) for schedule sweeps (benchmarks/decode_bench.py); `prefix` starts the
     kernels' names (as `attngen compile --prefix` for the forward family)."""
     why = decode_unsupported(v, arch if tile is None else None)
-    if why is None and (not arch.cp_async or not arch.mma_k16):
+    if why is None and (not arch.cp_async or not arch.mma_k16 or (v.quantized and arch.cc < FP8_KV_MIN_CC)):
         why = decode_unsupported(v, arch)
     if why is not None:
         raise ValueError(f"variant {v.name}: {why}")
@@ -272,10 +306,13 @@ def plan(v: Variant, arch: Arch = DEFAULT_ARCH, tile: tuple[int, int] | None = N
 def decode_fields(v: Variant) -> tuple[Field, ...]:
     """Kernel parameters of both decode kernels (the same list), in ABI order."""
     e = "const elem_t* __restrict__"
+    kv = e
+    if fp8_kv(v):  # the FP8 cache's bytes (k_scale and v_scale follow among the runtime inputs)
+        kv = "const unsigned char* __restrict__"
     f = [
         Field(e, "q", "query"),
-        Field(e, "k", "keys"),
-        Field(e, "v", "values"),
+        Field(kv, "k", "keys" if kv == e else f"keys, {v.k_dtype.value} bytes, dequantized as read: fp32(k * k_scale) to {v.dtype.value}"),
+        Field(kv, "v", "values" if kv == e else f"values, {v.v_dtype.value} bytes, dequantized as read: fp32(v * v_scale) to {v.dtype.value}"),
         Field("elem_t* __restrict__", "o", "output"),
         Field("float* __restrict__", "lse", "log-sum-exp [B, H, Lq], contiguous (nullptr unless `output lse`)"),
         Field("int*", "nan_flag", "set to 1 when the output holds NaN/Inf (nullptr unless `nan_check`)"),
@@ -317,5 +354,5 @@ def choose_family(v: Variant, Lq: int, family: Family = Family.AUTO) -> Family:
     return Family.DECODE if Lq <= DECODE_MAX_LQ and decode_unsupported(v) is None else Family.FORWARD
 
 
-__all__ = ["Family", "SplitSchedule", "Launch", "decode_fields", "plan", "decode_unsupported", "quant_unsupported", "choose_family", "mask_uses_head",
+__all__ = ["Family", "SplitSchedule", "Launch", "decode_fields", "plan", "decode_unsupported", "quant_unsupported", "fp8_kv", "fp8_page_scales", "choose_family", "mask_uses_head",
            "DECODE_MAX_LQ", "COMBINE_THREADS"]

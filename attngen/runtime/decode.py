@@ -313,8 +313,8 @@ def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, A
     dp = op.split
     assert dp is not None
     aq, ak, av = view(arrays[0], "q"), view(arrays[1], "k"), view(arrays[2], "v")
-    for a, n in ((aq, "q"), (ak, "k"), (av, "v")):
-        check_dtype(a, var.dtype, n)
+    for a, n, want in ((aq, "q", var.q_dtype), (ak, "k", var.k_dtype), (av, "v", var.v_dtype)):
+        check_dtype(a, want, n)
     given = {name: view(x, name) for name, x in inputs.items()}
     sizes = bind_sizes(var, aq, ak, av, given)
     dev = kern.device
@@ -323,7 +323,8 @@ def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, A
             raise ValueError(f"{name}: expected an array on cuda:{dev}, where this kernel was loaded, got cuda:{a.device}")
     B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
     paged = var.page_size is not None
-    qs, ks, vs = (seq_strides(var, a, n, paged=p, align=8) for a, n, p in ((aq, "q", False), (ak, "k", paged), (av, "v", paged)))
+    qs, ks, vs = (seq_strides(var, a, n, paged=p, align=16 // a.itemsize)
+                  for a, n, p in ((aq, "q", False), (ak, "k", paged), (av, "v", paged)))
     o_shape = tuple(abi.o_shape(var, B, Lq))
     if out is None:
         ao = contiguous_view(o_shape, var.dtype, dev, aq.is_torch)

@@ -99,8 +99,10 @@ def _check_text(text: str, path: str, arch) -> tuple[list, list]:
     except SpecError as e:
         return list(e.diagnostics), []
     diagnostics, ok = [], []
+    from attngen.plan.decode import fp8_kv
+
     for v in program.variants:
-        if v.quantized:
+        if v.quantized and not fp8_kv(v):  # an FP8 KV cache runs on the decode family
             # The language, the reference and the CPU backend run it; say which target does not.
             from attngen.plan.decode import quant_unsupported
 

@@ -349,7 +349,9 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     if v.quantized:
         from attngen.lang.printer import quant_words
 
-        parts.append(quant_words(v) + ": no CUDA kernel yet (CPU backend and reference)")
+        where = ("the CUDA decode family (sm_89+) and the CPU backend" if plan_decode.fp8_kv(v)
+                 else "no CUDA kernel yet (CPU backend and reference)")
+        parts.append(quant_words(v) + ": " + where)
     elif plan_decode.forward_unsupported(v) is not None:
         op = plan_decode.plan(v, arch)
         dp = op.split

@@ -53,14 +53,17 @@ def accuracy_lines(v: Variant, seed: int) -> list[str]:
     """The accuracy report in words: the emulation's error and the full-precision spec's, plain and with outliers."""
     from attngen.check.quant_accuracy import accuracy
 
+    from attngen.plan.decode import fp8_kv
+
     a = accuracy(v, accuracy_shape(v), seed)
     b, lq, lk = a.shape
+    cuda = ("the CUDA decode family runs it on sm_89+ (the FP8 cache dequantized in the split-KV kernel)" if fp8_kv(v)
+            else "no CUDA kernel yet (compile --target cuda refuses it)")
     return ["", f"Accuracy against the unquantized float64 attention (the reference emulation; B={b}, Lq={lq}, Lk={lk}, seed {seed}):",
             f"  N(0,1) inputs:            quantized {a.emulation.text()}; {a.baseline} {a.full_precision.text()}",
             f"  0.1% channels x20:        quantized {a.emulation_outliers.text()}; {a.baseline} {a.full_precision_outliers.text()}",
             "  (a kernel's error is held to 1.1x the quantized figure: attngen.check.quant_accuracy.within_bar)",
-            "", "Kernels: the CPU backend (--target cpu) runs it; no CUDA kernel yet (compile --target cuda refuses it); "
-                "no backward (training refuses it)"]
+            "", f"Kernels: the CPU backend (--target cpu) runs it; {cuda}; no backward (training refuses it)"]
 
 
 def input_role(v: Variant, name: str) -> str | None:
