@@ -14,17 +14,20 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attngen.check.reference import dtype_of
 from attngen.cpu import render_bwd
 from attngen.cpu.compile import compile_source
-from attngen.cpu.kernel import CpuKernel, _arr, _Arr, _check_values, _qkv_strides, compile_cpu
+from attngen.cpu.arrays import _arr, _Arr, _check_values, _qkv_strides
 from attngen.ir import abi
 from attngen.ir.nodes import Layout, Variant
-from attngen.runtime.bwd import o_norm_inputs, training_variant
+from attngen.plan.bwd import o_norm_inputs, training_variant
+
+if TYPE_CHECKING:
+    from attngen.cpu.kernel import CpuKernel
 
 _CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong}
 
@@ -204,7 +207,7 @@ def backward(kernel: CpuKernel, q: Any, k: Any, v: Any, dO: Any, *, o: Any = Non
     where = dict(q_offset=q_offset, kv_offset=kv_offset, Lq_total=Lq_total, Lk_total=Lk_total)
     if o is None:
         tv = training_variant(var)
-        fwd = kernel if kernel.variant == tv else compile_cpu(tv)
+        fwd = kernel.sibling(tv)
         fwd_inputs = {n: a for n, a in inputs.items() if n not in o_norm_inputs(var)}
         o, lse = fwd(q, k, v, num_threads=num_threads, **where, **fwd_inputs)
     pos = abi.Positions(*placed)

@@ -30,6 +30,7 @@ forward must have saved the LSE (natural log, [B, H, Lq] fp32, -inf for rows wit
 from __future__ import annotations
 
 import enum
+import dataclasses
 from dataclasses import dataclass
 
 from attngen.lang.diagnostics import Diagnostic
@@ -587,7 +588,26 @@ def describe(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[str]:
     return out
 
 
-__all__ = [
+
+def training_variant(v: Variant) -> Variant:
+    """The forward whose outputs the backward reads: `v` writing the LSE; with `norm o`, also
+    without the post-norm and the residual, so that its output is O', the attention output the
+    norm normalises (the backward's pre kernel maps dY to dO' through the norm with it; the
+    caller applies y = norm(O') (+ x), `apply_o_norm`)."""
+    v = dataclasses.replace(v, lse=True, nan_check=False)
+    if v.norm(NormTarget.O) is None:
+        return v
+    return dataclasses.replace(v, norms=tuple(n for n in v.norms if n.target != NormTarget.O), residual=False)
+
+
+def o_norm_inputs(v: Variant) -> tuple[str, ...]:
+    """The runtime inputs of the o post-norm (read by `apply_o_norm`, not by `training_variant`'s forward)."""
+    n = v.norm(NormTarget.O)
+    if n is None or not n.affine:
+        return ()
+    return (norm_weight_name(NormTarget.O),) + ((norm_bias_name(NormTarget.O),) if n.kind == NormKind.LAYERNORM else ())
+
+__all__ = ["training_variant", "o_norm_inputs",
     "describe",
     "learnable",
     "norm_params", "BwdEngine", "BwdRules", "WG_BLOCK_M", "WG_BLOCK_N", "WG_THREADS", "WG_BLOCK_M_D64", "WG_SUB_M", "WG_DQ_PAD", "WG_DQ_THREADS", "WG_DQ_REGS", "WG_CONSUMER_REGS", "wg_launch_regs", "WG_DQ", "WgDq", "wg_dq_split", "WgPrefetch", "wg_prefetch", "WG_LOADS", "wg_tma_room", "wg_tma_maps", "wg_threads", "wg_dq_mode", "wg_block_m", "wg_dq_cols", "wg_smem_bytes", "wgmma_fits", "TC_BLOCK_M", "TC_BLOCK_N_CHOICES", "choose_engine", "tc_block_n", "tc_smem_bytes", "THREADS", "PRE_THREADS", "choose_tile", "plan", "smem_floats", "unsupported"]

@@ -23,7 +23,6 @@ this function (attngen/runtime/torch_op.py).
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -37,7 +36,8 @@ from attngen.runtime import binder
 from attngen.runtime.binder import (MAX_BINDINGS, POOL, SIG_FNS, ArgBuffer, ArrayView, Launch, TmaSlot, allocator, bind_sizes, capturing,
                                     check_dtype, check_lse, contiguous_view, cu_function, external_stream, input_fields, launch_stream,
                                     load_functions, pack_fields, seq_strides, stride_fields, torch_sig, view)
-from attngen.ir.nodes import DType, NormKind, NormTarget, Variant, norm_bias_name, norm_weight_name
+from attngen.ir.nodes import DType, NormKind, NormTarget, Variant
+from attngen.plan.bwd import o_norm_inputs, training_variant  # noqa: F401 (the torch op's, from here)
 from attngen.plan.bwd import BwdEngine, choose_engine, learnable, norm_params, unsupported, wg_tma_maps
 from attngen.cuda.render_bwd import render_with_plan
 from attngen.plan.schedule import Arch
@@ -96,25 +96,6 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
     bk._module = module  # type: ignore[attr-defined]  # keeps the module (and its functions) alive
     with _LOCK:
         return _CACHE.setdefault(key, bk)
-
-
-def training_variant(v: Variant) -> Variant:
-    """The forward whose outputs the backward reads: `v` writing the LSE; with `norm o`, also
-    without the post-norm and the residual, so that its output is O', the attention output the
-    norm normalises (the backward's pre kernel maps dY to dO' through the norm with it; the
-    caller applies y = norm(O') (+ x), `apply_o_norm`)."""
-    v = dataclasses.replace(v, lse=True, nan_check=False)
-    if v.norm(NormTarget.O) is None:
-        return v
-    return dataclasses.replace(v, norms=tuple(n for n in v.norms if n.target != NormTarget.O), residual=False)
-
-
-def o_norm_inputs(v: Variant) -> tuple[str, ...]:
-    """The runtime inputs of the o post-norm (read by `apply_o_norm`, not by `training_variant`'s forward)."""
-    n = v.norm(NormTarget.O)
-    if n is None or not n.affine:
-        return ()
-    return (norm_weight_name(NormTarget.O),) + ((norm_bias_name(NormTarget.O),) if n.kind == NormKind.LAYERNORM else ())
 
 
 def apply_o_norm(v: Variant, o_pre: Any, x: Any, weight: Any = None, bias: Any = None) -> Any:
