@@ -1,7 +1,7 @@
 """Backward against FlexAttention's backward (issue 14's bar: window, document and softcap >= 1.5x
-Flex), bf16 D128 B2 H16 L16k, the suite's three FlexAttention workloads.
+Flex), bf16 D128 B2 H16 at L8k and L16k, the suite's three FlexAttention workloads.
 
-    python benchmarks/bwd_flex_bench.py [--out PATH] [--iters N] [--only ROW ...]
+    python benchmarks/bwd_flex_bench.py [--out PATH] [--iters N] [--only ROW ...] [--lengths 8192,16384]
 
 Rows: a sliding window of 1024 keys (`causal && window(1023, 0)`), document-causal with 16
 documents a row (the suite's `doc` ids, boundaries drawn at random), and causal + softcap 30. Both
@@ -30,7 +30,8 @@ if str(ROOT) not in sys.path:
 
 from _queued import queued_ms  # noqa: E402  (beside this script)
 
-B, H, L, D = 2, 16, 16384, 128
+B, H, D = 2, 16, 128
+LENGTHS = (8192, 16384)  # the bar's lengths
 # name: (.attn body, uses the suite's document ids)
 ROWS = {
     "sliding_window_1024": ("mask causal && window(1023, 0)", False),
@@ -46,7 +47,7 @@ def spec_text(name: str) -> str:
     return f"attention {name} {{\n  dtype bf16\n  head_dim {D}\n  heads {H}\n  {body}\n  output lse\n}}\n"
 
 
-def _row(name: str, iters: int) -> dict:
+def _row(name: str, iters: int, L: int) -> dict:
     import numpy as np
     import torch
 
@@ -99,6 +100,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--only", choices=sorted(ROWS), nargs="*", default=None)
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="sequence lengths, comma-separated")
     args = ap.parse_args()
     from attngen.check import fuzz
 
@@ -107,10 +109,10 @@ def main() -> int:
         print(f"bwd_flex_bench: no GPU ({why}); nothing to time", file=sys.stderr)
         return 2
     results = []
-    for name in args.only or list(ROWS):
-        r = _row(name, args.iters)
+    for name, L in [(n, int(x)) for x in args.lengths.split(",") for n in args.only or list(ROWS)]:
+        r = _row(name, args.iters, L)
         results.append(r)
-        print(f"{name:22s} engine {r['engine']:6s} attngen {r['attngen_ms']:8.3f} ms {r['attngen_tflops']:6.1f} TFLOP/s  "
+        print(f"{name:22s} L {L:6d} engine {r['engine']:6s} attngen {r['attngen_ms']:8.3f} ms {r['attngen_tflops']:6.1f} TFLOP/s  "
               f"Flex {r['flex_ms']:8.3f} ms {r['flex_tflops']:6.1f}  x Flex {r['attngen_vs_flex']:.2f} "
               f"(bar {BAR})  err vs Flex {r['max_rel_err_vs_flex']}", flush=True)
     out = args.out or (os.path.join(os.environ["OUT"], "bwd_flex_bench.json") if os.environ.get("OUT")

@@ -21,6 +21,9 @@
 #              failures' reproducers in $OUT/fuzz_failures.txt
 #   campaign   the fuzz campaign, tools/fuzz_all.sh ($N shape cases an example, $SPECS generated specs)
 #   bwdfuzz    attngen fuzz --pass backward over every example that trains ($BWD_N cases each)
+#   quant      the quantized kernels' GPU tests (FP8/INT8 forward, the FP8 KV cache's decode)
+#   cpu        the GPU tests outside tests/gpu: CPU kernels against CUDA ones, the transformers
+#              integration on CUDA
 # Benchmarks (each writes the file benchmarks/README.md cites, under $OUT):
 #   suite      benchmarks/suite.py                     -> h200.jsonl
 #   sweep      benchmarks/sweep.py ($SWEEP_ONLY narrows it) -> h200_sweep.jsonl
@@ -33,6 +36,9 @@
 #   compile    benchmarks/compile_bench.py            -> h200_compile.json
 #   mmaab      benchmarks/mma_split_ab.py ($MMAAB_DIMS, default 64) -> h200_mma_split_ab.jsonl
 #   host       tools/host_overhead.py (host time per call)  -> host_overhead.json
+#   hostbench  benchmarks/host_bench.py (eager, graph and host µs a call) -> h100_host.jsonl
+#   quantfwd   benchmarks/quant_bench.py (FP8/INT8 forward vs bf16, accuracy) -> quant_fwd.json
+#   quantdec   benchmarks/quant_decode_bench.py (FP8 paged decode vs bf16)  -> quant_decode.json
 # Each item has a time limit ($<ITEM>_S, e.g. GPU1_S=520); results and logs go under $OUT
 # (default /tmp/out), and a summary (GPU, clocks, one line an item) is printed last.
 set -uo pipefail
@@ -110,10 +116,14 @@ for it in "$@"; do
         'f={}; n=$(basename $f .attn); timeout ${BWDFUZZ_S:-200} python3 -m attngen fuzz $f --pass backward --max-examples $BWD_N \
            > "$OUT/bwdfuzz_$n.txt" 2>&1; echo "bwdfuzz $n rc=$? $(tr "\r" "\n" < "$OUT/bwdfuzz_$n.txt" | grep "^attngen fuzz: [0-9]" | tail -n 1)"' \
         | sort >> "$S" ;;
+    quant)
+      pyt quant ${QUANT_S:-300} $G/test_gpu_quant_fwd.py $G/test_gpu_decode_fp8.py ;;
+    cpu)
+      pyt cpu ${CPU_S:-300} tests/cpu tests/integrations ;;
     suite)   bench suite ${SUITE_S:-300} h200.jsonl python3 benchmarks/suite.py ;;
     sweep)   bench sweep ${SWEEP_S:-540} h200_sweep.jsonl python3 benchmarks/sweep.py ${SWEEP_ONLY:+--only $SWEEP_ONLY} ;;
     bwd)     bench bwd ${BWD_S:-300} h200_bwd_tma_ab.json python3 benchmarks/bwd_bench.py --also-loads cp.async ;;
-    bwdflex) bench bwdflex ${BWDFLEX_S:-150} h200_bwd_flex.json python3 benchmarks/bwd_flex_bench.py ;;
+    bwdflex) bench bwdflex ${BWDFLEX_S:-300} h200_bwd_flex.json python3 benchmarks/bwd_flex_bench.py ;;
     train)   bench train ${TRAIN_S:-150} h200_train_block.json python3 benchmarks/train_block_bench.py ;;
     decode)  bench decode ${DECODE_S:-120} h200_decode_shares.json python3 benchmarks/decode_bench.py --quick ;;
     headdim) bench headdim ${HEADDIM_S:-200} h200_headdim.json python3 benchmarks/headdim_bench.py ;;
@@ -121,6 +131,9 @@ for it in "$@"; do
     compile) bench compile ${COMPILE_S:-120} h200_compile.json python3 benchmarks/compile_bench.py ;;
     host)    timeout ${HOST_S:-120} env OUT="$OUT" python3 tools/host_overhead.py > "$OUT/host.txt" 2>&1
              echo "host rc=$? -> host_overhead.json" >> "$S"; tail -n 14 "$OUT/host.txt" >> "$S" ;;
+    hostbench) bench hostbench ${HOSTBENCH_S:-240} h100_host.jsonl python3 benchmarks/host_bench.py ;;
+    quantfwd)  bench quantfwd ${QUANTFWD_S:-240} quant_fwd.json python3 benchmarks/quant_bench.py ;;
+    quantdec)  bench quantdec ${QUANTDEC_S:-180} quant_decode.json python3 benchmarks/quant_decode_bench.py ;;
     mmaab)   bench mmaab ${MMAAB_S:-300} h200_mma_split_ab.jsonl python3 benchmarks/mma_split_ab.py --head-dims ${MMAAB_DIMS:-64} ;;
     *) echo "unknown item: $it" >> "$S" ;;
   esac
