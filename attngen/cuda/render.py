@@ -12,6 +12,7 @@ import functools
 import re
 
 import jinja2
+import numpy as np
 
 from attngen import __version__
 from attngen.ir import names
@@ -23,6 +24,7 @@ from attngen.ir.nodes import (
     NormScope,
     NormTarget,
     Program,
+    QuantOperand,
     SizeSym,
     TileConfig,
     Variant,
@@ -34,11 +36,13 @@ from attngen.lang.printer import print_expr, print_program
 from attngen.analysis.kv_bounds import kv_upper_bounds
 from attngen.cuda.emit import INT_UNKNOWN, AxisSplit, ElementEmitter, IntervalEmitter, float_literal, split_by_axis, tensor_ctype
 from attngen.resources import cache_dir, cuda_template_dir
+from attngen.plan import quant_fwd
 from attngen.plan.limits import MAX_PARAM_BYTES, param_bytes
 from attngen.plan.schedule import (
     DEFAULT_ARCH,
     Arch,
     Engine,
+    SmemLayout,
     engine,
     head_dims_problem,
     min_blocks_per_sm,
@@ -97,10 +101,12 @@ def resolve_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
 
 def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple[Field, ...]:
     e = "const elem_t* __restrict__"
+    # An input stored quantized is read as its own type (docs/QUANT.md); the others as elem_t.
+    qe, ke, ve = (f"const {tensor_ctype(t)}* __restrict__" if t != v.dtype else e for t in (v.q_dtype, v.k_dtype, v.v_dtype))
     f = [
-        Field(e, "q", "query (the hidden state x when q has a token-scope norm)"),
-        Field(e, "k", "keys"),
-        Field(e, "v", "values"),
+        Field(qe, "q", "query (the hidden state x when q has a token-scope norm)"),
+        Field(ke, "k", "keys"),
+        Field(ve, "v", "values"),
         Field("elem_t* __restrict__", "o", "output"),
         Field("float* __restrict__", "lse", ("log-sum-exp [H, total_q] (head stride lse_sh)" if v.layout == Layout.VARLEN else
                                              "log-sum-exp [B, H, Lq], contiguous") + " (nullptr unless `output lse`)"),
@@ -180,7 +186,12 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSo
     bad_dims = head_dims_problem(v.dtype, v.head_dim, v.value_head_dim)
     if bad_dims:
         raise ValueError(f"variant {v.name}: {bad_dims}")
-    tile = resolve_tile(v, arch)
+    if v.quantized:
+        why = quant_fwd.forward_problem(v) or quant_fwd.tile_problem(v, tile := quant_fwd.quant_tile(v, arch), arch)
+        if why:
+            raise ValueError(f"variant {v.name}: {why}")
+    else:
+        tile = resolve_tile(v, arch)
     preps = _preps(v, prefix)
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     pers = persistent(eng)
@@ -196,7 +207,7 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSo
         grid_rule=GridRule.PERSISTENT if pers else GridRule.TILES,
         engine=eng,
         tile=tile,
-        smem=variant_smem_layout(v, tile, arch),
+        smem=SmemLayout(quant_fwd.quant_smem_bytes(v, tile)) if v.quantized else variant_smem_layout(v, tile, arch),
         min_blocks=min_blocks_per_sm(v.dtype, v.head_dim, v.value_head_dim, tile, arch),
         regs=wgmma_regs(tile, bool(tensors_used(v.mask)), bool(v.scores), v.layout == Layout.VARLEN) if eng == Engine.WGMMA else None,
         softmax=(softmax or wgmma_softmax(v.head_dim, v.value_head_dim, tile)) if eng == Engine.WGMMA else None,
@@ -333,6 +344,25 @@ def _varlen_ctx(v: Variant) -> dict:
                 cu_k=names.input_field(cu[1]), cu_k_s0=names.input_stride_field(cu[1], 0))
 
 
+def _quant_ctx(v: Variant) -> dict:
+    """The quantized kernel's types and scales (plan.quant_fwd); q_ctype/k_ctype are elem_t otherwise."""
+    if not v.quantized:
+        return dict(quant=False, q_ctype="elem_t", k_ctype="elem_t")
+    pt = quant_fwd.p_fp8(v)
+    qp = v.quant(QuantOperand.P)
+    ptx = {t: t.info.ptx for t in (v.q_dtype, v.k_dtype, v.v_dtype)}
+    return dict(
+        quant=True, q_ctype=tensor_ctype(v.q_dtype), k_ctype=tensor_ctype(v.k_dtype), v_ctype=tensor_ctype(v.v_dtype),
+        q_fp8=v.q_dtype.value, k_fp8=v.k_dtype.value, qk_types=f"{ptx[v.q_dtype]}.{ptx[v.k_dtype]}",
+        v_fp8=quant_fwd.v_fp8(v), p_fp8=pt.value if pt else "", p_ptx=pt.info.ptx if pt else "",
+        pv_types=f"{pt.info.ptx}.{ptx[v.v_dtype]}" if pt else "",
+        p_static=float_literal(qp.static) if qp is not None and qp.static is not None else "",
+        p_descale=float_literal(float(np.float32(1) / np.float32(qp.static))) if qp is not None and qp.static is not None else "",
+        q_scale_code=quant_fwd.scale_code(v, QuantOperand.Q), k_scale_code=quant_fwd.scale_code(v, QuantOperand.K),
+        v_scale_code=quant_fwd.scale_code(v, QuantOperand.V) if quant_fwd.v_fp8(v) else "",
+    )
+
+
 def _wgmma_shapes(kp: OpPlan, v: Variant) -> list[dict]:
     """Operand lists of the m64nNk16 wgmma wrappers the kernel uses (N = block_n for S, Dv for O):
     N / 2 fp32 accumulators per thread, then the A and B operands and the accumulate flag."""
@@ -464,7 +494,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         kernel_name=kp.kernel_name,
         elem_ctype=tensor_ctype(v.dtype),
         mma_type=v.dtype.info.ptx or "none",
-        path={Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
+        path="mma_q8" if v.quantized else {Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
         cp_async=arch.cp_async,
         mma_k16=arch.mma_k16,
         persistent=persistent(kp.engine),
@@ -524,6 +554,7 @@ def render_with_plan(v: Variant, arch: Arch = DEFAULT_ARCH, *, prefix: str = DEF
         prep_max_blocks=PREP_MAX_BLOCKS,
         **_norm_ctx(v),
         **_varlen_ctx(v),
+        **_quant_ctx(v),
     )
     src = _environment().get_template("fwd/attention.cu.j2").render(**ctx)
     return src, kp

@@ -1,0 +1,123 @@
+"""The quantized forward (prefill) kernel's plan: which quantized specs it runs, its tile and its
+shared memory (stage: plan). The kernel is the mma.sync engine's structure with Q·Kᵀ on
+m16n8k32 FP8 MMAs (backends/cuda/fwd/_mma_q8.cu.j2); docs/QUANT.md states the numerics.
+
+It runs: Q and K stored as fp8_e4m3 / fp8_e5m2 with `input` scales `per tensor` or `per head`
+(FA3's descales); V stored in the output's type, or as fp8 with such a scale, P·V then in the
+output's type (V dequantized tile by tile) or, with `quant p fp8_* static(c)`, on m16n8k32 too.
+Everything else keeps a located refusal that names what is missing.
+"""
+
+from __future__ import annotations
+
+from attngen.ir.dtypes import DType
+from attngen.ir import names
+from attngen.ir.nodes import Quant, QuantOperand, ScaleGranularity, ScaleSource, TileConfig, Variant, quant_scale_name
+from attngen.plan.schedule import Arch, Engine, engine
+
+FP8 = (DType.FP8_E4M3, DType.FP8_E5M2)
+_GRANULARITIES = (ScaleGranularity.TENSOR, ScaleGranularity.HEAD)
+_OUT = (DType.BF16, DType.FP16)
+
+__all__ = ["forward_problem", "quant_tile", "quant_smem_bytes", "tile_problem", "p_fp8", "v_fp8", "scale_code"]
+
+
+def _input_scaled(qn: Quant | None, stored: DType) -> str | None:
+    """Why operand `qn` (stored as `stored`) is not an FP8 input with a tensor/head descale."""
+    if qn is None or stored not in FP8:
+        return "stored as fp8_e4m3 or fp8_e5m2"
+    if qn.source != ScaleSource.INPUT or qn.granularity not in _GRANULARITIES:
+        return "with `input` scales `per tensor` or `per head`"
+    return None
+
+
+def forward_problem(v: Variant) -> str | None:
+    """Why the quantized forward kernel cannot run `v` (None when it can; v must be quantized)."""
+    missing = []
+    for op, stored in ((QuantOperand.Q, v.q_dtype), (QuantOperand.K, v.k_dtype)):
+        why = _input_scaled(v.quant(op), stored)
+        if why:
+            missing.append(f"{op.value} {why}")
+    qv, qp = v.quant(QuantOperand.V), v.quant(QuantOperand.P)
+    if qv is not None or v.v_dtype != v.dtype:
+        why = _input_scaled(qv, v.v_dtype)
+        if why:
+            missing.append(f"v {why} (or stored in the output's type)")
+    if qp is not None and (qp.source != ScaleSource.STATIC or qp.dtype not in FP8):
+        missing.append("p quantized `static(c)` to an fp8 type")
+    if v.dtype not in _OUT:
+        missing.append("an fp16 or bf16 output")
+    if v.head_dim % 32 or v.value_head_dim % 16 or max(v.head_dim, v.value_head_dim) > 256:
+        missing.append("head dims D a multiple of 32 and Dv of 16, both at most 256")
+    if v.norms or v.residual:
+        missing.append("no norms or residual")
+    if v.page_size is not None:
+        missing.append("a contiguous K/V (a paged cache runs on the decode family)")
+    if not missing:
+        return None
+    return ("the CUDA forward runs quantized attention as FP8 Q·Kᵀ (mma.sync m16n8k32): it needs " + "; ".join(missing) +
+            "; the CPU backend (--target cpu) and the NumPy reference run every quantized spec")
+
+
+def p_fp8(v: Variant) -> DType | None:
+    """P's fp8 type when P·V runs on FP8 MMAs."""
+    qp = v.quant(QuantOperand.P)
+    return qp.dtype if qp is not None else None
+
+
+def v_fp8(v: Variant) -> bool:
+    """Whether V is stored as fp8 (dequantized in the kernel, or P·V in fp8)."""
+    return v.v_dtype in FP8
+
+
+def quant_tile(v: Variant, arch: Arch) -> TileConfig:
+    """The kernel's tile: the spec's `tile` hint over 128x64 (64x32 above head dim 128), four
+    warps, two stages. Four warps keep every arch on mma.sync (the wgmma engine's tiles have eight)."""
+    wide = max(v.head_dim, v.value_head_dim) > 128
+    base = TileConfig(block_m=64 if wide else 128, block_n=32 if wide else 64, warps=4, stages=2)
+    h = v.tile
+    if h is None:
+        return base
+    return TileConfig(block_m=h.block_m or base.block_m, block_n=h.block_n or base.block_n, warps=h.warps or base.warps,
+                      stages=h.stages or base.stages, span=h.span)
+
+
+def quant_smem_bytes(v: Variant, tile: TileConfig) -> int:
+    """Dynamic shared memory of the quantized kernel (backends/cuda/fwd/_mma_q8.cu.j2's layout):
+    Q and the K/V ring (rows padded by 16 bytes), the converted V tile, or the fp32 epilogue
+    staging that reuses them, whichever is larger."""
+    d, dv, bm, bn = v.head_dim, v.value_head_dim, tile.block_m, tile.block_n
+    sv = bn * (dv + 16) if v_fp8(v) else bn * (dv + 8) * 2
+    svb = dv * (bn + 16) if p_fp8(v) else bn * (dv + 8) * 2 if v_fp8(v) else 0
+    tiles = bm * (d + 16) + tile.stages * (bn * (d + 16) + sv) + svb
+    return max(tiles, bm * (dv + 8) * 4)
+
+
+def tile_problem(v: Variant, tile: TileConfig, arch: Arch) -> str | None:
+    """Why the quantized kernel cannot take `tile` on `arch` (None when it can)."""
+    if arch.cc < 89:
+        return f"FP8 tensor cores (mma.sync m16n8k32 e4m3/e5m2) need sm_89 or newer, not {arch.value}"
+    if tile.warps not in (4, 8) or tile.block_m % (16 * tile.warps) or tile.block_m // tile.warps not in (16, 32):
+        return f"the tile needs 16 or 32 query rows a warp (4 or 8 warps), got {tile.block_m} rows on {tile.warps} warps"
+    if tile.block_n % 32 or not 32 <= tile.block_n <= 128:
+        return f"block_n must be 32, 64, 96 or 128 (m16n8k32 steps over 32 keys), got {tile.block_n}"
+    if not 1 <= tile.stages <= 4:
+        return f"stages must be between 1 and 4, got {tile.stages}"
+    if engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch) != Engine.MMA_SYNC:
+        return "the quantized forward runs on mma.sync: use a tile of four warps (eight warps with 128 rows select wgmma on sm_90a)"
+    need = quant_smem_bytes(v, tile)
+    if need > arch.smem_budget:
+        return f"the tile needs {need // 1024} KiB of shared memory, more than {arch.value}'s {arch.smem_budget // 1024} KiB"
+    return None
+
+
+def scale_code(v: Variant, op: QuantOperand) -> str:
+    """C++ reading operand `op`'s descale for batch `b`, kv head `hk` (docs/QUANT.md's shapes)."""
+    qn = v.quant(op)
+    assert qn is not None and qn.granularity in _GRANULARITIES
+    name = quant_scale_name(op)
+    f = f"p.{names.input_field(name)}"
+    if qn.granularity == ScaleGranularity.TENSOR:
+        return f"{f}[0]"
+    return (f"{f}[(long long)b * p.{names.input_stride_field(name, 0)} + "
+            f"(long long)hk * p.{names.input_stride_field(name, 1)}]")

@@ -1,0 +1,123 @@
+"""The quantized forward kernel (backends/cuda/fwd/_mma_q8.cu.j2) on the host emulator: the
+rendered CUDA compiled with g++, mma.sync m16n8k32 emulated by the PTX ISA's 8-bit fragment
+layouts (tests/codegen/_fwd_emu.py), against the quantized NumPy reference (attngen.check.quant)
+at the bound docs/QUANT.md states (P quantized against the running vs the final row max)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _fwd_emu as emu  # noqa: E402
+
+from attngen.check import quant_accuracy, reference  # noqa: E402
+from attngen.ir.nodes import QuantOperand  # noqa: E402
+from attngen.lang import frontend  # noqa: E402
+from attngen.plan.schedule import Arch  # noqa: E402
+
+pytestmark = pytest.mark.skipif(emu.available() is not None, reason=str(emu.available()))
+
+SPECS = """
+attention fp8_pv {
+  dtype fp8_e4m3 out bf16
+  head_dim 64
+  heads 4 kv 2
+  layout bshd
+  mask causal
+  quant q fp8_e4m3 input per head
+  quant k fp8_e4m3 input per head
+  quant v fp8_e4m3 input per head
+  quant p fp8_e4m3 static(448.0)
+}
+attention fp8_vdeq {
+  dtype fp8_e4m3 out bf16
+  head_dim 64
+  heads 2
+  kind cross
+  layout bhsd
+  output lse
+  quant q fp8_e4m3 input per tensor
+  quant k fp8_e4m3 input per tensor
+  quant v fp8_e4m3 input per tensor
+}
+attention fp8_qk {
+  dtype bf16 q fp8_e5m2 k fp8_e4m3
+  head_dim 64
+  heads 2
+  layout bhsd
+  mask causal
+  quant q fp8_e5m2 input per head
+  quant k fp8_e4m3 input per head
+}
+attention fp8_pv_e5m2 {
+  dtype fp16 q fp8_e4m3 k fp8_e4m3 v fp8_e5m2
+  head_dim 64
+  heads 2
+  kind cross
+  layout bshd
+  mask kv <= q + 5
+  score s * 0.5
+  quant q fp8_e4m3 input per tensor
+  quant k fp8_e4m3 input per tensor
+  quant v fp8_e5m2 input per head
+  quant p fp8_e5m2 static(57344.0)
+}
+"""
+VARIANTS = {v.name: v for v in frontend.loads(SPECS, "quant_fwd.attn").variants}
+# u_p and δ_p·c of docs/QUANT.md ("What a flash kernel does differently")
+P_TERMS = {"fp8_e4m3": (2.0 ** -4, 2.0 ** -10), "fp8_e5m2": (2.0 ** -3, 2.0 ** -17)}
+
+
+def _bound(v, vd: np.ndarray, lk: int) -> float:
+    """docs/QUANT.md's bound of |O_kernel - O_ref| from P's quantization against the running max."""
+    qp = v.quant(QuantOperand.P)
+    if qp is None:
+        return 0.0
+    u, d = P_TERMS[qp.dtype.value]
+    return 2.0 * float(np.abs(vd).max()) * (u + d / qp.static * lk)
+
+
+@pytest.mark.parametrize("name, arch, shape", [
+    ("fp8_pv", Arch.SM89, (1, 77, 77)),
+    ("fp8_vdeq", Arch.SM90A, (2, 33, 70)),
+    ("fp8_qk", Arch.SM89, (1, 70, 70)),
+    ("fp8_pv_e5m2", Arch.SM89, (1, 45, 96)),
+])
+@pytest.mark.parametrize("outliers", [False, True], ids=["plain", "outliers"])
+def test_kernel_matches_quantized_reference(name, arch, shape, outliers, tmp_path):
+    from attngen.check.quant import dense_operands
+    from attngen.check import reference_eval as E
+    from attngen.cuda.render import render_with_plan
+
+    v = VARIANTS[name]
+    B, Lq, Lk = shape
+    call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, B, Lq, Lk, seed=3, outliers=outliers))
+    rest = {n: a for n, a in call.items() if n not in ("q", "k", "v")}
+    o_ref, lse_ref = reference.attention(v, call["q"], call["k"], call["v"], rest)
+    src, kp = render_with_plan(v, arch)
+    o, lse = emu.run(src, kp, v, call, workdir=str(tmp_path))
+    o_ref = np.asarray(o_ref, np.float64)
+    assert np.isfinite(o).all()
+    vd = dense_operands(v, call["q"], call["k"], call["v"], E.prepare_tensors(v, rest))[2]
+    # fp32 accumulation, P (or unquantized P in the output's type) and the output's rounding:
+    # a few units of the output type's roundoff of max|O|, plus P's quantization bound.
+    tol = 4 * 2.0 ** -8 * float(np.abs(o_ref).max()) + _bound(v, vd, Lk)
+    err = np.abs(o - o_ref).max()
+    assert err <= tol, (err, tol)
+    assert quant_accuracy.error(o, o_ref).rel_l2 < 2e-2
+    if v.lse:
+        assert np.allclose(lse, lse_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_scale_layouts_in_source():
+    """Per-head descales are read at (b, kv head) through the scale input's strides; per tensor at [0]."""
+    from attngen.cuda.render import render
+
+    src = render(VARIANTS["fp8_pv"], Arch.SM89)
+    assert "p.in_q_scale[(long long)b * p.in_q_scale_s0 + (long long)hk * p.in_q_scale_s1]" in src
+    assert "m16n8k32.row.col.f32.e4m3.e4m3.f32" in src
+    assert "p.in_k_scale[0]" in render(VARIANTS["fp8_vdeq"], Arch.SM89)
