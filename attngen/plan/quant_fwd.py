@@ -19,7 +19,7 @@ FP8 = (DType.FP8_E4M3, DType.FP8_E5M2)
 _GRANULARITIES = (ScaleGranularity.TENSOR, ScaleGranularity.HEAD)
 _OUT = (DType.BF16, DType.FP16)
 
-__all__ = ["forward_problem", "quant_tile", "quant_smem_bytes", "tile_problem", "p_fp8", "v_fp8", "scale_code"]
+__all__ = ["cuda_problem", "forward_problem", "quant_tile", "quant_smem_bytes", "tile_problem", "p_fp8", "v_fp8", "scale_code"]
 
 
 def _input_scaled(qn: Quant | None, stored: DType) -> str | None:
@@ -72,9 +72,12 @@ def v_fp8(v: Variant) -> bool:
 
 def quant_tile(v: Variant, arch: Arch) -> TileConfig:
     """The kernel's tile: the spec's `tile` hint over 128x64 (64x32 above head dim 128), four
-    warps, two stages. Four warps keep every arch on mma.sync (the wgmma engine's tiles have eight)."""
+    warps, two stages. Four warps keep every arch on mma.sync (the wgmma engine's tiles have eight).
+    FP8 P·V above head dim 64 on sm_90a takes 128x32: ptxas (CUDA 13) reports 255 registers and
+    1240 bytes of spills for 128x64 there, 140 bytes for 128x32 (sm_89: none for either)."""
     wide = max(v.head_dim, v.value_head_dim) > 128
-    base = TileConfig(block_m=64 if wide else 128, block_n=32 if wide else 64, warps=4, stages=2)
+    narrow = wide or (arch == Arch.SM90A and p_fp8(v) is not None and max(v.head_dim, v.value_head_dim) > 64)
+    base = TileConfig(block_m=64 if wide else 128, block_n=32 if narrow else 64, warps=4, stages=2)
     h = v.tile
     if h is None:
         return base
@@ -121,3 +124,8 @@ def scale_code(v: Variant, op: QuantOperand) -> str:
         return f"{f}[0]"
     return (f"{f}[(long long)b * p.{names.input_stride_field(name, 0)} + "
             f"(long long)hk * p.{names.input_stride_field(name, 1)}]")
+
+
+def cuda_problem(v: Variant, arch: Arch) -> str | None:
+    """Why no CUDA kernel runs quantized `v` on `arch` (None when the forward kernel does)."""
+    return forward_problem(v) or tile_problem(v, quant_tile(v, arch), arch)

@@ -560,8 +560,8 @@ def _forward_views(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], posi
     var = k.variant
     q, kk, v = arrays[:3]
     aq, ak, av = view(q, "q"), view(kk, "k"), view(v, "v")
-    for a, n in ((aq, "q"), (ak, "k"), (av, "v")):
-        check_dtype(a, var.dtype, n)
+    for a, n, want in ((aq, "q", var.q_dtype), (ak, "k", var.k_dtype), (av, "v", var.v_dtype)):
+        check_dtype(a, want, n)  # an input stored quantized has its own type (docs/QUANT.md)
     given = {name: view(x, name) for name, x in inputs.items()}
     pos_given = abi.Positions(*positions) if positions is not None else abi.Positions()
     sizes = bind_sizes(var, aq, ak, av, given, pos_given)
@@ -621,7 +621,8 @@ def bind_forward(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], out: A
     aq, ak, av, given, sizes, pos = _forward_views(k, arrays, inputs, positions)
     B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
     align = 16 // var.dtype.itemsize  # elements per 16-byte copy
-    qs, ks, vs = (seq_strides(var, a, n, align=align) for a, n in ((aq, "q"), (ak, "k"), (av, "v")))
+    qs, ks, vs = (seq_strides(var, a, n, align=16 // t.itemsize)
+                  for a, n, t in ((aq, "q", var.q_dtype), (ak, "k", var.k_dtype), (av, "v", var.v_dtype)))
     qn = var.norm(NormTarget.Q)
     if qn is not None and qn.scope == NormScope.TOKEN and qs[1] != var.head_dim:
         raise ValueError(f"q: a token-scope norm reads whole hidden rows, so heads must be contiguous (head stride {var.head_dim}), got {qs[1]}")

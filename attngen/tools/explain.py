@@ -354,7 +354,14 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     if v.quantized:
         from attngen.lang.printer import quant_words
 
-        parts.append(quant_words(v) + ": no CUDA kernel yet (CPU backend and reference)")
+        from attngen.plan.quant_fwd import cuda_problem, quant_tile
+
+        if cuda_problem(v, arch) is None:
+            t = quant_tile(v, arch)
+            parts.append(quant_words(v) + f": FP8 forward on mma.sync m16n8k32 ({t.block_m}x{t.block_n}, {t.warps} warps, "
+                                          f"{t.stages} stages on {arch.value})")
+        else:
+            parts.append(quant_words(v) + ": no CUDA kernel yet (CPU backend and reference)")
     elif plan_decode.forward_unsupported(v) is not None:
         dp = plan_decode.plan(v, arch)
         parts.append(f"kv_cache paged({v.page_size}): decode family for every Lq (split-KV mma.sync, "

@@ -33,6 +33,17 @@ attention fp8_pv {
   quant v fp8_e4m3 input per head
   quant p fp8_e4m3 static(448.0)
 }
+attention fp8_pv128 {
+  dtype fp8_e4m3 out bf16
+  head_dim 128
+  heads 2 kv 1
+  layout bhsd
+  output lse
+  quant q fp8_e4m3 input per head
+  quant k fp8_e4m3 input per head
+  quant v fp8_e4m3 input per tensor
+  quant p fp8_e4m3 static(448.0)
+}
 attention fp8_vdeq {
   dtype fp8_e4m3 out bf16
   head_dim 64
@@ -83,6 +94,7 @@ def _bound(v, vd: np.ndarray, lk: int) -> float:
 
 @pytest.mark.parametrize("name, arch, shape", [
     ("fp8_pv", Arch.SM89, (1, 77, 77)),
+    ("fp8_pv128", Arch.SM90A, (1, 40, 40)),  # the 128x32 tile, two row tiles a warp
     ("fp8_vdeq", Arch.SM90A, (2, 33, 70)),
     ("fp8_qk", Arch.SM89, (1, 70, 70)),
     ("fp8_pv_e5m2", Arch.SM89, (1, 45, 96)),
