@@ -120,7 +120,8 @@ def test_kernel_matches_quantized_reference(name, arch, shape, outliers, tmp_pat
     tol = 4 * 2.0 ** -8 * float(np.abs(o_ref).max()) + _bound(v, vd, Lk)
     err = np.abs(o - o_ref).max()
     assert err <= tol, (err, tol)
-    assert quant_accuracy.error(o, o_ref).rel_l2 < 2e-2
+    if v.quant(QuantOperand.P) is None:  # P in the output's type: the full-precision kernel's roundings only
+        assert quant_accuracy.error(o, o_ref).rel_l2 < 1e-2
     if v.lse:
         assert np.allclose(lse, lse_ref, rtol=1e-4, atol=1e-4)
 
