@@ -169,6 +169,7 @@ def _preps(v: Variant, prefix: str = DEFAULT_PREFIX) -> tuple[Prep, ...]:
         out.append(Prep(f"{name}_prep_k", "ag_prep_k",
                         Field(elem, "ws_k", "workspace, B*Hkv*Lk*D elements, 16-byte aligned: the pre-normalised keys, written by the prep kernel"),
                         v.kv_heads, False, v.head_dim, v.dtype, "k pre-norm: each key row once (not once per query tile)"))
+    out.extend(quant_fwd.preps(v, name))
     return tuple(out)
 
 
@@ -350,8 +351,12 @@ def _quant_ctx(v: Variant) -> dict:
         return dict(quant=False, q_ctype="elem_t", k_ctype="elem_t")
     pt = quant_fwd.p_fp8(v)
     qp = v.quant(QuantOperand.P)
+    if quant_fwd.qk_i8(v):
+        return dict(quant=True, q_ctype="elem_t", k_ctype="elem_t", v_ctype="elem_t", qk_i8=True, q_fp8="i8", k_fp8="i8",
+                    qk_types="s8.s8", v_fp8=False, p_fp8="", q_group=quant_fwd.group_rows(v, QuantOperand.Q),
+                    k_group=quant_fwd.group_rows(v, QuantOperand.K), row_pad=quant_fwd.I8_ROW_PAD)
     ptx = {t: t.info.ptx for t in (v.q_dtype, v.k_dtype, v.v_dtype)}
-    return dict(
+    return dict(qk_i8=False,
         quant=True, q_ctype=tensor_ctype(v.q_dtype), k_ctype=tensor_ctype(v.k_dtype), v_ctype=tensor_ctype(v.v_dtype),
         q_fp8=v.q_dtype.value, k_fp8=v.k_dtype.value, qk_types=f"{ptx[v.q_dtype]}.{ptx[v.k_dtype]}",
         v_fp8=quant_fwd.v_fp8(v), p_fp8=pt.value if pt else "", p_ptx=pt.info.ptx if pt else "",

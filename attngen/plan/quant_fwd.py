@@ -13,13 +13,14 @@ from __future__ import annotations
 from attngen.ir.dtypes import DType
 from attngen.ir import names
 from attngen.ir.nodes import Quant, QuantOperand, ScaleGranularity, ScaleSource, TileConfig, Variant, quant_scale_name
+from attngen.plan.op_plan import Field, Prep
 from attngen.plan.schedule import Arch, Engine, engine
 
 FP8 = (DType.FP8_E4M3, DType.FP8_E5M2)
 _GRANULARITIES = (ScaleGranularity.TENSOR, ScaleGranularity.HEAD)
 _OUT = (DType.BF16, DType.FP16)
 
-__all__ = ["cuda_problem", "forward_problem", "quant_tile", "quant_smem_bytes", "tile_problem", "p_fp8", "v_fp8", "scale_code"]
+__all__ = ["I8_ROW_PAD", "cuda_problem", "forward_problem", "group_rows", "preps", "qk_i8", "quant_tile", "quant_smem_bytes", "tile_problem", "p_fp8", "v_fp8", "scale_code"]
 
 
 def _input_scaled(qn: Quant | None, stored: DType) -> str | None:
@@ -31,15 +32,39 @@ def _input_scaled(qn: Quant | None, stored: DType) -> str | None:
     return None
 
 
+def qk_i8(v: Variant) -> bool:
+    """Whether Q·Kᵀ runs on INT8 (Sage-style: q and k quantized to i8 in prep kernels)."""
+    qq, qk = v.quant(QuantOperand.Q), v.quant(QuantOperand.K)
+    return qq is not None and qk is not None and qq.dtype == DType.I8 and qk.dtype == DType.I8
+
+
+def _i8_problems(v: Variant) -> list[str]:
+    """What the INT8 Q·Kᵀ path lacks for `v`: q and k stored in the output's type, i8 with `amax`
+    scales per token or per block(N), no smoothing; P·V in the output's type."""
+    missing = []
+    for op in (QuantOperand.Q, QuantOperand.K):
+        qn = v.quant(op)
+        assert qn is not None
+        if qn.source != ScaleSource.AMAX or qn.granularity not in (ScaleGranularity.TOKEN, ScaleGranularity.BLOCK):
+            missing.append(f"{op.value} i8 with `amax` scales `per token` or `per block(N)`")
+        if qn.smooth is not None:
+            missing.append("no `smooth mean` (K smoothing has no kernel yet)")
+    if v.quant(QuantOperand.V) is not None or v.quant(QuantOperand.P) is not None or v.v_dtype != v.dtype:
+        missing.append("P·V unquantized next to INT8 Q·Kᵀ")
+    return missing
+
+
 def forward_problem(v: Variant) -> str | None:
     """Why the quantized forward kernel cannot run `v` (None when it can; v must be quantized)."""
     missing = []
-    for op, stored in ((QuantOperand.Q, v.q_dtype), (QuantOperand.K, v.k_dtype)):
+    if qk_i8(v):
+        missing += _i8_problems(v)
+    for op, stored in (() if qk_i8(v) else ((QuantOperand.Q, v.q_dtype), (QuantOperand.K, v.k_dtype))):
         why = _input_scaled(v.quant(op), stored)
         if why:
             missing.append(f"{op.value} {why}")
     qv, qp = v.quant(QuantOperand.V), v.quant(QuantOperand.P)
-    if qv is not None or v.v_dtype != v.dtype:
+    if not qk_i8(v) and (qv is not None or v.v_dtype != v.dtype):
         why = _input_scaled(qv, v.v_dtype)
         if why:
             missing.append(f"v {why} (or stored in the output's type)")
@@ -55,7 +80,8 @@ def forward_problem(v: Variant) -> str | None:
         missing.append("a contiguous K/V (a paged cache runs on the decode family)")
     if not missing:
         return None
-    return ("the CUDA forward runs quantized attention as FP8 Q·Kᵀ (mma.sync m16n8k32): it needs " + "; ".join(missing) +
+    return ("the CUDA forward runs quantized attention as FP8 Q·Kᵀ with input scales, or INT8 Q·Kᵀ with amax scales "
+            "(mma.sync m16n8k32): it needs " + "; ".join(dict.fromkeys(missing)) +
             "; the CPU backend (--target cpu) and the NumPy reference run every quantized spec")
 
 
@@ -76,7 +102,8 @@ def quant_tile(v: Variant, arch: Arch) -> TileConfig:
     FP8 P·V above head dim 64 on sm_90a takes 128x32: ptxas (CUDA 13) reports 255 registers and
     1240 bytes of spills for 128x64 there, 140 bytes for 128x32 (sm_89: none for either)."""
     wide = max(v.head_dim, v.value_head_dim) > 128
-    narrow = wide or (arch == Arch.SM90A and p_fp8(v) is not None and max(v.head_dim, v.value_head_dim) > 64)
+    narrow = wide or (arch == Arch.SM90A and p_fp8(v) is not None and max(v.head_dim, v.value_head_dim) > 64) or (
+        qk_i8(v) and max(v.head_dim, v.value_head_dim) > 64)  # INT8 D128 128x64: 20 bytes of spills on sm_80/89, 140 on sm_90a
     base = TileConfig(block_m=64 if wide else 128, block_n=32 if narrow else 64, warps=4, stages=2)
     h = v.tile
     if h is None:
@@ -90,6 +117,7 @@ def quant_smem_bytes(v: Variant, tile: TileConfig) -> int:
     Q and the K/V ring (rows padded by 16 bytes), the converted V tile, or the fp32 epilogue
     staging that reuses them, whichever is larger."""
     d, dv, bm, bn = v.head_dim, v.value_head_dim, tile.block_m, tile.block_n
+    # (with INT8 Q·Kᵀ the Q and K rows carry their fp32 scale in the 16 bytes of padding)
     sv = bn * (dv + 16) if v_fp8(v) else bn * (dv + 8) * 2
     svb = dv * (bn + 16) if p_fp8(v) else bn * (dv + 8) * 2 if v_fp8(v) else 0
     tiles = bm * (d + 16) + tile.stages * (bn * (d + 16) + sv) + svb
@@ -98,8 +126,10 @@ def quant_smem_bytes(v: Variant, tile: TileConfig) -> int:
 
 def tile_problem(v: Variant, tile: TileConfig, arch: Arch) -> str | None:
     """Why the quantized kernel cannot take `tile` on `arch` (None when it can)."""
-    if arch.cc < 89:
+    if arch.cc < 89 and not qk_i8(v):
         return f"FP8 tensor cores (mma.sync m16n8k32 e4m3/e5m2) need sm_89 or newer, not {arch.value}"
+    if arch.cc < 80:
+        return f"INT8 tensor cores (mma.sync m16n8k32 s8) need sm_80 or newer, not {arch.value}"
     if tile.warps not in (4, 8) or tile.block_m % (16 * tile.warps) or tile.block_m // tile.warps not in (16, 32):
         return f"the tile needs 16 or 32 query rows a warp (4 or 8 warps), got {tile.block_m} rows on {tile.warps} warps"
     if tile.block_n % 32 or not 32 <= tile.block_n <= 128:
@@ -129,3 +159,31 @@ def scale_code(v: Variant, op: QuantOperand) -> str:
 def cuda_problem(v: Variant, arch: Arch) -> str | None:
     """Why no CUDA kernel runs quantized `v` on `arch` (None when the forward kernel does)."""
     return forward_problem(v) or tile_problem(v, quant_tile(v, arch), arch)
+
+
+I8_ROW_PAD = 16  # bytes after each INT8 workspace row: its fp32 scale, then padding to 16-byte rows
+
+
+def preps(v: Variant, name: str) -> tuple[Prep, ...]:
+    """INT8 Q·Kᵀ's prep kernels: q and k quantized once a row (not once a query tile), each row of
+    the workspace [B, heads, L, D + 16] bytes holding the D int8 values, then the row's fp32 scale."""
+    if not v.quantized or not qk_i8(v):
+        return ()
+    w = v.head_dim + I8_ROW_PAD
+    return (
+        Prep(f"{name}_prep_q8", "ag_prep_q8",
+             Field("signed char* __restrict__", "ws_q8", f"workspace, B*H*Lq*(D+{I8_ROW_PAD}) bytes, 16-byte aligned: "
+                   "the int8 queries and each row's scale, written by the prep kernel"),
+             v.heads, True, w, DType.I8, "q quantized to int8 once a row (amax of its group)"),
+        Prep(f"{name}_prep_k8", "ag_prep_k8",
+             Field("signed char* __restrict__", "ws_k8", f"workspace, B*Hkv*Lk*(D+{I8_ROW_PAD}) bytes, 16-byte aligned: "
+                   "the int8 keys and each row's scale, written by the prep kernel"),
+             v.kv_heads, False, w, DType.I8, "k quantized to int8 once a row (amax of its group)"),
+    )
+
+
+def group_rows(v: Variant, op: QuantOperand) -> int:
+    """Rows one INT8 scale covers: 1 per token, N per block(N)."""
+    qn = v.quant(op)
+    assert qn is not None
+    return qn.block if qn.granularity == ScaleGranularity.BLOCK and qn.block else 1

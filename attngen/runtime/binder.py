@@ -429,7 +429,7 @@ def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, 
 
         if not _TORCH_DTYPES:
             _TORCH_DTYPES.update({DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16,
-                                  DType.I32: torch.int32})
+                                  DType.I32: torch.int32, DType.I8: torch.int8})  # (i8: INT8 Q·Kᵀ's prep workspaces)
         if torch_current_stream(device.index) == stream:
             def alloc(shape: tuple[int, ...], dt: DType, zero: bool = False) -> Any:
                 return (torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[dt], device=device)
@@ -441,7 +441,7 @@ def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, 
         return alloc_on
     import cupy
 
-    cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16, DType.I32: cupy.int32}
+    cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16, DType.I32: cupy.int32, DType.I8: cupy.int8}
     current = int(cupy.cuda.get_current_stream().ptr) == stream
     ext = None if current else external_stream(stream)
 

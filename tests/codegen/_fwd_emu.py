@@ -50,6 +50,10 @@ inline float __expf(float x) { return std::exp(x); }
 inline int atomicAdd(int* a, int v) { return std::atomic_ref<int>(*a).fetch_add(v); }
 inline int atomicExch(int* a, int v) { return std::atomic_ref<int>(*a).exchange(v); }
 inline int atomicOr(int* a, int v) { return std::atomic_ref<int>(*a).fetch_or(v); }
+// IEEE round-to-nearest intrinsics (the INT8 prep's quantizer): what the host's float ops do.
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline int __float2int_rn(float x) { return (int)std::nearbyint(x); }
 """
 
 # The PTX primitives of backends/cuda/fwd/_wgmma.cu.j2 (and the common helpers it includes),
@@ -123,8 +127,8 @@ template <class T> inline float ag_q8(unsigned word, int byte) {
   if constexpr (std::is_same_v<T, signed char>) return (float)(signed char)u;
   else { T x; x.__x = u; return (float)x; }
 }
-template <class TA, class TB>
-inline void ag_mma8(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+template <class TA, class TB, class ACC>
+inline void ag_mma8(ACC (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
   ag_warp_bar[w]->arrive_and_wait();
   for (int i = 0; i < 4; ++i) ag_xa[w][l][i] = a[i];
@@ -132,11 +136,11 @@ inline void ag_mma8(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned
   ag_warp_bar[w]->arrive_and_wait();
   for (int e = 0; e < 4; ++e) {
     const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
-    float acc = d[e];
+    ACC acc = d[e];
     for (int k = 0; k < 32; ++k) {
       const unsigned ar = ag_xa[w][(row % 8) * 4 + (k % 16) / 4][row / 8 + 2 * (k / 16)];
       const unsigned br = ag_xb[w][col * 4 + (k % 16) / 4][k / 16];
-      acc += ag_q8<TA>(ar, k % 4) * ag_q8<TB>(br, k % 4);
+      acc += (ACC)(ag_q8<TA>(ar, k % 4) * ag_q8<TB>(br, k % 4));
     }
     d[e] = acc;
   }
@@ -152,9 +156,10 @@ def _q8_prim(name: str, text: str) -> str:
         return ("inline unsigned ag_cvt_p4(float x0, float x1, float x2, float x3) {\n"
                 f"  const float x[4] = {{x0, x1, x2, x3}}; unsigned r = 0;\n"
                 f"  for (int i = 0; i < 4; ++i) r |= (unsigned){t}(x[i]).__x << (8 * i);\n  return r;\n}}")
-    ta, tb = re.search(r"m16n8k32\.row\.col\.f32\.(\w+)\.(\w+)\.f32", text).groups()
-    return (f"inline void {name}(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) "
-            f"{{ ag_mma8<{Q8_TYPES[ta]}, {Q8_TYPES[tb]}>(d, a, b0, b1); }}")
+    acc, ta, tb = re.search(r"m16n8k32\.row\.col\.(f32|s32)\.(\w+)\.(\w+)\.(?:f32|s32)", text).groups()
+    c = {"f32": "float", "s32": "int"}[acc]  # s8 products and their sums are exact in int32
+    return (f"inline void {name}({c} (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) "
+            f"{{ ag_mma8<{Q8_TYPES[ta]}, {Q8_TYPES[tb]}, {c}>(d, a, b0, b1); }}")
 
 
 Q8_PRIMS = ("ag_mma_qk", "ag_mma_pv", "ag_cvt_p4")

@@ -78,6 +78,27 @@ attention fp8_pv_e5m2 {
   quant p fp8_e5m2 static(57344.0)
 }
 """
+SPECS += """
+attention sage_tok {
+  dtype bf16
+  head_dim 64
+  heads 4 kv 2
+  layout bshd
+  mask causal
+  quant q i8 amax per token
+  quant k i8 amax per token
+}
+attention sage_blk {
+  dtype fp16
+  head_dim 128
+  heads 2
+  kind cross
+  layout bhsd
+  output lse
+  quant q i8 amax per block(64)
+  quant k i8 amax per block(32)
+}
+"""
 VARIANTS = {v.name: v for v in frontend.loads(SPECS, "quant_fwd.attn").variants}
 # u_p and δ_p·c of docs/QUANT.md ("What a flash kernel does differently")
 P_TERMS = {"fp8_e4m3": (2.0 ** -4, 2.0 ** -10), "fp8_e5m2": (2.0 ** -3, 2.0 ** -17)}
@@ -98,6 +119,8 @@ def _bound(v, vd: np.ndarray, lk: int) -> float:
     ("fp8_vdeq", Arch.SM90A, (2, 33, 70)),
     ("fp8_qk", Arch.SM89, (1, 70, 70)),
     ("fp8_pv_e5m2", Arch.SM89, (1, 45, 96)),
+    ("sage_tok", Arch.SM80, (1, 77, 77)),  # INT8 Q·Kᵀ, the prep kernels' workspaces
+    ("sage_blk", Arch.SM90A, (2, 70, 45)),
 ])
 @pytest.mark.parametrize("outliers", [False, True], ids=["plain", "outliers"])
 def test_kernel_matches_quantized_reference(name, arch, shape, outliers, tmp_path):

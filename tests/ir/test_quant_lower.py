@@ -147,7 +147,7 @@ def test_cuda_refuses_and_check_warns(tmp_path, capsys) -> None:
 
     v = lower(FP8_PREFILL)
     assert forward_unsupported(v) is None
-    assert "q stored as fp8_e4m3 or fp8_e5m2" in forward_unsupported(lower(SAGE))
+    assert "no `smooth mean`" in forward_unsupported(lower(SAGE))
     assert "not yet on the CUDA backend" in decode_unsupported(lower(PAGED))
     assert "no backward kernels" in bwd_unsupported(v)[0].message
     f = tmp_path / "q.attn"
@@ -161,7 +161,7 @@ def test_cuda_refuses_and_check_warns(tmp_path, capsys) -> None:
     assert "warning: `a` has no CUDA kernel yet" in capsys.readouterr().err
     assert cli.main(["compile", str(f), "-o", str(tmp_path / "a.cu")]) != 0
     err = capsys.readouterr().err
-    assert "q.attn:5:3: error: the cuda target cannot run `a`" in err and "it needs q stored as fp8_e4m3" in err
+    assert "q.attn:5:3: error: the cuda target cannot run `a`" in err and "P·V unquantized next to INT8" in err
 
 
 def test_smoothing_needs_a_plain_softmax() -> None:
