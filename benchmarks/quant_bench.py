@@ -7,10 +7,11 @@ rounds of queued launches, benchmarks/_queued.py), eager calls and CUDA-graph re
 - FP8 (e4m3 Q/K/V per (batch, kv head) descales, FP8 P·V: `quant p fp8_e4m3 static(448.0)`) and FP8
   Q·Kᵀ with V dequantized (P·V in bf16), against our bf16 forward and torch SDPA (flash) bf16:
   B1 H16 D128, L = 16384, dense and causal.
-- Sage-style INT8 Q·Kᵀ (i8 amax per token/block, K smoothing) and the seed pre-LN INT8 cross attention
-  (B32 H16 Lq2048 Lk512 D64): recorded with the CUDA backend's refusal where it has no kernel for
-  them (the reason printed), our bf16 pre-LN timed beside. No figure is made up for a kernel that
-  did not run.
+- Sage-style INT8 Q·Kᵀ (q i8 amax per token, k i8 amax per block(64); P·V bf16) against the same
+  bf16 forward, same shapes, and its accuracy beside FP8's. Sage's K smoothing (`smooth mean`) and the
+  seed pre-LN INT8 cross attention (B32 H16 Lq2048 Lk512 D64) are recorded with the CUDA backend's
+  refusal where it has no kernel for them (the reason printed), our bf16 pre-LN timed beside. No
+  figure is made up for a kernel that did not run.
 Accuracy at B1 Lq = Lk = acc-L (H16 D128), N(0,1) inputs and with 0.1% of channels x20
 (attngen.check.quant_accuracy): relative L2 error against the float64 unquantized truth of the
 kernel, of its NumPy emulation (attngen.check.quant), of the bf16 spec's emulation, and of torch
@@ -38,9 +39,10 @@ from _queued import queued_ms  # noqa: E402
 
 
 def spec(name: str, *, causal: bool, quant: str, D: int = 128, H: int = 16) -> str:
-    """A self-attention spec: `quant` is "bf16", "fp8_pv" (FP8 P·V), "fp8_vdeq" (V dequantized) or "sage"."""
+    """A self-attention spec: `quant` is "bf16", "fp8_pv" (FP8 P·V), "fp8_vdeq" (V dequantized), "int8"
+    (Sage-style INT8 Q·Kᵀ) or "sage" (the same with K smoothing)."""
     head = {"bf16": "dtype bf16", "fp8_pv": "dtype fp8_e4m3 out bf16", "fp8_vdeq": "dtype fp8_e4m3 out bf16",
-            "sage": "dtype bf16"}[quant]
+            "int8": "dtype bf16", "sage": "dtype bf16"}[quant]
     lines = [f"attention {name} {{", f"  {head}", f"  head_dim {D}", f"  heads {H}", "  layout bshd"]
     if causal:
         lines.append("  mask causal")
@@ -48,8 +50,8 @@ def spec(name: str, *, causal: bool, quant: str, D: int = 128, H: int = 16) -> s
         lines += [f"  quant {t} fp8_e4m3 input per head" for t in "qkv"]
     if quant == "fp8_pv":
         lines.append("  quant p fp8_e4m3 static(448.0)")
-    if quant == "sage":
-        lines += ["  quant q i8 amax per token", "  quant k i8 amax per block(64) smooth mean"]
+    if quant in ("int8", "sage"):
+        lines += ["  quant q i8 amax per token", "  quant k i8 amax per block(64)" + (" smooth mean" if quant == "sage" else "")]
     return "\n".join(lines + ["}", ""])
 
 
@@ -122,9 +124,9 @@ def speed(L: int, repeats: int) -> list[dict]:
     for causal in (False, True):
         flops = 4.0 * B * H * L * L * D * ((L + 1) / (2 * L) if causal else 1.0)
         tag = "causal" if causal else "dense"
-        for quant in ("bf16", "fp8_pv", "fp8_vdeq"):
+        for quant in ("bf16", "fp8_pv", "fp8_vdeq", "int8"):
             kern = attngen.compile(spec(f"{quant}_{tag}", causal=causal, quant=quant))
-            fn = (lambda k=kern: k(*full)) if quant == "bf16" else (lambda k=kern: k(*q8, **scales))
+            fn = (lambda k=kern: k(*full)) if quant in ("bf16", "int8") else (lambda k=kern: k(*q8, **scales))
             t = time_call(fn, repeats)
             rows.append({"case": f"D128 L{L} {tag}", "impl": f"attngen {quant}", **t,
                          "tflops_eager": flops / t["eager_ms"] / 1e9, "tflops_graph": flops / t["graph_ms"] / 1e9})
@@ -141,7 +143,7 @@ def speed(L: int, repeats: int) -> list[dict]:
 
 
 def refused_and_preln(repeats: int) -> list[dict]:
-    """Sage INT8 and the pre-LN INT8 cross attention: the refusal where no kernel runs; bf16 pre-LN timed."""
+    """Smoothed Sage INT8 and the pre-LN INT8 cross attention: the refusal where no kernel runs; bf16 pre-LN timed."""
     import attngen
     from attngen.check import workload
     from attngen.lang import frontend
@@ -150,7 +152,7 @@ def refused_and_preln(repeats: int) -> list[dict]:
 
     rows = []
     arch = device_arch()
-    for name, text in (("sage int8 D128 L16384", spec("sage", causal=True, quant="sage")), ("pre-LN int8 cross", PRELN_INT8)):
+    for name, text in (("sage int8 smooth D128", spec("sage", causal=True, quant="sage")), ("pre-LN int8 cross", PRELN_INT8)):
         v = frontend.loads(text, "<bench>").variants[0]
         why = cuda_problem(v, arch)
         rows.append({"case": name, "impl": "attngen int8", "refused": why} if why else
@@ -179,7 +181,7 @@ def accuracy(L: int) -> list[dict]:
     from attngen.lang import frontend
 
     rows = []
-    for quant in ("fp8_pv", "fp8_vdeq"):
+    for quant in ("fp8_pv", "fp8_vdeq", "int8"):
         for causal in (False, True):
             v = frontend.loads(spec(f"acc_{quant}_{int(causal)}", causal=causal, quant=quant), "<acc>").variants[0]
             kern = attngen.compile(v)

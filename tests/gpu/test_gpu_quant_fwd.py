@@ -1,4 +1,4 @@
-"""The FP8 forward kernel (backends/cuda/fwd/_mma_q8.cu.j2, sm_89+) on the GPU against the quantized
+"""The quantized forward kernel (backends/cuda/fwd/_mma_q8.cu.j2: FP8 from sm_89, INT8 Q·Kᵀ from sm_80) on the GPU against the quantized
 NumPy reference (attngen.check.quant): non-zero N(0,1) inputs, plain and with outlier channels,
 dense and causal, GQA, odd lengths; P quantized or not, V stored fp8 or bf16; per-tensor and
 per-head descales; the torch op (eager, torch.compile, a CUDA graph) and its refusals. The bound of
@@ -27,7 +27,13 @@ def _fp8_device():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     major, minor = torch.cuda.get_device_capability()
-    if major * 10 + minor < 89:
+    if major * 10 + minor < 80:
+        pytest.skip(f"INT8 tensor cores need sm_80 or newer, the device is {major}.{minor}")
+
+
+def _needs(name: str) -> None:
+    major, minor = torch.cuda.get_device_capability()
+    if not name.startswith("sage") and major * 10 + minor < 89:
         pytest.skip(f"FP8 tensor cores need sm_89 or newer, the device is {major}.{minor}")
 
 
@@ -57,6 +63,11 @@ CASES = {
     "fp8_e5m2": spec("fp8_e5m2", stored="dtype fp16 q fp8_e4m3 k fp8_e4m3 v fp8_e5m2", D=64, H=4, Hkv=1,
                      v_per="tensor", p="fp8_e5m2 static(57344.0)", extra="score softcap(30.0)").replace(
                          "quant v fp8_e4m3", "quant v fp8_e5m2"),
+    # Sage-style INT8 Q·Kᵀ (sm_80+): q and k quantized in the prep kernels, P·V in the output's type
+    "sage_token": "attention sage_token {\n  dtype bf16\n  head_dim 128\n  heads 8 kv 2\n  kind cross\n  layout bshd\n"
+                  "  mask causal\n  quant q i8 amax per token\n  quant k i8 amax per token\n}\n",
+    "sage_block": "attention sage_block {\n  dtype fp16\n  head_dim 64\n  heads 4\n  kind cross\n  layout bhsd\n  output lse\n"
+                  "  quant q i8 amax per block(64)\n  quant k i8 amax per block(32)\n}\n",
 }
 SHAPES = [(2, 1000, 1000), (1, 77, 333), (3, 129, 64), (1, 1, 1)]
 
@@ -100,6 +111,7 @@ def test_kernel_matches_quantized_reference(name, shape, outliers):
     from attngen.check import reference_eval as E
     from attngen.check.quant import dense_operands
 
+    _needs(name)
     v = _variant(name)
     B, Lq, Lk = shape
     call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, B, Lq, Lk, seed=11, outliers=outliers))
@@ -136,6 +148,7 @@ def test_kernel_within_the_accuracy_bar(name, outliers):
 def test_binder_refuses_wrong_types_and_scales():
     import attngen
 
+    _needs("fp8_pv")
     v = _variant("fp8_pv")
     call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, 1, 64, 64, seed=1))
     kern = attngen.compile(v)
@@ -152,6 +165,7 @@ def test_binder_refuses_wrong_types_and_scales():
 def test_torch_op_eager_compiled_graph_and_no_autograd():
     import attngen.runtime.torch as at
 
+    _needs("fp8_pv")
     v = _variant("fp8_pv")
     call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, 2, 300, 300, seed=2))
     q, k, vv = (to_torch(call[n]) for n in ("q", "k", "v"))
@@ -176,3 +190,27 @@ def test_torch_op_eager_compiled_graph_and_no_autograd():
     assert torch.equal(out, eager)
     with pytest.raises(ValueError, match="backward"):
         op(q, k, vv, **{**scales, "q_scale": scales["q_scale"].clone().requires_grad_()})
+
+
+def test_int8_prep_workspaces_through_the_torch_op():
+    """INT8 Q·Kᵀ's prep workspaces come from the pool in eager calls and in a CUDA graph."""
+    import attngen.runtime.torch as at
+
+    v = _variant("sage_token")
+    call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, 2, 200, 300, seed=4))
+    q, k, vv = (to_torch(call[n]) for n in ("q", "k", "v"))
+    op = at.register(CASES["sage_token"])
+    eager = op(q, k, vv)
+    o_ref, _ = reference.attention(v, call["q"], call["k"], call["v"], {})
+    assert quant_accuracy.error(eager.float().cpu().numpy(), np.asarray(o_ref, np.float64)).rel_l2 < 1e-2
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        op(q, k, vv)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = op(q, k, vv)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
