@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from attngen.ir.dtypes import DType
 from attngen.ir import names
-from attngen.ir.nodes import Quant, QuantOperand, ScaleGranularity, ScaleSource, TileConfig, Variant, quant_scale_name
+from attngen.ir.nodes import NormScope, NormTarget, Quant, QuantOperand, ScaleGranularity, ScaleSource, TileConfig, Variant, quant_scale_name
 from attngen.plan.op_plan import Field, Prep
 from attngen.plan.schedule import Arch, Engine, engine
 
@@ -74,7 +74,10 @@ def forward_problem(v: Variant) -> str | None:
         missing.append("an fp16 or bf16 output")
     if v.head_dim % 32 or v.value_head_dim % 16 or max(v.head_dim, v.value_head_dim) > 256:
         missing.append("head dims D a multiple of 32 and Dv of 16, both at most 256")
-    if v.norms or v.residual:
+    if qk_i8(v):
+        if any(n.target != NormTarget.Q or n.scope != NormScope.TOKEN for n in v.norms):
+            missing.append("no norms but a token-scope q pre-norm (fused into q's quantization)")
+    elif v.norms or v.residual:
         missing.append("no norms or residual")
     if v.page_size is not None:
         missing.append("a contiguous K/V (a paged cache runs on the decode family)")

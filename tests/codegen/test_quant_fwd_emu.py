@@ -98,6 +98,17 @@ attention sage_blk {
   quant q i8 amax per block(64)
   quant k i8 amax per block(32)
 }
+attention preln_int8 {
+  dtype bf16
+  head_dim 64
+  heads 4
+  kind cross
+  layout bshd
+  norm q layernorm(1e-5) scope token
+  residual
+  quant q i8 amax per token
+  quant k i8 amax per token
+}
 """
 VARIANTS = {v.name: v for v in frontend.loads(SPECS, "quant_fwd.attn").variants}
 # u_p and δ_p·c of docs/QUANT.md ("What a flash kernel does differently")
@@ -121,6 +132,7 @@ def _bound(v, vd: np.ndarray, lk: int) -> float:
     ("fp8_pv_e5m2", Arch.SM89, (1, 45, 96)),
     ("sage_tok", Arch.SM80, (1, 77, 77)),  # INT8 Q·Kᵀ, the prep kernels' workspaces
     ("sage_blk", Arch.SM90A, (2, 70, 45)),
+    ("preln_int8", Arch.SM89, (2, 50, 70)),  # the pre-norm fused into q's quantization, residual
 ])
 @pytest.mark.parametrize("outliers", [False, True], ids=["plain", "outliers"])
 def test_kernel_matches_quantized_reference(name, arch, shape, outliers, tmp_path):
