@@ -100,13 +100,16 @@ def v_fp8(v: Variant) -> bool:
 
 
 def quant_tile(v: Variant, arch: Arch) -> TileConfig:
-    """The kernel's tile: the spec's `tile` hint over 128x64 (64x32 above head dim 128), four
-    warps, two stages. Four warps keep every arch on mma.sync (the wgmma engine's tiles have eight).
-    FP8 P·V above head dim 64 on sm_90a takes 128x32: ptxas (CUDA 13) reports 255 registers and
-    1240 bytes of spills for 128x64 there, 140 bytes for 128x32 (sm_89: none for either)."""
-    wide = max(v.head_dim, v.value_head_dim) > 128
-    narrow = wide or (arch == Arch.SM90A and p_fp8(v) is not None and max(v.head_dim, v.value_head_dim) > 64) or (
-        qk_i8(v) and max(v.head_dim, v.value_head_dim) > 64)  # INT8 D128 128x64: 20 bytes of spills on sm_80/89, 140 on sm_90a
+    """The kernel's tile: the spec's `tile` hint over 128x64 (128x32 above head dim 64, 64x32 above
+    128), four warps, two stages. Four warps keep every arch on mma.sync (the wgmma engine's tiles
+    have eight).
+    Key tiles of 32 where ptxas (CUDA 13) reports spills at 128x64: above D64 (FP8 with V
+    dequantized, D128 causal: 76 bytes on sm_89, 84 on sm_90a; FP8 P·V: 8 on sm_89 with the LSE,
+    1240 on sm_90a; INT8: 20 on sm_80/sm_89) and FP8 P·V on sm_90a (D64: 284 bytes). At 128x32:
+    none, but 4 bytes (FP8 V dequantized and INT8, D128 causal) and 140 (FP8 P·V, D128) on sm_90a."""
+    d = max(v.head_dim, v.value_head_dim)
+    wide = d > 128
+    narrow = d > 64 or (p_fp8(v) is not None and arch == Arch.SM90A)
     base = TileConfig(block_m=64 if wide else 128, block_n=32 if narrow else 64, warps=4, stages=2)
     h = v.tile
     if h is None:

@@ -45,6 +45,7 @@ FWD_SHIM = r"""
 inline void __syncwarp(unsigned = 0xffffffffu) { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 inline bool __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline float __log2f(float x) { return std::log2(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline int atomicAdd(int* a, int v) { return std::atomic_ref<int>(*a).fetch_add(v); }
@@ -157,9 +158,11 @@ def _q8_prim(name: str, text: str) -> str:
                 f"  const float x[4] = {{x0, x1, x2, x3}}; unsigned r = 0;\n"
                 f"  for (int i = 0; i < 4; ++i) r |= (unsigned){t}(x[i]).__x << (8 * i);\n  return r;\n}}")
     acc, ta, tb = re.search(r"m16n8k32\.row\.col\.(f32|s32)\.(\w+)\.(\w+)\.(?:f32|s32)", text).groups()
-    c = {"f32": "float", "s32": "int"}[acc]  # s8 products and their sums are exact in int32
-    return (f"inline void {name}({c} (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) "
-            f"{{ ag_mma8<{Q8_TYPES[ta]}, {Q8_TYPES[tb]}, {c}>(d, a, b0, b1); }}")
+    if acc == "s32":  # s8 products and their sums are exact in int32, held as bits in the float array
+        return (f"inline void {name}(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {{\n"
+                f"  int t[4]; std::memcpy(t, d, 16); ag_mma8<{Q8_TYPES[ta]}, {Q8_TYPES[tb]}, int>(t, a, b0, b1); std::memcpy(d, t, 16);\n}}")
+    return (f"inline void {name}(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) "
+            f"{{ ag_mma8<{Q8_TYPES[ta]}, {Q8_TYPES[tb]}, float>(d, a, b0, b1); }}")
 
 
 Q8_PRIMS = ("ag_mma_qk", "ag_mma_pv", "ag_cvt_p4")
