@@ -77,8 +77,11 @@ def explain(v: Variant, shape: tuple[int, int, int] | None, seed: int) -> str:
             f"  N(0,1) inputs:            quantized {a.emulation.text()}; {a.baseline} {a.full_precision.text()}",
             f"  0.1% channels x20:        quantized {a.emulation_outliers.text()}; {a.baseline} {a.full_precision_outliers.text()}",
             "  (a kernel's error is held to 1.1x the quantized figure: attngen.check.quant_accuracy.within_bar)"]
-    out += ["", "Kernels: the CPU backend (--target cpu) runs it; no CUDA kernel yet (compile --target cuda refuses it); "
-                "no backward (training refuses it)"]
+    from attngen.plan.quant_fwd import forward_problem, qk_i8
+
+    cuda = ("the CUDA forward runs it (mma.sync m16n8k32, " + ("INT8 from sm_80" if qk_i8(v) else "FP8 from sm_89") + ")"
+            if forward_problem(v) is None else "no CUDA kernel yet (compile --target cuda refuses it)")
+    out += ["", f"Kernels: the CPU backend (--target cpu) runs it; {cuda}; no backward (training refuses it)"]
     return "\n".join(out)
 
 
