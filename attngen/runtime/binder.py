@@ -441,7 +441,8 @@ def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, 
         return alloc_on
     import cupy
 
-    cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16, DType.I32: cupy.int32, DType.I8: cupy.int8}
+    cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16, DType.I32: cupy.int32,
+           DType.I8: "int8"}  # (i8: INT8 Q·Kᵀ's prep workspaces; numpy's name, which CuPy takes)
     current = int(cupy.cuda.get_current_stream().ptr) == stream
     ext = None if current else external_stream(stream)
 
