@@ -354,11 +354,11 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     if v.quantized:
         from attngen.lang.printer import quant_words
 
-        from attngen.plan.quant_fwd import cuda_problem, quant_tile
+        from attngen.plan.quant_fwd import cuda_problem, qk_i8, quant_tile
 
         if cuda_problem(v, arch) is None:
             t = quant_tile(v, arch)
-            parts.append(quant_words(v) + f": FP8 forward on mma.sync m16n8k32 ({t.block_m}x{t.block_n}, {t.warps} warps, "
+            parts.append(quant_words(v) + f": {'INT8' if qk_i8(v) else 'FP8'} forward on mma.sync m16n8k32 ({t.block_m}x{t.block_n}, {t.warps} warps, "
                                           f"{t.stages} stages on {arch.value})")
         else:
             parts.append(quant_words(v) + ": no CUDA kernel yet (CPU backend and reference)")
