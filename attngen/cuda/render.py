@@ -354,7 +354,8 @@ def _quant_ctx(v: Variant) -> dict:
     if quant_fwd.qk_i8(v):
         return dict(quant=True, q_ctype="elem_t", k_ctype="elem_t", v_ctype="elem_t", qk_i8=True, q_fp8="i8", k_fp8="i8",
                     qk_types="s8.s8", v_fp8=False, p_fp8="", q_group=quant_fwd.group_rows(v, QuantOperand.Q),
-                    k_group=quant_fwd.group_rows(v, QuantOperand.K), row_pad=quant_fwd.I8_ROW_PAD)
+                    k_group=quant_fwd.group_rows(v, QuantOperand.K), row_pad=quant_fwd.I8_ROW_PAD,
+                    k_smooth=v.quant(QuantOperand.K).smooth is not None)
     ptx = {t: t.info.ptx for t in (v.q_dtype, v.k_dtype, v.v_dtype)}
     return dict(qk_i8=False,
         quant=True, q_ctype=tensor_ctype(v.q_dtype), k_ctype=tensor_ctype(v.k_dtype), v_ctype=tensor_ctype(v.v_dtype),

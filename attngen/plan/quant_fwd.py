@@ -47,8 +47,6 @@ def _i8_problems(v: Variant) -> list[str]:
         assert qn is not None
         if qn.source != ScaleSource.AMAX or qn.granularity not in (ScaleGranularity.TOKEN, ScaleGranularity.BLOCK):
             missing.append(f"{op.value} i8 with `amax` scales `per token` or `per block(N)`")
-        if qn.smooth is not None:
-            missing.append("no `smooth mean` (K smoothing has no kernel yet)")
     if v.quant(QuantOperand.V) is not None or v.quant(QuantOperand.P) is not None or v.v_dtype != v.dtype:
         missing.append("P·V unquantized next to INT8 Q·Kᵀ")
     return missing
@@ -172,11 +170,18 @@ I8_ROW_PAD = 16  # bytes after each INT8 workspace row: its fp32 scale, then pad
 
 def preps(v: Variant, name: str) -> tuple[Prep, ...]:
     """INT8 Q·Kᵀ's prep kernels: q and k quantized once a row (not once a query tile), each row of
-    the workspace [B, heads, L, D + 16] bytes holding the D int8 values, then the row's fp32 scale."""
+    the workspace [B, heads, L, D + 16] bytes holding the D int8 values, then the row's fp32 scale;
+    with `smooth mean`, first k's mean over its keys ([B, Hkv, D] fp32), which k's prep subtracts."""
     if not v.quantized or not qk_i8(v):
         return ()
     w = v.head_dim + I8_ROW_PAD
-    return (
+    qk = v.quant(QuantOperand.K)
+    smooth = (Prep(f"{name}_prep_kmean", "ag_prep_kmean",
+                   Field("float* __restrict__", "ws_kmean", "workspace, B*Hkv*D floats: k's mean over the Lk keys of each "
+                         "(batch, kv head), written by the prep kernel (K smoothing)"),
+                   v.kv_heads, False, v.head_dim, DType.FP32, "k's per-channel mean for `smooth mean`", per_head=True),) \
+        if qk is not None and qk.smooth is not None else ()
+    return smooth + (
         Prep(f"{name}_prep_q8", "ag_prep_q8",
              Field("signed char* __restrict__", "ws_q8", f"workspace, B*H*Lq*(D+{I8_ROW_PAD}) bytes, 16-byte aligned: "
                    "the int8 queries and each row's scale, written by the prep kernel"),

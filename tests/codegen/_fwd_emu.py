@@ -54,6 +54,7 @@ inline int atomicOr(int* a, int v) { return std::atomic_ref<int>(*a).fetch_or(v)
 // IEEE round-to-nearest intrinsics (the INT8 prep's quantizer): what the host's float ops do.
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline int __float2int_rn(float x) { return (int)std::nearbyint(x); }
 """
 

@@ -101,6 +101,15 @@ attention sage_blk {
   quant q i8 amax per block(64)
   quant k i8 amax per block(32)
 }
+attention sage_smooth {
+  dtype bf16
+  head_dim 64
+  heads 4 kv 2
+  layout bshd
+  mask causal
+  quant q i8 amax per token
+  quant k i8 amax per block(32) smooth mean
+}
 attention preln_int8 {
   dtype bf16
   head_dim 64
@@ -135,7 +144,8 @@ def _bound(v, vd: np.ndarray, lk: int) -> float:
     ("fp8_pv_e5m2", Arch.SM89, (1, 45, 96)),
     ("sage_tok", Arch.SM80, (1, 77, 77)),  # INT8 Q·Kᵀ, the prep kernels' workspaces
     ("sage_blk", Arch.SM90A, (2, 70, 45)),
-    ("preln_int8", Arch.SM89, (2, 50, 70)),  # the pre-norm fused into q's quantization, residual
+    ("preln_int8", Arch.SM89, (2, 50, 70)),
+    ("sage_smooth", Arch.SM89, (2, 70, 70)),  # K smoothing: the mean prep kernel, then k's  # the pre-norm fused into q's quantization, residual
 ])
 @pytest.mark.parametrize("outliers", [False, True], ids=["plain", "outliers"])
 def test_kernel_matches_quantized_reference(name, arch, shape, outliers, tmp_path):
@@ -159,7 +169,7 @@ def test_kernel_matches_quantized_reference(name, arch, shape, outliers, tmp_pat
     err = np.abs(o - o_ref).max()
     assert err <= tol, (err, tol)
     if v.quant(QuantOperand.P) is None:  # P in the output's type: the full-precision kernel's roundings only
-        assert quant_accuracy.error(o, o_ref).rel_l2 < 1e-2
+        assert quant_accuracy.error(o, o_ref).rel_l2 < 5e-3
     if v.lse:
         assert np.allclose(lse, lse_ref, rtol=1e-4, atol=1e-4)
 
@@ -176,7 +186,7 @@ def test_scale_layouts_in_source():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("name, arch", [("fp8_pv128", Arch.SM89), ("fp8_pv", Arch.SM90A), ("sage_blk", Arch.SM80),
-                                        ("preln_int8", Arch.SM89)])
+                                        ("preln_int8", Arch.SM89), ("sage_smooth", Arch.SM90A)])
 def test_nvcc_compiles_without_spills(name, arch, tmp_path):
     """nvcc (-Xptxas -v) takes the whole source, launcher included, and no kernel of it spills
     (the tiles of plan.quant_fwd.quant_tile; sm_90a's FP8 P·V at D128 is the exception it names)."""

@@ -128,7 +128,7 @@ def test_kernel_matches_quantized_reference(name, shape, outliers):
     err = float(np.abs(o - o_ref).max())
     assert err <= tol, f"{name} {shape}: max |O - O_ref| {err:.3g} > {tol:.3g}"
     if v.quant(QuantOperand.P) is None:  # P in the output's type: the full-precision kernel's roundings only
-        assert quant_accuracy.error(o, o_ref).rel_l2 < 1e-2
+        assert quant_accuracy.error(o, o_ref).rel_l2 < 5e-3
     if lse is not None:
         assert np.allclose(lse, lse_ref, rtol=1e-3, atol=1e-3)
 
