@@ -7,13 +7,13 @@ rounds of queued launches, benchmarks/_queued.py), eager calls and CUDA-graph re
 - FP8 (e4m3 Q/K/V per (batch, kv head) descales, FP8 P·V: `quant p fp8_e4m3 static(448.0)`) and FP8
   Q·Kᵀ with V dequantized (P·V in bf16), against our bf16 forward and torch SDPA (flash) bf16:
   B1 H16 D128, L = 16384, dense and causal.
-- Sage-style INT8 Q·Kᵀ (q i8 amax per token, k i8 amax per block(64); P·V bf16) against the same
-  bf16 forward, same shapes, and its accuracy beside FP8's (the INT8 time includes its two prep
-  kernels, which quantize q and k on every call).
+- Sage-style INT8 Q·Kᵀ (q i8 amax per token, k i8 amax per block(64); P·V bf16), without and with
+  K smoothing (`smooth mean`), against the same bf16 forward, same shapes, and its accuracy beside
+  FP8's (the INT8 time includes its prep kernels, which quantize q and k, and average k, on every call).
 - The seed pre-LN INT8 cross attention (B32 H16 Lq2048 Lk512 D64; layernorm fused into q's
   quantization, residual) against our bf16 pre-LN (examples/whisper_preln_cross.attn).
-- Sage's K smoothing (`smooth mean`) is recorded with the CUDA backend's refusal while it has no
-  kernel (the reason printed). No figure is made up for a kernel that did not run.
+- A case the CUDA backend has no kernel for is recorded with its refusal (the reason printed). No
+  figure is made up for a kernel that did not run.
 Accuracy at B1 Lq = Lk = acc-L (H16 D128; the pre-LN INT8 block at Lq = acc-L, Lk = 512), N(0,1) inputs and with 0.1% of channels x20
 (attngen.check.quant_accuracy): relative L2 error against the float64 unquantized truth of the
 kernel, of its NumPy emulation (attngen.check.quant), of the bf16 spec's emulation, and of torch
@@ -126,9 +126,9 @@ def speed(L: int, repeats: int) -> list[dict]:
     for causal in (False, True):
         flops = 4.0 * B * H * L * L * D * ((L + 1) / (2 * L) if causal else 1.0)
         tag = "causal" if causal else "dense"
-        for quant in ("bf16", "fp8_pv", "fp8_vdeq", "int8"):
+        for quant in ("bf16", "fp8_pv", "fp8_vdeq", "int8", "sage"):
             kern = attngen.compile(spec(f"{quant}_{tag}", causal=causal, quant=quant))
-            fn = (lambda k=kern: k(*full)) if quant in ("bf16", "int8") else (lambda k=kern: k(*q8, **scales))
+            fn = (lambda k=kern: k(*full)) if quant in ("bf16", "int8", "sage") else (lambda k=kern: k(*q8, **scales))
             t = time_call(fn, repeats)
             rows.append({"case": f"D128 L{L} {tag}", "impl": f"attngen {quant}", **t,
                          "tflops_eager": flops / t["eager_ms"] / 1e9, "tflops_graph": flops / t["graph_ms"] / 1e9})
@@ -188,7 +188,7 @@ def accuracy(L: int) -> list[dict]:
     from attngen.lang import frontend
 
     cases = [(quant, causal, frontend.loads(spec(f"acc_{quant}_{int(causal)}", causal=causal, quant=quant), "<acc>").variants[0], L)
-             for quant in ("fp8_pv", "fp8_vdeq", "int8") for causal in (False, True)]
+             for quant in ("fp8_pv", "fp8_vdeq", "int8", "sage") for causal in (False, True)]
     cases.append(("preln_int8", False, frontend.loads(PRELN_INT8, "<acc>").variants[0], 512))
     rows = []
     for quant, causal, v, lk in cases:

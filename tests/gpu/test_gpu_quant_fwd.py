@@ -68,6 +68,9 @@ CASES = {
                   "  mask causal\n  quant q i8 amax per token\n  quant k i8 amax per token\n}\n",
     "sage_block": "attention sage_block {\n  dtype fp16\n  head_dim 64\n  heads 4\n  kind cross\n  layout bhsd\n  output lse\n"
                   "  quant q i8 amax per block(64)\n  quant k i8 amax per block(32)\n}\n",
+    # SageAttention's recipe: K smoothed by its mean over the keys, then per-block scales
+    "sage_smooth": "attention sage_smooth {\n  dtype bf16\n  head_dim 128\n  heads 8 kv 2\n  kind cross\n  layout bshd\n"
+                   "  mask causal\n  quant q i8 amax per token\n  quant k i8 amax per block(64) smooth mean\n}\n",
     # the seed pre-LN INT8 cross attention: the token-scope layernorm fused into q's quantization, residual
     "sage_preln": "attention sage_preln {\n  dtype bf16\n  head_dim 64\n  heads 16\n  kind cross\n  layout bshd\n"
                   "  norm q layernorm(1e-5) scope token\n  residual\n  quant q i8 amax per token\n  quant k i8 amax per token\n}\n",
