@@ -147,7 +147,7 @@ def test_cuda_refuses_and_check_warns(tmp_path, capsys) -> None:
 
     v = lower(FP8_PREFILL)
     assert forward_unsupported(v) is None
-    assert "no `smooth mean`" in forward_unsupported(lower(SAGE))
+    assert "P·V unquantized next to INT8 Q·Kᵀ" in forward_unsupported(lower(SAGE))
     assert "not yet on the CUDA backend" in decode_unsupported(lower(PAGED))
     assert "no backward kernels" in bwd_unsupported(v)[0].message
     f = tmp_path / "q.attn"
