@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import jinja2
+import numpy as np
 
 from attngen import __version__
 from attngen.ir import names
@@ -20,6 +21,7 @@ from attngen.ir.nodes import (
     NormScope,
     NormTarget,
     Program,
+    QuantOperand,
     SizeSym,
     Variant,
     norm_bias_name,
@@ -30,6 +32,7 @@ from attngen.lang.printer import print_expr, print_program
 from attngen.analysis.kv_bounds import kv_upper_bounds
 from attngen.cuda.emit import INT_UNKNOWN, AxisSplit, ElementEmitter, IntervalEmitter, float_literal, split_by_axis, tensor_ctype
 from attngen.resources import cache_dir, cuda_template_dir
+from attngen.plan import quant_fwd
 from attngen.plan.schedule import DEFAULT_ARCH, Arch, Engine, WgmmaSoftmax, persistent
 # The plan is made by the plan stage; its types and makers are named here too, where importers
 # have always found them.
@@ -158,6 +161,30 @@ def _varlen_ctx(v: Variant) -> dict:
     return dict(varlen=v.layout == Layout.VARLEN,
                 cu_q=names.input_field(cu[0]), cu_q_s0=names.input_stride_field(cu[0], 0),
                 cu_k=names.input_field(cu[1]), cu_k_s0=names.input_stride_field(cu[1], 0))
+
+
+def _quant_ctx(v: Variant) -> dict:
+    """The quantized kernel's types and scales (plan.quant_fwd); q_ctype/k_ctype are elem_t otherwise."""
+    if not v.quantized:
+        return dict(quant=False, q_ctype="elem_t", k_ctype="elem_t")
+    pt = quant_fwd.p_fp8(v)
+    qp = v.quant(QuantOperand.P)
+    if quant_fwd.qk_i8(v):
+        return dict(quant=True, q_ctype="elem_t", k_ctype="elem_t", v_ctype="elem_t", qk_i8=True, q_fp8="i8", k_fp8="i8",
+                    qk_types="s8.s8", v_fp8=False, p_fp8="", q_group=quant_fwd.group_rows(v, QuantOperand.Q),
+                    k_group=quant_fwd.group_rows(v, QuantOperand.K), row_pad=quant_fwd.I8_ROW_PAD,
+                    k_smooth=v.quant(QuantOperand.K).smooth is not None)
+    ptx = {t: t.info.ptx for t in (v.q_dtype, v.k_dtype, v.v_dtype)}
+    return dict(qk_i8=False,
+        quant=True, q_ctype=tensor_ctype(v.q_dtype), k_ctype=tensor_ctype(v.k_dtype), v_ctype=tensor_ctype(v.v_dtype),
+        q_fp8=v.q_dtype.value, k_fp8=v.k_dtype.value, qk_types=f"{ptx[v.q_dtype]}.{ptx[v.k_dtype]}",
+        v_fp8=quant_fwd.v_fp8(v), p_fp8=pt.value if pt else "", p_ptx=pt.info.ptx if pt else "",
+        pv_types=f"{pt.info.ptx}.{ptx[v.v_dtype]}" if pt else "",
+        p_static=float_literal(qp.static) if qp is not None and qp.static is not None else "",
+        p_descale=float_literal(float(np.float32(1) / np.float32(qp.static))) if qp is not None and qp.static is not None else "",
+        q_scale_code=quant_fwd.scale_code(v, QuantOperand.Q), k_scale_code=quant_fwd.scale_code(v, QuantOperand.K),
+        v_scale_code=quant_fwd.scale_code(v, QuantOperand.V) if quant_fwd.v_fp8(v) else "",
+    )
 
 
 def _wgmma_shapes(kp: OpPlan, v: Variant) -> list[dict]:
@@ -298,7 +325,7 @@ def render_plan(v: Variant, kp: OpPlan) -> str:
         kernel_name=kp.kernel_name,
         elem_ctype=tensor_ctype(v.dtype),
         mma_type=v.dtype.info.ptx or "none",
-        path={Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
+        path="mma_q8" if v.quantized else {Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
         cp_async=arch.cp_async,
         mma_k16=arch.mma_k16,
         persistent=persistent(kp.engine),
@@ -358,6 +385,7 @@ def render_plan(v: Variant, kp: OpPlan) -> str:
         prep_max_blocks=PREP_MAX_BLOCKS,
         **_norm_ctx(v),
         **_varlen_ctx(v),
+        **_quant_ctx(v),
     )
     return _environment().get_template("fwd/attention.cu.j2").render(**ctx)
 

@@ -130,7 +130,9 @@ def decode_unsupported(v: Variant, arch: Arch | None = None) -> str | None:
 def forward_unsupported(v: Variant) -> str | None:
     """Why the forward family cannot run `v` (None when it can)."""
     if v.quantized:
-        return quant_unsupported(v)
+        from attngen.plan.quant_fwd import forward_problem
+
+        return forward_problem(v)
     if v.page_size is not None:
         return "`kv_cache paged` runs on the decode family (attngen.compile(..., family=\"decode\") or \"auto\")"
     return None

@@ -11,6 +11,7 @@ import re
 from attngen.ir import names
 from attngen.ir.nodes import DType, Layout, NormScope, NormTarget, TileConfig, Variant, tensors_used
 from attngen.cuda.emit import tensor_ctype
+from attngen.plan import quant_fwd
 from attngen.plan.limits import MAX_PARAM_BYTES, param_bytes
 from attngen.plan.op_plan import PREP_THREADS, Field, GridRule, KernelRole, OpFamily, OpKernel, OpPlan, Prep, Problem, problem_of
 from attngen.plan.schedule import (
@@ -56,10 +57,12 @@ def resolve_tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> TileConfig:
 
 def _fields(v: Variant, preps: tuple[Prep, ...], persistent_ctas: bool) -> tuple[Field, ...]:
     e = "const elem_t* __restrict__"
+    # An input stored quantized is read as its own type (docs/QUANT.md); the others as elem_t.
+    qe, ke, ve = (f"const {tensor_ctype(t)}* __restrict__" if t != v.dtype else e for t in (v.q_dtype, v.k_dtype, v.v_dtype))
     f = [
-        Field(e, "q", "query (the hidden state x when q has a token-scope norm)"),
-        Field(e, "k", "keys"),
-        Field(e, "v", "values"),
+        Field(qe, "q", "query (the hidden state x when q has a token-scope norm)"),
+        Field(ke, "k", "keys"),
+        Field(ve, "v", "values"),
         Field("elem_t* __restrict__", "o", "output"),
         Field("float* __restrict__", "lse", ("log-sum-exp [H, total_q] (head stride lse_sh)" if v.layout == Layout.VARLEN else
                                              "log-sum-exp [B, H, Lq], contiguous") + " (nullptr unless `output lse`)"),
@@ -122,6 +125,7 @@ def _preps(v: Variant, prefix: str = DEFAULT_PREFIX) -> tuple[Prep, ...]:
         out.append(Prep(f"{name}_prep_k", "ag_prep_k",
                         Field(elem, "ws_k", "workspace, B*Hkv*Lk*D elements, 16-byte aligned: the pre-normalised keys, written by the prep kernel"),
                         v.kv_heads, False, v.head_dim, v.dtype, "k pre-norm: each key row once (not once per query tile)"))
+    out.extend(quant_fwd.preps(v, name))
     return tuple(out)
 
 
@@ -143,6 +147,11 @@ def _plan(v: Variant, arch: Arch, prefix: str = DEFAULT_PREFIX, softmax: WgmmaSo
     bad_dims = head_dims_problem(v.dtype, v.head_dim, v.value_head_dim)
     if bad_dims:
         raise ValueError(f"variant {v.name}: {bad_dims}")
+    if v.quantized:  # the 8-bit forward's own tiles (plan.quant_fwd), no short-loop kernel
+        why = quant_fwd.forward_problem(v) or quant_fwd.tile_problem(v, tile := quant_fwd.quant_tile(v, arch), arch)
+        if why:
+            raise ValueError(f"variant {v.name}: {why}")
+        return _tile_plan(v, arch, prefix, softmax, tile)
     tile = resolve_tile(v, arch) if checked else variant_tile(v, arch)
     st = short_tile(v, arch)
     short = None
@@ -170,7 +179,7 @@ def _tile_plan(v: Variant, arch: Arch, prefix: str, softmax: WgmmaSoftmax | None
     pers = persistent(eng)
     problem = problem_of(v, arch)
     fields = _fields(v, preps, pers)
-    smem = variant_smem_layout(v, tile, arch)
+    smem = SmemLayout(quant_fwd.quant_smem_bytes(v, tile)) if v.quantized else variant_smem_layout(v, tile, arch)
     wg = eng == Engine.WGMMA
     attention = OpKernel(
         name=kernel_name(v, prefix),

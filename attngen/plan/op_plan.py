@@ -57,6 +57,9 @@ class Prep:
     width: int  # workspace elements per row
     dtype: DType
     doc: str
+    # The workspace holds one row a (batch, head), not one a position (a reduction over L, like
+    # K smoothing's mean); the kernel still covers every row (its grid).
+    per_head: bool = False
 
     @property
     def span(self) -> RowSpan:
@@ -72,13 +75,15 @@ class Prep:
     def bytes_expr(self) -> str:
         """Its workspace's bytes, as a C expression over ints B, Lq and Lk."""
         heads = f" * {self.heads}" if self.heads != 1 else ""
+        if self.per_head:
+            return f"(size_t)B{heads} * {self.width * self.dtype.itemsize}"
         return f"(size_t)B{heads} * {'Lq' if self.queries else 'Lk'} * {self.width * self.dtype.itemsize}"
 
     def rows(self, B: int, Lq: int, Lk: int) -> int:
         return self.span.count(B, Lq, Lk)
 
     def workspace_shape(self, B: int, Lq: int, Lk: int) -> tuple[int, int, int, int]:
-        return (B, self.heads, Lq if self.queries else Lk, self.width)
+        return (B, self.heads, 1 if self.per_head else Lq if self.queries else Lk, self.width)
 
 
 @dataclass(frozen=True, slots=True)

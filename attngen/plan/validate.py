@@ -37,8 +37,13 @@ def variant_problems(v: Variant, arch: Arch = DEFAULT_ARCH) -> list[Diagnostic]:
     """Every reason `v` cannot be built and launched on `arch`, located at the spec: its tile hint
     (completed with the auto choice), then the kernel's limits once the tile is sound."""
     if v.quantized:
-        # No CUDA kernel reads quantized operands yet (plan.decode.quant_unsupported); the one
-        # fact of the tile they will need is checked already.
+        from attngen.plan import quant_fwd
+
+        if quant_fwd.forward_problem(v) is None:
+            # The quantized forward's own tile (its INT8 rows carry their scales, so scale blocks
+            # need not tile it); other quantized specs keep the scale-block check of the tile.
+            why = quant_fwd.tile_problem(v, quant_fwd.quant_tile(v, arch), arch)
+            return [Diagnostic(f"bad tile: {why}", v.tile.span if v.tile is not None else v.span, None)] if why else []
         return quant_tile_problems(v, variant_tile(v, arch))
     if v.tile is not None:
         tile = variant_tile(v, arch)

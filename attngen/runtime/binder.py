@@ -464,7 +464,7 @@ def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, 
 
         if not _TORCH_DTYPES:
             _TORCH_DTYPES.update({DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16,
-                                  DType.I32: torch.int32})
+                                  DType.I32: torch.int32, DType.I8: torch.int8})  # (i8: INT8 Q·Kᵀ's prep workspaces)
         if torch_current_stream(device.index) == stream:
             def alloc(shape: tuple[int, ...], dt: DType, zero: bool = False) -> Any:
                 return (torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[dt], device=device)
@@ -476,7 +476,8 @@ def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, 
         return alloc_on
     import cupy
 
-    cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16, DType.I32: cupy.int32}
+    cdt = {DType.FP32: cupy.float32, DType.FP16: cupy.float16, DType.BF16: cupy.uint16, DType.I32: cupy.int32,
+           DType.I8: "int8"}  # (i8: INT8 Q·Kᵀ's prep workspaces; numpy's name, which CuPy takes)
     current = int(cupy.cuda.get_current_stream().ptr) == stream
     ext = None if current else external_stream(stream)
 
@@ -595,8 +596,8 @@ def _forward_views(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], posi
     var = k.variant
     q, kk, v = arrays[:3]
     aq, ak, av = view(q, "q"), view(kk, "k"), view(v, "v")
-    for a, n in ((aq, "q"), (ak, "k"), (av, "v")):
-        check_dtype(a, var.dtype, n)
+    for a, n, want in ((aq, "q", var.q_dtype), (ak, "k", var.k_dtype), (av, "v", var.v_dtype)):
+        check_dtype(a, want, n)  # an input stored quantized has its own type (docs/QUANT.md)
     given = {name: view(x, name) for name, x in inputs.items()}
     pos_given = abi.Positions(*positions) if positions is not None else abi.Positions()
     sizes = bind_sizes(var, aq, ak, av, given, pos_given)
@@ -656,7 +657,8 @@ def bind_forward(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], out: A
     aq, ak, av, given, sizes, pos = _forward_views(k, arrays, inputs, positions)
     B, Lq, Lk = sizes.B, sizes.Lq, sizes.Lk
     align = 16 // var.dtype.itemsize  # elements per 16-byte copy
-    qs, ks, vs = (seq_strides(var, a, n, align=align) for a, n in ((aq, "q"), (ak, "k"), (av, "v")))
+    qs, ks, vs = (seq_strides(var, a, n, align=16 // t.itemsize)
+                  for a, n, t in ((aq, "q", var.q_dtype), (ak, "k", var.k_dtype), (av, "v", var.v_dtype)))
     qn = var.norm(NormTarget.Q)
     if qn is not None and qn.scope == NormScope.TOKEN and qs[1] != var.head_dim:
         raise ValueError(f"q: a token-scope norm reads whole hidden rows, so heads must be contiguous (head stride {var.head_dim}), got {qs[1]}")

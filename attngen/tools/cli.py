@@ -103,11 +103,13 @@ def _check_text(text: str, path: str, arch) -> tuple[list, list]:
 
     for v in program.variants:
         if v.quantized and not fp8_kv(v):  # an FP8 KV cache runs on the decode family
-            # The language, the reference and the CPU backend run it; say which target does not.
-            from attngen.plan.decode import quant_unsupported
+            # The language, the reference and the CPU backend run it; say where CUDA does not.
+            from attngen.plan.quant_fwd import cuda_problem
 
-            diagnostics.append(Diagnostic(f"`{v.name}` has no CUDA kernel yet", v.quants[0].span or v.span,
-                                          quant_unsupported(v), severity="warning"))
+            why = cuda_problem(v, arch)
+            if why is not None:
+                diagnostics.append(Diagnostic(f"`{v.name}` has no CUDA kernel yet", v.quants[0].span or v.span,
+                                              why, severity="warning"))
             ok.append(v)
             continue
         why = _no_kernel(v)

@@ -188,9 +188,11 @@ def _render_forward(v, arch, text: str, path: str, decode: bool, prefix: str):
             raise SpecError([Diagnostic(f"the decode family cannot run `{v.name}`", v.span, why)], text, path)
         return render_decode(v, arch, prefix=prefix)
     if v.quantized:
-        from attngen.plan.decode import quant_unsupported
+        from attngen.plan.quant_fwd import cuda_problem
 
-        raise SpecError([Diagnostic(f"the cuda target cannot run `{v.name}`", v.quants[0].span or v.span, quant_unsupported(v))], text, path)
+        why = cuda_problem(v, arch)
+        if why is not None:
+            raise SpecError([Diagnostic(f"the cuda target cannot run `{v.name}`", v.quants[0].span or v.span, why)], text, path)
     if v.page_size is not None:
         # The forward kernels read contiguous K/V.
         raise SpecError([Diagnostic(

@@ -349,9 +349,16 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     if v.quantized:
         from attngen.lang.printer import quant_words
 
-        where = ("the CUDA decode family (sm_89+) and the CPU backend" if plan_decode.fp8_kv(v)
-                 else "no CUDA kernel yet (CPU backend and reference)")
-        parts.append(quant_words(v) + ": " + where)
+        from attngen.plan.quant_fwd import cuda_problem, qk_i8, quant_tile
+
+        if plan_decode.fp8_kv(v):
+            parts.append(quant_words(v) + ": the CUDA decode family (sm_89+) and the CPU backend")
+        elif cuda_problem(v, arch) is None:
+            t = quant_tile(v, arch)
+            parts.append(quant_words(v) + f": {'INT8' if qk_i8(v) else 'FP8'} forward on mma.sync m16n8k32 ({t.block_m}x{t.block_n}, {t.warps} warps, "
+                                          f"{t.stages} stages on {arch.value})")
+        else:
+            parts.append(quant_words(v) + ": no CUDA kernel yet (CPU backend and reference)")
     elif plan_decode.forward_unsupported(v) is not None:
         op = plan_decode.plan(v, arch)
         dp = op.split

@@ -54,11 +54,16 @@ def accuracy_lines(v: Variant, seed: int) -> list[str]:
     from attngen.check.quant_accuracy import accuracy
 
     from attngen.plan.decode import fp8_kv
+    from attngen.plan.quant_fwd import forward_problem, qk_i8
 
     a = accuracy(v, accuracy_shape(v), seed)
     b, lq, lk = a.shape
-    cuda = ("the CUDA decode family runs it on sm_89+ (the FP8 cache dequantized in the split-KV kernel)" if fp8_kv(v)
-            else "no CUDA kernel yet (compile --target cuda refuses it)")
+    if fp8_kv(v):
+        cuda = "the CUDA decode family runs it on sm_89+ (the FP8 cache dequantized in the split-KV kernel)"
+    elif forward_problem(v) is None:
+        cuda = "the CUDA forward runs it (mma.sync m16n8k32, " + ("INT8 from sm_80" if qk_i8(v) else "FP8 from sm_89") + ")"
+    else:
+        cuda = "no CUDA kernel yet (compile --target cuda refuses it)"
     return ["", f"Accuracy against the unquantized float64 attention (the reference emulation; B={b}, Lq={lq}, Lk={lk}, seed {seed}):",
             f"  N(0,1) inputs:            quantized {a.emulation.text()}; {a.baseline} {a.full_precision.text()}",
             f"  0.1% channels x20:        quantized {a.emulation_outliers.text()}; {a.baseline} {a.full_precision_outliers.text()}",

@@ -59,10 +59,14 @@ def variant(v: Variant, arch: Arch) -> dict[str, Any]:
         "value_head_dim": v.value_head_dim,
         "runtime_inputs": [{"name": d.name, "dtype": d.dtype.value, "shape": _dims(d.shape)} for d in v.runtime_inputs()],
     }
-    if v.quantized:  # no CUDA kernel yet (plan.decode.quant_unsupported)
+    if v.quantized:  # the FP8 forward where plan.quant_fwd takes it, else no CUDA kernel yet
+        from attngen.plan.quant_fwd import cuda_problem, quant_tile
         from attngen.tools.explain_quant import quant_json
 
-        out.update(family=None, engine=None, tile=None, quant=quant_json(v))
+        t = quant_tile(v, arch) if cuda_problem(v, arch) is None else None
+        out.update(family="forward" if t else None, engine="mma.sync" if t else None,
+                   tile={"block_m": t.block_m, "block_n": t.block_n, "warps": t.warps, "stages": t.stages,
+                         "auto": v.tile is None} if t else None, quant=quant_json(v))
     elif plan_decode.forward_unsupported(v) is not None:
         out.update(family="decode", engine=None, tile=None)
     else:

@@ -45,11 +45,17 @@ FWD_SHIM = r"""
 inline void __syncwarp(unsigned = 0xffffffffu) { ag_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 inline bool __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline float __log2f(float x) { return std::log2(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline int atomicAdd(int* a, int v) { return std::atomic_ref<int>(*a).fetch_add(v); }
 inline int atomicExch(int* a, int v) { return std::atomic_ref<int>(*a).exchange(v); }
 inline int atomicOr(int* a, int v) { return std::atomic_ref<int>(*a).fetch_or(v); }
+// IEEE round-to-nearest intrinsics (the INT8 prep's quantizer): what the host's float ops do.
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline int __float2int_rn(float x) { return (int)std::nearbyint(x); }
 """
 
 # The PTX primitives of backends/cuda/fwd/_wgmma.cu.j2 (and the common helpers it includes),
@@ -112,6 +118,55 @@ PRIMS = {
 # layouts), inserted once where the first of them was.
 MMA_PRIMS = ("ag_ldmatrix_x4", "ag_ldmatrix_x4_trans", "ag_mma")
 MMA_CORE = "static unsigned ag_xb[64][32][2];\n" + TC_EMU[TC_EMU.index("// ldmatrix.m8n8.x4"):]
+# The quantized kernel's 8-bit primitives (backends/cuda/fwd/_mma_q8.cu.j2): mma.sync m16n8k32 with
+# the operand types its PTX names, gathered by the PTX ISA's 8-bit fragment layouts (a[i] holds
+# A(g + 8 (i & 1), 4t + 16 (i >> 1) + byte); b_j holds B(4t + 16 j + byte, g)); every product is
+# exact in fp32 and the sum runs in fp32 in k order. The fp8 conversion is cuda_fp8.h's host one
+# (saturating, to nearest even), as cvt.rn.satfinite.
+Q8_CORE = r"""
+template <class T> inline float ag_q8(unsigned word, int byte) {
+  const unsigned char u = (unsigned char)(word >> (8 * byte));
+  if constexpr (std::is_same_v<T, signed char>) return (float)(signed char)u;
+  else { T x; x.__x = u; return (float)x; }
+}
+template <class TA, class TB, class ACC>
+inline void ag_mma8(ACC (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
+  ag_warp_bar[w]->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) ag_xa[w][l][i] = a[i];
+  ag_xb[w][l][0] = b0; ag_xb[w][l][1] = b1;
+  ag_warp_bar[w]->arrive_and_wait();
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+    ACC acc = d[e];
+    for (int k = 0; k < 32; ++k) {
+      const unsigned ar = ag_xa[w][(row % 8) * 4 + (k % 16) / 4][row / 8 + 2 * (k / 16)];
+      const unsigned br = ag_xb[w][col * 4 + (k % 16) / 4][k / 16];
+      acc += (ACC)(ag_q8<TA>(ar, k % 4) * ag_q8<TB>(br, k % 4));
+    }
+    d[e] = acc;
+  }
+}
+"""
+Q8_TYPES = {"e4m3": "__nv_fp8_e4m3", "e5m2": "__nv_fp8_e5m2", "s8": "signed char"}
+
+
+def _q8_prim(name: str, text: str) -> str:
+    """The host version of one of the quantized kernel's 8-bit primitives, from its PTX text."""
+    if name == "ag_cvt_p4":
+        t = Q8_TYPES[re.search(r"satfinite\.(\w+)x2", text).group(1)]
+        return ("inline unsigned ag_cvt_p4(float x0, float x1, float x2, float x3) {\n"
+                f"  const float x[4] = {{x0, x1, x2, x3}}; unsigned r = 0;\n"
+                f"  for (int i = 0; i < 4; ++i) r |= (unsigned){t}(x[i]).__x << (8 * i);\n  return r;\n}}")
+    acc, ta, tb = re.search(r"m16n8k32\.row\.col\.(f32|s32)\.(\w+)\.(\w+)\.(?:f32|s32)", text).groups()
+    if acc == "s32":  # s8 products and their sums are exact in int32, held as bits in the float array
+        return (f"inline void {name}(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {{\n"
+                f"  int t[4]; std::memcpy(t, d, 16); ag_mma8<{Q8_TYPES[ta]}, {Q8_TYPES[tb]}, int>(t, a, b0, b1); std::memcpy(d, t, 16);\n}}")
+    return (f"inline void {name}(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) "
+            f"{{ ag_mma8<{Q8_TYPES[ta]}, {Q8_TYPES[tb]}, float>(d, a, b0, b1); }}")
+
+
+Q8_PRIMS = ("ag_mma_qk", "ag_mma_pv", "ag_cvt_p4")
 # wgmma shapes: ss reads both operands K-major, rs reads B (V) MN-major.
 WG_SHAPE = ("inline void ag_wgmma_ss_n{n}(float (&d)[{h}], unsigned long long da, unsigned long long db, int acc) {{ ag_wg_ss<{n}>(d, da, db, acc, 0, 0); }}\n"
             "inline void ag_wgmma_rs_n{n}(float (&d)[{h}], const unsigned (&a)[4], unsigned long long db, int acc) {{ ag_wg_rs<{n}>(d, a, db, acc); }}")
@@ -151,7 +206,8 @@ def emulated_source(src: str) -> str:
     """The kernel source (no host launcher) with its PTX primitives replaced by emulations."""
     body = src.split("#ifndef __CUDACC_RTC__\n#include <atomic>")[0]
     body = body.replace("#include <cuda_runtime.h>\n", "")
-    fns = [f for f in _functions(body) if f[0] in PRIMS or f[0] in MMA_PRIMS or re.fullmatch(r"ag_wgmma_(ss|rs)_n\d+", f[0])]
+    fns = [f for f in _functions(body) if f[0] in PRIMS or f[0] in MMA_PRIMS or f[0] in Q8_PRIMS
+           or re.fullmatch(r"ag_wgmma_(ss|rs)_n\d+", f[0])]
     first = min(s for _, s, _ in fns)
     wrapper = re.compile(r"ag_wgmma_(ss|rs)_n(\d+)")
     shapes = sorted({int(wrapper.fullmatch(n).group(2)) for n, _, _ in fns if wrapper.fullmatch(n)})
@@ -168,6 +224,9 @@ def emulated_source(src: str) -> str:
             if "mma" not in done:
                 out.append(("" if "ld" in done else LD_HELPERS) + MMA_CORE)
                 done |= {"mma", "ld"}
+        elif name in Q8_PRIMS:  # after ag_mma (the same include), whose gather arrays they use
+            out.append(("" if "q8" in done else Q8_CORE) + _q8_prim(name, body[s:e]))
+            done.add("q8")
         elif name not in done:
             out.append(PRIMS[name])
             done.add(name)

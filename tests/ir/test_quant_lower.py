@@ -139,22 +139,30 @@ def test_quant_types_are_not_input_types() -> None:
 
 
 def test_cuda_refuses_and_check_warns(tmp_path, capsys) -> None:
+    """The FP8 prefill runs on the CUDA forward (plan.quant_fwd); a spec it does not take keeps
+    a located refusal naming what is missing, and `check` warns of it."""
     from attngen.plan.decode import decode_unsupported, forward_unsupported
     from attngen.plan.bwd import unsupported as bwd_unsupported
     from attngen.tools import cli
 
     v = lower(FP8_PREFILL)
-    assert "not yet on the CUDA backend" in forward_unsupported(v)
+    assert forward_unsupported(v) is None
+    assert "P·V unquantized next to INT8 Q·Kᵀ" in forward_unsupported(lower(SAGE))
     assert decode_unsupported(lower(PAGED)) is None  # an FP8 KV cache runs on the decode family
     assert "not yet on the CUDA backend" in decode_unsupported(v)
     assert "no backward kernels" in bwd_unsupported(v)[0].message
     f = tmp_path / "q.attn"
     f.write_text(FP8_PREFILL)
     assert cli.main(["check", str(f)]) == 0
+    assert "no CUDA kernel yet" not in capsys.readouterr().err
+    assert cli.main(["compile", str(f), "-o", str(tmp_path / "a.cu")]) == 0
+    assert "m16n8k32.row.col.f32.e4m3.e4m3.f32" in (tmp_path / "a.cu").read_text()
+    f.write_text(SAGE)
+    assert cli.main(["check", str(f)]) == 0
     assert "warning: `a` has no CUDA kernel yet" in capsys.readouterr().err
     assert cli.main(["compile", str(f), "-o", str(tmp_path / "a.cu")]) != 0
     err = capsys.readouterr().err
-    assert "q.attn:5:3: error: the cuda target cannot run `a`" in err and "not yet on the CUDA backend" in err
+    assert "q.attn:5:3: error: the cuda target cannot run `a`" in err and "P·V unquantized next to INT8" in err
 
 
 def test_smoothing_needs_a_plain_softmax() -> None:
