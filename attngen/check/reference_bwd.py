@@ -113,6 +113,9 @@ def attention_backward(
     """Gradients of sum(dO * O) for O = `reference.attention(...)[0]`: a dict with "dq", "dk", "dv"
     (float64, the shapes of q, k, v as passed) and, for each name in `wrt` (see
     `learnable_inputs`), the gradient of that runtime input (float64, its shape)."""
+    if v.quantized:  # rounding has no useful derivative; a full-precision gradient would be another spec's
+        raise ValueError(f"variant {v.name}: quantized attention has no backward (docs/QUANT.md); differentiate the "
+                         "spec without its `quant` statements")
     if v.page_size is not None:
         raise ValueError(f"variant {v.name}: `kv_cache paged` is inference state; the backward pass takes contiguous K/V")
     _check_mask(v)

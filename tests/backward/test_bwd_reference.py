@@ -194,6 +194,12 @@ def test_random_specs_match_finite_differences(exact, text, Lq, Lk, seed):
         Lk = Lq
     rng = np.random.default_rng(seed)
     arrays = workload.make_inputs(v, 1, Lq, Lk, rng)
+    if v.quantized or v.page_size is not None:  # refused, never differentiated: rounding, inference state
+        rest = {n: a for n, a in arrays.items() if n not in ("q", "k", "v")}
+        o, _ = reference.attention(v, arrays["q"], arrays["k"], arrays["v"], rest)
+        with pytest.raises(ValueError, match="quantized attention has no backward" if v.quantized else "kv_cache paged"):
+            reference.attention_backward(v, arrays["q"], arrays["k"], arrays["v"], rest, np.ones(np.shape(o)))
+        return
     check_directional(v, arrays, rng, rtol=1e-5)
 
 
