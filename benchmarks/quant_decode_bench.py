@@ -193,7 +193,7 @@ def main() -> int:
     results = [bench_row(B, Lk, kinds, kernels, args.iters) for B, Lk in rows]
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     env = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, sms=sm,
-               splits={f"{B}:{Lk}": kernels["bf16"].plan.schedule(B, 1, Lk, sm)[0] for B, Lk in rows})
+               splits={f"{B}:{Lk}": kernels["bf16"].plan.split.schedule(B, 1, Lk, sm)[0] for B, Lk in rows})
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "w") as f:
         json.dump(dict(env=env, rows=results), f, indent=1)

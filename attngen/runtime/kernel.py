@@ -398,8 +398,9 @@ def compile(spec: Variant | Program | str | os.PathLike[str], variant: str | Non
     from attngen.runtime import decode as runtime_decode
 
     v = _resolve(spec, variant)
-    if v.quantized:  # no silent full-precision fallback
-        raise ValueError(f"variant {v.name}: {plan_decode.quant_unsupported(v)}")
+    if v.quantized and plan_decode.forward_unsupported(v) and plan_decode.decode_unsupported(v) is not None:
+        # neither family reads these quantized operands: refused, never run in full precision
+        raise ValueError(f"variant {v.name}: {plan_decode.forward_unsupported(v)}")
     a = Arch(arch) if isinstance(arch, str) else (arch or device_arch())
     fam = plan_decode.Family(family)
     no_forward = plan_decode.forward_unsupported(v)

@@ -106,7 +106,7 @@ def test_fp8_decode_matches_the_reference_and_the_dequantized_full_precision_ker
         arrays = fuzz.case_inputs(v, fuzz.Case(B=B, Lq=Lq, Lk=Lk, seed=seed))
         assert arrays["k"].dtype == np.dtype(ml_dtype(v.k_dtype))
         assert np.abs(arrays["k"].astype(np.float32)).max() > 0 and np.abs(arrays["v"].astype(np.float32)).max() > 0
-        n_chunks = max(1, -(-arrays_len(v, arrays) // kern.plan.chunk))
+        n_chunks = max(1, -(-arrays_len(v, arrays) // kern.plan.split.chunk))
         q, k, vv, rest = fuzz.split_inputs(arrays)
         ref = reference.attention(v, q, k, vv, rest)  # a cross-attention cache: no call positions
         for splits in sorted({1, min(3, n_chunks), n_chunks}):
@@ -121,7 +121,7 @@ def test_fp8_decode_matches_the_reference_and_the_dequantized_full_precision_ker
         # The launch-time schedule and equal shares that cut row blocks anywhere.
         out, lse = _run(kern, v, arrays)
         assert all(r.ok for r in fuzz.compare(v, arrays, out, lse, ref))
-        ctas = min(5, kern.plan.units(B, Lq, arrays_len(v, arrays)))
+        ctas = min(5, kern.plan.split.units(B, Lq, arrays_len(v, arrays)))
         out, lse = _run(kern, v, arrays, ctas=ctas)
         assert all(r.ok for r in fuzz.compare(v, arrays, out, lse, ref)), f"{v.name} ctas={ctas}"
 
