@@ -109,7 +109,9 @@ def test_the_wgmma_backward_reads_hoisted_lookups_at_both_head_dims() -> None:
     # head dim 64 takes 128-query steps, whose tests stay inside the products (vis_inline): the
     # lookups are read once the products have landed and shuffled inside the elementwise pass
     src = render_bwd.render(_v(doc, d=64), Arch.SM90A)
-    assert len(re.findall(r"ag_ld_doc\(p, b, (q|kv)\)", src)) == 2 * 2  # a query and a key read, in each of the two passes
+    # a query and a key read in each of the two passes, and in each of the two loop-bound searches
+    # (ag_q_span, ag_kv_span: the sorted ids' spans)
+    assert len(re.findall(r"ag_ld_doc\(p, b, (q|kv)\)", src)) == 2 * 2 + 2 * 2
     step = src[src.index("void ag_wg_step("):]
     assert "ag_mask(" not in step[:step.index("\n}\n")]
     # a lookup over both axes keeps the per-element form

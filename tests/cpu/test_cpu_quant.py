@@ -58,14 +58,24 @@ def test_cpu_kernel_refuses_wrong_scales() -> None:
         kernel(q.astype(np.float32).astype(__import__("ml_dtypes").bfloat16), k, vv, **rest)
 
 
+# The gallery specs a CUDA kernel runs (docs/QUANT.md, "Where it runs"); sage_int8's FP8 P·V beside
+# INT8 Q·Kᵀ has none yet.
+CUDA_RUNS = {"fp8_prefill", "whisper_preln_int8", "fp8_paged_decode"}
+
+
 @pytest.mark.parametrize("path", QUANT, ids=[p.stem for p in QUANT])
 def test_check_explain_and_targets(path: Path, tmp_path: Path, capsys) -> None:
+    cuda_runs = path.stem in CUDA_RUNS
     assert cli.main(["check", str(path)]) == 0
-    assert "has no CUDA kernel yet" in capsys.readouterr().err
+    assert ("has no CUDA kernel yet" in capsys.readouterr().err) != cuda_runs
     assert cli.main(["compile", str(path), "--target", "cpu", "-o", str(tmp_path / "k.cpp")]) == 0
     assert "ag_rq(" in (tmp_path / "k.cpp").read_text()  # the quantized kernel
-    assert cli.main(["compile", str(path), "-o", str(tmp_path / "k.cu")]) != 0
-    assert "not yet on the CUDA backend" in capsys.readouterr().err
+    rc = cli.main(["compile", str(path), "-o", str(tmp_path / "k.cu")])
+    err = capsys.readouterr().err
+    if cuda_runs:  # the quantized forward (FP8, INT8 Q·Kᵀ) or the decode family's FP8 KV cache
+        assert rc == 0 and (tmp_path / "k.cu").read_text().startswith("//")
+    else:  # located, naming what no CUDA kernel takes
+        assert rc != 0 and "the cuda target cannot run" in err
     assert cli.main(["explain", str(path)]) == 0
     text = capsys.readouterr().out
     assert "Accuracy against the unquantized float64 attention" in text and "0.1% channels x20" in text
