@@ -59,7 +59,12 @@ def variant(v: Variant, arch: Arch) -> dict[str, Any]:
         "value_head_dim": v.value_head_dim,
         "runtime_inputs": [{"name": d.name, "dtype": d.dtype.value, "shape": _dims(d.shape)} for d in v.runtime_inputs()],
     }
-    if v.quantized:  # the FP8 forward where plan.quant_fwd takes it, else no CUDA kernel yet
+    if v.quantized and plan_decode.fp8_kv(v):  # an FP8 KV cache: the decode family reads it
+        from attngen.tools.explain_quant import quant_json
+
+        out.update(family="decode" if plan_decode.decode_unsupported(v, arch) is None else None, engine=None, tile=None,
+                   quant=quant_json(v))
+    elif v.quantized:  # the quantized forward where plan.quant_fwd takes it, else no CUDA kernel yet
         from attngen.plan.quant_fwd import cuda_problem, quant_tile
         from attngen.tools.explain_quant import quant_json
 

@@ -143,3 +143,12 @@ def test_json_is_deterministic(capsys):
     a = capsys.readouterr().out
     cli.main(["explain", "--json", path])
     assert capsys.readouterr().out == a
+
+
+@pytest.mark.parametrize("stem, family", [("fp8_prefill", "forward"), ("whisper_preln_int8", "forward"),
+                                          ("fp8_paged_decode", "decode"), ("sage_int8", None)])
+def test_check_json_names_the_family_that_runs_a_quantized_spec(capsys, stem: str, family) -> None:
+    rc, doc, _ = run_json(capsys, "check", str(ROOT / "examples" / "quant" / f"{stem}.attn"), "--json", "--arch", "sm_90a")
+    assert rc == 0
+    (v,) = doc["files"][0]["variants"]
+    assert v["family"] == family and v["quant"]["statements"]
