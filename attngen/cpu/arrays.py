@@ -4,6 +4,8 @@ shape, strides and dtype name (`_arr`), the value checks made before every launc
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +15,15 @@ from attngen.check.reference import cu_seqlens_values
 from attngen.ir import abi
 from attngen.ir.nodes import BLOCK_TABLE, Layout, Variant
 from attngen.runtime.arrays import InputCheckError
+
+_CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong}
+
+
+def params_struct(name: str, fields: Iterable) -> type[ctypes.Structure]:
+    """A ctypes mirror of a launcher's params struct, from the same field list its C text is
+    built from (ints and long longs by their C type, every other field a pointer)."""
+    fs = [(f.name, _CTYPES.get(f.ctype, ctypes.c_void_p)) for f in fields]
+    return type(name, (ctypes.Structure,), {"_fields_": fs})
 
 @dataclass(frozen=True, slots=True)
 class _Arr:

@@ -21,7 +21,7 @@ import numpy as np
 from attngen.check.reference import dtype_of
 from attngen.cpu import render_bwd
 from attngen.cpu.compile import compile_source
-from attngen.cpu.arrays import _arr, _Arr, _check_values, _qkv_strides
+from attngen.cpu.arrays import _arr, _Arr, _check_values, _qkv_strides, params_struct
 from attngen.ir import abi
 from attngen.ir.nodes import Layout, Variant
 from attngen.plan.bwd import o_norm_inputs, training_variant
@@ -29,12 +29,9 @@ from attngen.plan.bwd import o_norm_inputs, training_variant
 if TYPE_CHECKING:
     from attngen.cpu.kernel import CpuKernel
 
-_CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong}
-
-
 def _struct(v: Variant) -> type[ctypes.Structure]:
-    fs = [(f.name, _CTYPES.get(f.ctype, ctypes.c_void_p)) for f in render_bwd.fields(v)]
-    return type(f"{v.name}_cpu_bwd_params", (ctypes.Structure,), {"_fields_": fs})
+    """A ctypes mirror of the params struct, from the same field list the C text is built from."""
+    return params_struct(f"{v.name}_cpu_bwd_params", render_bwd.fields(v))
 
 
 def _dense(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -19,19 +19,15 @@ import numpy as np
 
 from attngen.check.reference import dtype_of
 from attngen.cpu import render as render_cpu
-from attngen.cpu.arrays import _arr, _Arr, _check_values, _qkv_strides
+from attngen.cpu.arrays import _arr, _Arr, _check_values, _qkv_strides, params_struct
 from attngen.cpu.compile import compile_source
 from attngen.ir import abi
 from attngen.ir.nodes import Layout, Variant
 from attngen.runtime.arrays import NaNCheckError
 
-_CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong}
-
-
 def _struct(v: Variant) -> type[ctypes.Structure]:
     """A ctypes mirror of the params struct, from the same field list the C text is built from."""
-    fs = [(f.name, _CTYPES.get(f.ctype, ctypes.c_void_p)) for f in render_cpu.fields(v)]
-    return type(f"{v.name}_cpu_params", (ctypes.Structure,), {"_fields_": fs})
+    return params_struct(f"{v.name}_cpu_params", render_cpu.fields(v))
 
 
 @dataclass

@@ -1,21 +1,6 @@
-"""The ring of context parallelism (`attngen.runtime.distributed.ring_attention`): sharding, the
-per-call `Ring`, the forward ring and the exchange the backward ring (`distributed_bwd`) shares.
-
-The sequence is sharded over the ranks of a process group. Each rank keeps its query shard and
-passes its K/V shard around the ring (`batch_isend_irecv`, NCCL on GPUs, gloo on CPUs); at every
-step it runs the attngen kernel on (its queries, the K/V block it holds) and merges the partial
-output into an fp32 accumulator by the partials' LSE. The kernel sees global positions through its
-`q_offset` / `kv_offset` / `Lq_total` / `Lk_total` arguments (`abi.Positions`), so every mask the
-spec can say (causal, window, document, prefix, padding, ALiBi, ...) means on a shard exactly what
-it means on the whole sequence. A block that tile classification proves invisible for every batch
-and head is skipped on the host, without a launch.
-
-Sharding (`Sharding`): ZIGZAG (the default, as in Llama 3's context parallelism) splits the
-sequence into 2W chunks and gives rank r chunks r and 2W-1-r, so that under a causal mask every
-rank does the same work (an early chunk with little to see paired with a late one that sees
-much); CONTIGUOUS gives rank r the r-th of W chunks (balanced for masks without a causal
-direction). Lengths that do not divide evenly give the first chunks one row more.
-"""
+"""The ring of context parallelism (`attngen.runtime.distributed.ring_attention`, whose module doc
+describes the algorithm and the sharding schemes): sharding, the per-call `Ring`, the forward ring
+and the exchange the backward ring (`distributed_bwd`) shares."""
 
 from __future__ import annotations
 
