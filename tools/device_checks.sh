@@ -17,8 +17,8 @@
 #   decodemem  compute-sanitizer memcheck of the decode family (contiguous, paged, sinks)
 #   nbarprobe  racecheck of tools/racecheck_nbar_probe.cu (what the tool reports of a correct
 #              named-barrier hand-off, a lockstep control and a real race; needs nvcc)
-#   fuzz       attngen fuzz of every example for $FUZZ_SECONDS each, then fuzz --specs; the first
-#              failures' reproducers in $OUT/fuzz_failures.txt
+#   fuzz       attngen fuzz of every example, the quantized gallery's too ($FUZZ_JOBS at once, $FUZZ_SECONDS
+#              each), then fuzz --specs; the first failures' reproducers in $OUT/fuzz_failures.txt
 #   campaign   the fuzz campaign, tools/fuzz_all.sh ($N shape cases an example, $SPECS generated specs)
 #   bwdfuzz    attngen fuzz --pass backward over every example that trains ($BWD_N cases each)
 #   quant      the quantized kernels' GPU tests (FP8/INT8 forward, the FP8 KV cache's decode)
@@ -99,14 +99,14 @@ for it in "$@"; do
       done ;;
     fuzz)
       FS=${FUZZ_SECONDS:-20}; rm -rf /tmp/fuzz
-      for f in examples/*.attn; do
-        timeout 120 python3 -m attngen fuzz "$f" --seconds "$FS" --out /tmp/fuzz > "$OUT/fuzz_run.txt" 2>&1
-        echo "fuzz $(basename "$f" .attn) rc=$? $(tr '\r' '\n' < "$OUT/fuzz_run.txt" | grep -v 'ex/s' | tail -n 1)"
-      done >> "$S"
-      timeout ${FUZZSPECS_S:-300} python3 -m attngen fuzz --specs --seconds "$((FS * 6))" --out /tmp/fuzz > "$OUT/fuzz_run.txt" 2>&1
+      ls examples/*.attn examples/quant/*.attn | OUT="$OUT" FS=$FS xargs -P ${FUZZ_JOBS:-6} -I{} bash -c \
+        'f={}; n=$(basename $f .attn); timeout 180 python3 -m attngen fuzz $f --seconds $FS --out /tmp/fuzz/$n \
+           > "$OUT/fuzz_$n.txt" 2>&1; echo "fuzz $n rc=$? $(tr "\r" "\n" < "$OUT/fuzz_$n.txt" | grep -v "ex/s" | tail -n 1)"' \
+        | sort >> "$S"
+      timeout ${FUZZSPECS_S:-300} python3 -m attngen fuzz --specs --seconds "$((FS * 6))" --out /tmp/fuzz/specs > "$OUT/fuzz_run.txt" 2>&1
       echo "fuzz --specs rc=$? $(tr '\r' '\n' < "$OUT/fuzz_run.txt" | grep -v 'ex/s' | tail -n 1)" >> "$S"
       # Reproducers sit folders deep under /tmp/fuzz: bring back the first failures' text.
-      cat /tmp/fuzz/FIRST_FAILURE.txt /tmp/fuzz/*/FAILURE.txt 2>/dev/null | head -c 200000 > "$OUT/fuzz_failures.txt" ;;
+      cat /tmp/fuzz/*/FIRST_FAILURE.txt /tmp/fuzz/*/*/FAILURE.txt 2>/dev/null | head -c 200000 > "$OUT/fuzz_failures.txt" ;;
     campaign)
       N=${N:-1000} SPECS=${SPECS:-200} LIMIT=${CAMPAIGN_S:-480} bash tools/fuzz_all.sh > "$OUT/campaign.txt" 2>&1
       echo "campaign rc=$?" >> "$S"; grep -E "^rc=" "$OUT/campaign.txt" | sort | uniq -c | head -n 40 >> "$S"
