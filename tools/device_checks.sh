@@ -40,7 +40,8 @@
 #   quantfwd   benchmarks/quant_bench.py (FP8/INT8 forward vs bf16, accuracy) -> quant_fwd.json
 #   quantdec   benchmarks/quant_decode_bench.py (FP8 paged decode vs bf16)  -> quant_decode.json
 # Each item has a time limit ($<ITEM>_S, e.g. GPU1_S=520); results and logs go under $OUT
-# (default /tmp/out), and a summary (GPU, clocks, one line an item) is printed last.
+# (default /tmp/out), and a summary (GPU, clocks, one line an item) is printed as each item ends;
+# TAR_TO=PATH archives every log under $OUT into one file at the end.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=${ATTNGEN_CACHE_DIR:-/tmp/attngen-cache}
 OUT=${OUT:-/tmp/out}
@@ -67,7 +68,7 @@ bench() {  # label, limit, output file, command...: one benchmark, its rc and th
 
 run_items() {  # items...
 for it in "$@"; do
-  t0=$(date +%s)
+  t0=$(date +%s); n0=$(wc -l < "$S")
   case $it in
     gpu)
       pyt all ${GPU_S:-900} $G ;;
@@ -138,6 +139,8 @@ for it in "$@"; do
     *) echo "unknown item: $it" >> "$S" ;;
   esac
   echo "  ($it: $(( $(date +%s) - t0 )) s)" >> "$S"
+  # Each item's lines as it ends, so a run cut short by its time limit still reports what finished.
+  [ -z "${QUIET_ITEMS:-}" ] && tail -n +$((n0 + 1)) "$S"
 done
 }
 
@@ -146,11 +149,13 @@ if [ ${#GROUPS_[@]} -gt 1 ]; then
   NGPU=$(nvidia-smi -L | grep -c '^GPU')
   for i in "${!GROUPS_[@]}"; do
     ( export CUDA_VISIBLE_DEVICES=$(( i % (NGPU > 0 ? NGPU : 1) )); S="$OUT/summary_gpu$i.txt"; echo "== GPU $i: ${GROUPS_[$i]}" > "$S"
-      run_items ${GROUPS_[$i]} ) &
+      QUIET_ITEMS=1 run_items ${GROUPS_[$i]} ) &
   done
   wait
   cat "$OUT"/summary_gpu*.txt >> "$S"
+  cat "$S"
 else
   run_items ${GROUPS_[0]}
 fi
-cat "$S"
+# One archive of every log: a device's return of $OUT may be capped at a few files.
+[ -n "${TAR_TO:-}" ] && tar czf "$TAR_TO" -C "$OUT" . 2>/dev/null
