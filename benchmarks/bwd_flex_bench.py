@@ -12,7 +12,7 @@ graph retained). Inputs are random normal (never zeros); dq, dk, dv are compared
 (max error over the largest magnitude) before timing; every timed launch is queued behind a spin
 kernel, events around them, median over rounds. TFLOP/s count the backward as 2.5x the forward's
 4 B H Lq Lk D times the visible fraction of the mask. Results: JSON to PATH (default
-$OUT/bwd_flex_bench.json if $OUT is set, else benchmarks/results/h200_bwd_flex.json) and a table.
+$OUT/bwd_flex_bench.json if $OUT is set, else benchmarks/results/bwd_flex.json) and a table.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main() -> int:
               f"Flex {r['flex_ms']:8.3f} ms {r['flex_tflops']:6.1f}  x Flex {r['attngen_vs_flex']:.2f} "
               f"(bar {BAR})  err vs Flex {r['max_rel_err_vs_flex']}", flush=True)
     out = args.out or (os.path.join(os.environ["OUT"], "bwd_flex_bench.json") if os.environ.get("OUT")
-                       else str(ROOT / "benchmarks/results/h200_bwd_flex.json"))
+                       else str(ROOT / "benchmarks/results/bwd_flex.json"))
     Path(out).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out}")
     return 0

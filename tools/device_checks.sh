@@ -28,7 +28,7 @@
 #   suite      benchmarks/suite.py                     -> h200.jsonl
 #   sweep      benchmarks/sweep.py ($SWEEP_ONLY narrows it) -> h200_sweep.jsonl
 #   bwd        benchmarks/bwd_bench.py --also-loads cp.async -> h200_bwd_tma_ab.json
-#   bwdflex    benchmarks/bwd_flex_bench.py           -> h200_bwd_flex.json
+#   bwdflex    benchmarks/bwd_flex_bench.py           -> bwd_flex.json
 #   train      benchmarks/train_block_bench.py        -> h200_train_block.json
 #   decode     benchmarks/decode_bench.py --quick     -> h200_decode_shares.json
 #   headdim    benchmarks/headdim_bench.py            -> h200_headdim.json
@@ -124,7 +124,7 @@ for it in "$@"; do
     suite)   bench suite ${SUITE_S:-300} h200.jsonl python3 benchmarks/suite.py ;;
     sweep)   bench sweep ${SWEEP_S:-540} h200_sweep.jsonl python3 benchmarks/sweep.py ${SWEEP_ONLY:+--only $SWEEP_ONLY} ;;
     bwd)     bench bwd ${BWD_S:-300} h200_bwd_tma_ab.json python3 benchmarks/bwd_bench.py --also-loads cp.async ;;
-    bwdflex) bench bwdflex ${BWDFLEX_S:-300} h200_bwd_flex.json python3 benchmarks/bwd_flex_bench.py ;;
+    bwdflex) bench bwdflex ${BWDFLEX_S:-300} bwd_flex.json python3 benchmarks/bwd_flex_bench.py ;;
     train)   bench train ${TRAIN_S:-150} h200_train_block.json python3 benchmarks/train_block_bench.py ;;
     decode)  bench decode ${DECODE_S:-120} h200_decode_shares.json python3 benchmarks/decode_bench.py --quick ;;
     headdim) bench headdim ${HEADDIM_S:-200} h200_headdim.json python3 benchmarks/headdim_bench.py ;;
