@@ -99,6 +99,7 @@ class _Driver:
         self._capturing = lib.cuStreamIsCapturing
         self._capturing.restype = ctypes.c_int
         self._capturing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+        self._local = threading.local()
         # TMA descriptors (WgmmaLoads.TMA kernels): resolved on first use, so that a driver without
         # the entry point still launches every other kernel
         self._lib = lib
@@ -130,10 +131,15 @@ class _Driver:
 
     def capturing(self, stream: int) -> bool:
         """Whether `stream` is being captured into a CUDA graph (a sync there would break it)."""
-        status = ctypes.c_int(0)
-        rc = self._capturing(stream, ctypes.byref(status))
+        # (every call asks: a status word and its pointer made once a thread, not once a call)
+        word = getattr(self._local, "word", None)
+        if word is None:
+            status = ctypes.c_int(0)
+            word = self._local.word = (status, ctypes.byref(status))
+        status, ref = word
+        rc = self._capturing(stream, ref)
         if rc == CUDA_ERROR_INVALID_CONTEXT and self.bind_context():
-            rc = self._capturing(stream, ctypes.byref(status))
+            rc = self._capturing(stream, ref)
         if rc:
             raise self.error(rc, "cuStreamIsCapturing")
         return status.value != 0
@@ -509,6 +515,10 @@ class WorkspacePool:
         self._lock = threading.Lock()
         self._stream_locks: dict[int, threading.Lock] = {}
         self.allocations = 0  # buffers allocated (tests read it)
+        # id(keys) -> (keys, buffers): what `take` last gave a binding's keys. Cleared whenever a
+        # buffer is allocated, replaced or dropped, so an entry always names the pool's own
+        # buffers: a later call with the same keys object takes them without the lock.
+        self._memo: dict[int, tuple[Any, list[Any]]] = {}
 
     @staticmethod
     def keys(call: tuple[Any, ...], specs: Sequence[tuple[int, DType]]) -> tuple[tuple[Any, ...], ...]:
@@ -522,20 +532,31 @@ class WorkspacePool:
         return tuple(out)
 
     def take(self, keys: Sequence[tuple[Any, ...]], specs: Sequence[tuple[int, DType]], alloc: Callable[..., Any]) -> list[Any]:
-        """One buffer per key (`keys`) of at least the elements of `specs`, allocated when none fits."""
+        """One buffer per key (`keys`) of at least the elements of `specs`, allocated when none fits.
+        `keys` and `specs` are a binding's own (`WorkspacePool.keys`): the same keys object always
+        comes with the same sizes, which lets a repeated call skip the lookup."""
+        hit = self._memo.get(id(keys))
+        if hit is not None and hit[0] is keys:
+            return hit[1]
         out = []
         bufs = self._bufs
         with self._lock:
+            fresh = False
             for k, (n, dt) in zip(keys, specs):
                 got = bufs.get(k)
                 if got is None or got[1] < n:
                     got = bufs[k] = (alloc((max(n, 1),), dt), n)
                     self.allocations += 1
+                    fresh = True
                     while len(bufs) > MAX_WORKSPACES:
                         bufs.popitem(last=False)
                 else:
                     bufs.move_to_end(k)
                 out.append(got[0])
+            memo = self._memo
+            if fresh or len(memo) >= MAX_WORKSPACES:
+                memo.clear()
+            memo[id(keys)] = (keys, out)
         return out
 
     def stream_lock(self, stream: int) -> threading.Lock:
@@ -548,6 +569,7 @@ class WorkspacePool:
     def clear(self) -> None:
         with self._lock:
             self._bufs.clear()
+            self._memo.clear()
 
 
 MAX_WORKSPACES = 64

@@ -23,6 +23,7 @@ this function (attngen/runtime/torch_op.py).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from typing import Any
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.cuda.render import TmaMap
+from attngen.plan import bwd as plan_bwd
 from attngen.plan.op_plan import OpPlan
 from attngen.runtime import binder
 from attngen.runtime.binder import (MAX_BINDINGS, POOL, SIG_FNS, ArgBuffer, ArrayView, Launch, TmaSlot, allocator, bind_sizes, capturing,
@@ -82,8 +84,6 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
         raise ValueError(f"variant {v.name}: " + "; ".join(d.message for d in bad))
     dev = cupy.cuda.Device().id
     engine = choose_engine(v, arch, engine)[0]  # the resolved engine keys the cache (the default may change)
-    from attngen.plan import bwd as plan_bwd
-
     key = (v, arch, deterministic, dev, engine, plan_bwd.WG_LOADS)
     with _LOCK:
         if key in _CACHE:
@@ -177,6 +177,7 @@ class BwdBinding:
     is_torch: bool
     alloc: Any
     pool_keys: tuple[tuple[Any, ...], ...]
+    grad_groups: tuple[tuple[tuple[int, ...], int], ...] = ()  # torch: (shape, count) runs of dq, dk, dv allocated together
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -263,7 +264,21 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
         grad_shapes=[a.shape for a in (aq, ak, av)], ws_slots=[slots[n] for n in ws], ws_specs=list(ws.values()),
         pool_keys=POOL.keys((aq.is_torch, dev, sp), list(ws.values())),
         param_slots=[(slots[f"grad_{n}"], n, shape) for n, shape in params], tmaps=tmaps, aligned=aligned,
-        dtype=var.dtype, is_torch=aq.is_torch, alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp))
+        dtype=var.dtype, is_torch=aq.is_torch, alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp),
+        grad_groups=_grad_groups([a.shape for a in (aq, ak, av)], var.dtype.itemsize) if aq.is_torch else ())
+
+
+def _grad_groups(shapes: list[tuple[int, ...]], itemsize: int) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """(shape, count) runs of equal consecutive gradient shapes, allocated as one [count, *shape]
+    tensor each; a run splits where a slice would start off a 256-byte boundary (the kernels'
+    vector stores, and the alignment a lone allocation would have)."""
+    runs: list[list[Any]] = []
+    for shape in shapes:
+        if runs and runs[-1][0] == shape and math.prod(shape) * itemsize % 256 == 0:
+            runs[-1][1] += 1
+        else:
+            runs.append([shape, 1])
+    return tuple((sh, n) for sh, n in runs)
 
 
 def _workspaces(var: Variant, op: OpPlan, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, DType]]:
@@ -294,7 +309,12 @@ def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:
     alloc, is_torch = b.alloc, b.is_torch
     fresh = capturing(sp)  # under graph capture: the graph's own buffers, not the pool's
     with POOL.stream_lock(sp):
-        grads = [alloc(shape, b.dtype) for shape in b.grad_shapes]
+        if b.grad_groups:
+            # torch: one allocation a run of equal shapes (dq, dk, dv of MHA; dk, dv of GQA), its
+            # slices the gradients (an allocation is most of a small call's host time)
+            grads = [g for shape, n in b.grad_groups for g in (alloc((n, *shape), b.dtype).unbind(0) if n > 1 else (alloc(shape, b.dtype),))]
+        else:
+            grads = [alloc(shape, b.dtype) for shape in b.grad_shapes]
         ws = [alloc((n,), dt) for n, dt in b.ws_specs] if fresh else POOL.take(b.pool_keys, b.ws_specs, alloc)
         params = {name: alloc(shape, DType.FP32, True) for _, name, shape in b.param_slots}
         with b.lock:
@@ -430,8 +450,6 @@ def _same_training(a: Variant, b: Variant) -> bool:
 def _backward_kernels(kernel: Any, var: Variant, deterministic: bool, engine: BwdEngine | None) -> BackwardKernels:
     """`compile_backward` for this kernel's arch, remembered on the kernel per (variant,
     deterministic, engine and the copies `plan_bwd.WG_LOADS`) so that a call does not re-plan."""
-    from attngen.plan import bwd as plan_bwd
-
     memo = kernel.__dict__.setdefault("_bwd_kernels", {}) if hasattr(kernel, "__dict__") else {}
     key = (id(var), deterministic, engine, plan_bwd.WG_LOADS)
     got = memo.get(key)

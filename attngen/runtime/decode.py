@@ -430,6 +430,10 @@ def _lq_of(var: Variant, q: Any) -> int:
     return int(shape[2] if var.layout == Layout.BHSD else shape[1])
 
 
+# `DecodeKernel.__call__`'s options of a call that passes none: (splits, ctas, fused, check_pages)
+_PLAIN = (None, None, None, True)
+
+
 class Dispatch:
     """The forward kernel plus the decode family: calls with small Lq go to decode (see
     `choose_family`), others to the forward kernel. Attributes are the forward kernel's."""
@@ -455,15 +459,24 @@ class Dispatch:
             fam = self._families[Lq] = choose_family(self.forward.variant, Lq)
         return fam
 
+    def ready_decode(self, Lq: int) -> DecodeKernel | None:
+        """The decode kernels when a call with Lq query rows goes to them and they are compiled
+        (an earlier such call compiled them), else None: a decode loop's calls, without re-planning."""
+        return self._decode if self._families.get(Lq) is Family.DECODE else None
+
     def __call__(self, q: Any, k: Any, v: Any, *positional: Any, **kw: Any) -> Any:
         if positional:
             raise TypeError(positional_inputs_message(f"kernel {self.forward.variant.name}", self.forward._input_names,
                                                       len(positional)))
         lq = _lq_of(self.forward.variant, q)
+        dec = self.ready_decode(lq)
+        if dec is not None and not kw:
+            # a decode step with no options (the usual one): straight to the decode kernels' call
+            return dec._run(q, k, v, None, None, None, _PLAIN, {}, False)
         # Calls placed in a longer sequence (q_offset, kv_offset, Lq_total, Lk_total) run on the
         # forward family, the one whose ABI carries positions.
-        placed = any(kw.get(n) for n in ("q_offset", "kv_offset", "Lq_total", "Lk_total"))
-        if lq >= 1 and not placed and self.family_for(lq) == Family.DECODE:
+        placed = bool(kw) and any(kw.get(n) for n in ("q_offset", "kv_offset", "Lq_total", "Lk_total"))
+        if lq >= 1 and not placed and (self._families.get(lq) or self.family_for(lq)) is Family.DECODE:
             if "check_inputs" in kw:  # the forward's name for the promise checks; decode's is the page check
                 kw.setdefault("check_pages", kw.pop("check_inputs"))
             return self.decode(q, k, v, **kw)
