@@ -28,6 +28,7 @@ zero are zeroed once by an async memset on their stream (`zero_async`); errors f
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import threading
 from collections import OrderedDict
@@ -131,11 +132,9 @@ class _Driver:
 
     def capturing(self, stream: int) -> bool:
         """Whether `stream` is being captured into a CUDA graph (a sync there would break it)."""
-        # (every call asks: a status word and its pointer made once a thread, not once a call)
-        word = getattr(self._local, "word", None)
+        word = getattr(self._local, "word", None)  # (a status word and its pointer made once a thread)
         if word is None:
-            status = ctypes.c_int(0)
-            word = self._local.word = (status, ctypes.byref(status))
+            word = self._local.word = (lambda st: (st, ctypes.byref(st)))(ctypes.c_int(0))
         status, ref = word
         rc = self._capturing(stream, ref)
         if rc == CUDA_ERROR_INVALID_CONTEXT and self.bind_context():
@@ -317,6 +316,8 @@ class Binding:
     readback: bool  # whether this call reads the status words back (a sync)
     check_shapes: tuple[tuple[int, ...], ...] = ()  # the sorted inputs' shapes (for error messages)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    new_out: Callable[[], Any] | None = None  # `maker`s of the output and the LSE (None: through `alloc`)
+    new_lse: Callable[[], Any] | None = None
 
 
 def launch_driver(ln: Launch, stream: int) -> None:
@@ -474,6 +475,7 @@ def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, 
         if torch_current_stream(device.index) == stream:
             def alloc(shape: tuple[int, ...], dt: DType, zero: bool = False) -> Any:
                 return (torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[dt], device=device)
+            alloc.device, alloc.empty = device, torch.empty  # type: ignore[attr-defined]  # (`maker`'s)
             return alloc
 
         def alloc_on(shape: tuple[int, ...], dt: DType, zero: bool = False) -> Any:
@@ -496,6 +498,15 @@ def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, 
     return alloc_cupy
 
 
+def maker(alloc: Callable[..., Any], shape: tuple[int, ...], dt: DType) -> Callable[[], Any]:
+    """alloc(shape, dt) as a call of no arguments, built once a binding: on torch's current
+    stream, torch.empty with its arguments bound (no Python frame between a call and the allocator)."""
+    device = getattr(alloc, "device", None)
+    if device is None:
+        return functools.partial(alloc, shape, dt)
+    return functools.partial(alloc.empty, shape, dtype=_TORCH_DTYPES[dt], device=device)
+
+
 # ---------------------------------------------------------------------------------------------
 # Workspaces, counters and status words
 
@@ -515,9 +526,8 @@ class WorkspacePool:
         self._lock = threading.Lock()
         self._stream_locks: dict[int, threading.Lock] = {}
         self.allocations = 0  # buffers allocated (tests read it)
-        # id(keys) -> (keys, buffers): what `take` last gave a binding's keys. Cleared whenever a
-        # buffer is allocated, replaced or dropped, so an entry always names the pool's own
-        # buffers: a later call with the same keys object takes them without the lock.
+        # id(keys) -> (keys, buffers `take` gave them), cleared whenever a buffer is allocated, replaced
+        # or dropped: an entry names the pool's own buffers, which a repeated call takes lock-free
         self._memo: dict[int, tuple[Any, list[Any]]] = {}
 
     @staticmethod
@@ -532,9 +542,8 @@ class WorkspacePool:
         return tuple(out)
 
     def take(self, keys: Sequence[tuple[Any, ...]], specs: Sequence[tuple[int, DType]], alloc: Callable[..., Any]) -> list[Any]:
-        """One buffer per key (`keys`) of at least the elements of `specs`, allocated when none fits.
-        `keys` and `specs` are a binding's own (`WorkspacePool.keys`): the same keys object always
-        comes with the same sizes, which lets a repeated call skip the lookup."""
+        """One buffer per key (`keys`, a binding's own: one keys object, one `specs`) of at least the
+        elements of `specs`, allocated when none fits."""
         hit = self._memo.get(id(keys))
         if hit is not None and hit[0] is keys:
             return hit[1]
@@ -731,12 +740,13 @@ def bind_forward(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], out: A
     ws_specs = [(math.prod(pr.workspace_shape(B, Lq, Lk)), pr.dtype) for pr in kp.workspaces]
     for ln in (*main, *checks):
         ln.bind_stream(sp)
+    alloc = allocator(xp_torch, aq.obj.device if xp_torch else None, sp)
     return Binding(
         key=None, checks=checks, check_slots=check_slots, main=main,
         array_slots=[slots.get(n, -1) for n in arr_names],
         out_slot=slots.get("o", -1), lse_slot=slots.get("lse", -1), ws_slots=[slots[n] for n in ws_names],
         scalar_slots=[(slots[n], n) for n in scalars], tmaps=tmaps,
-        alloc=allocator(xp_torch, aq.obj.device if xp_torch else None, sp),
+        alloc=alloc, new_out=maker(alloc, o_shape, var.dtype), new_lse=maker(alloc, lse_shape, DType.FP32) if lse_shape else None,
         ws_specs=ws_specs, pool_keys=POOL.keys((xp_torch, dev, sp), ws_specs), out_shape=o_shape, lse_shape=lse_shape,
         extents=[(byte_range(a)[0] - a.ptr, byte_range(a)[1] - a.ptr) for a in (aq, ak, av)],
         out_extent=(byte_range(ao)[0] - ao.ptr, byte_range(ao)[1] - ao.ptr),
@@ -773,7 +783,7 @@ def call_outputs(b: Any, dtype: DType, ptrs: Sequence[int], out: Any, op: int, l
         n = next(n for n, p in zip("qkv", ptrs) if p & 15)
         raise ValueError(f"{n}: expected a 16-byte aligned data pointer")
     if out is None:
-        out = b.alloc(b.out_shape, dtype)
+        out = b.new_out() if b.new_out is not None else b.alloc(b.out_shape, dtype)
         op = out.data_ptr() if is_torch else out.data.ptr
     else:
         if op & 15:
@@ -785,6 +795,6 @@ def call_outputs(b: Any, dtype: DType, ptrs: Sequence[int], out: Any, op: int, l
     lp = 0
     if b.lse_shape is not None:
         if lse is None:
-            lse = b.alloc(b.lse_shape, DType.FP32)
-        lp = sig_fn(lse)(lse)[1]
+            lse = b.new_lse() if b.new_lse is not None else b.alloc(b.lse_shape, DType.FP32)
+        lp = lse.data_ptr() if is_torch else lse.data.ptr  # (a caller's: checked like q at the binding)
     return out, op, lse, lp

@@ -281,6 +281,8 @@ class DecodeBinding:
     alloc: Any
     pool_keys: tuple[tuple[Any, ...], ...]
     lock: threading.Lock = field(default_factory=threading.Lock)
+    new_out: Any = None  # `binder.maker`s of the output and the LSE
+    new_lse: Any = None
 
 
 def _schedule(dp: SplitSchedule, B: int, Lq: int, Lk: int, splits: int | None, ctas: int | None, device: int) -> tuple[int, int]:
@@ -356,14 +358,17 @@ def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, A
     ws_specs = [(math.prod(ws_o_shape), DType.FP32), (math.prod(ws_lse_shape), DType.FP32)][:len(ws)]
     page_check = PageCheck(3 + kern._input_names.index(BLOCK_TABLE), 3 + kern._input_names.index(CACHE_LENS), ak.shape[0], Lq, Lk) \
         if paged and check_pages and all(given[BLOCK_TABLE].shape) else None
+    alloc = allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp)
+    lse_shape = tuple(abi.lse_shape(var, B, Lq)) if var.lse else None
     return DecodeBinding(
         args=args, launches=launches, array_slots=[slots[n] for n in call], out_slot=slots["o"], lse_slot=slots.get("lse", -1),
         ws_slots=[slots[n] for n in ws], ws_specs=ws_specs,
-        out_shape=o_shape, lse_shape=tuple(abi.lse_shape(var, B, Lq)) if var.lse else None,
+        out_shape=o_shape, lse_shape=lse_shape,
         extents=[(byte_range(a)[0] - a.ptr, byte_range(a)[1] - a.ptr) for a in (aq, ak, av)],
         out_extent=(byte_range(ao)[0] - ao.ptr, byte_range(ao)[1] - ao.ptr), page_check=page_check,
         readback=var.nan_check or page_check is not None, cacheable=bool(count_ptr) or not (merge and n_split > 1),
-        alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp), pool_keys=POOL.keys((aq.is_torch, dev, sp), ws_specs))
+        alloc=alloc, pool_keys=POOL.keys((aq.is_torch, dev, sp), ws_specs),
+        new_out=binder.maker(alloc, o_shape, var.dtype), new_lse=binder.maker(alloc, lse_shape, DType.FP32) if lse_shape else None)
 
 
 def check_page_ids(arrays: Any, pc: PageCheck, kern: DecodeKernel, sp: int) -> None:

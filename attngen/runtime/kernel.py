@@ -154,7 +154,7 @@ class Kernel:
             return self.short._run(q, k, v, out, lse, stream, check_inputs, inputs, defer, positions)
         scalars = {n: int(inputs.pop(n, d)) for n, d in CALL_SCALARS.items()} if CALL_SCALARS else None
         names = self._input_names
-        arrays = (q, k, v, *(inputs[n] for n in names if n in inputs))
+        arrays = (q, k, v, *[inputs[n] for n in names if n in inputs]) if names else (q, k, v)
         if len(arrays) != 3 + len(names) or len(inputs) != len(names):
             self._build(arrays, inputs, out, lse, stream, check_inputs, positions=positions)  # raises the precise error
         sigs = []
@@ -211,7 +211,8 @@ class Kernel:
                 for slot, name in b.scalar_slots:
                     main_vals[slot] = scalars[name]
             for tm in b.tmaps:
-                tm.update(ptrs[tm.array], "qkv"[tm.array])
+                if ptrs[tm.array] != tm.last:
+                    tm.update(ptrs[tm.array], "qkv"[tm.array])
             for ci, ai in b.check_slots:
                 b.checks[ci].args.vals[0] = ptrs[ai]
             for ln in b.checks:

@@ -89,7 +89,7 @@ _NO_PAGE_CHECK = (None, None, None, False)
 
 def _cpu_backend(q: torch.Tensor) -> bool:
     """Whether a call on `q` runs the CPU backend (CPU tensors) rather than the CUDA kernels."""
-    return q.device.type == "cpu"
+    return q.is_cpu
 
 
 def _cpu_refusal(v: Variant) -> str | None:
@@ -434,7 +434,7 @@ class AttnOp:
 
             kern = compile_cpu(self.train_variant)
         else:
-            kern = self.train_kernel()
+            kern = self._train_kernel or self.train_kernel()
         res = runtime_bwd.backward(kern, q, k, v, do, o=o, lse=lse, dlse=dlse, deterministic=deterministic,
                                    wrt=names, variant=self.variant, **inputs)
         out = list(res[:3])
@@ -461,9 +461,10 @@ class AttnOp:
         inputs = match_inputs(self.qualname, self.input_names, positional, named) if positional or named or self.input_names else ()
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                             or any(x.requires_grad for x in inputs))
-        if grad:
+        eager = _eager(q)
+        if grad and (self.refusal is not None or not eager):  # (an eager call's refusal is `self.refusal`)
             self._refuse((q, k, v, *inputs))
-        if _eager(q):
+        if eager:
             # Eager CUDA calls skip the dispatcher (the same kernels, checks and saved tensors as
             # the custom ops; torch.compile and the other tracers take the ops below).
             if grad:

@@ -50,8 +50,8 @@ def test_backward_run_gives_separate_gradients_from_one_allocation(monkeypatch):
         allocs.append(shape)
         return torch.empty(shape, dtype=torch.bfloat16)
 
-    b = types.SimpleNamespace(aligned=(), alloc=alloc, is_torch=True, dtype=DType.BF16, grad_shapes=shapes,
-                              grad_groups=bwd._grad_groups(shapes, 2), ws_specs=[], pool_keys=(), param_slots=[], args=args,
+    grad_new = tuple((binder.maker(alloc, (n, *sh) if n > 1 else sh, DType.BF16), n) for sh, n in bwd._grad_groups(shapes, 2))
+    b = types.SimpleNamespace(aligned=(), alloc=alloc, is_torch=True, dtype=DType.BF16, grad_shapes=shapes, grad_new=grad_new, ws_specs=[], pool_keys=(), param_slots=[], args=args,
                               array_slots=[0], grad_slots=[1, 2, 3], ws_slots=[], tmaps=[], launches=["pre", "main"], pre=0,
                               delta=0, lock=threading.Lock())
     dq, dk, dv, params = bwd._run(b, [0x1000], None, 0)
