@@ -18,7 +18,9 @@ Rows, in microseconds of CPU time a call (the best of `--repeats` loops of `--ca
   op_decode  the same step through the torch op under torch.no_grad()
   step       forward + backward through the torch op: torch.autograd.grad(op(q, k, v), (q, k, v), g),
              bf16 D128 H16 causal (B1 L128: small, so that CPU allocations cost what CUDA's do)
-  launches   stubbed cuLaunchKernel calls a decode step, a training step
+  floor      the step's floor: a bare torch.autograd.Function that allocates what the step allocates
+             (O, the LSE, dq, dk, dv) and launches nothing: torch's own share of a step
+and the stubbed cuLaunchKernel calls each makes.
 """
 
 from __future__ import annotations
@@ -181,7 +183,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--arch", default="sm_90a")
-    ap.add_argument("--profile", choices=("decode", "op_decode", "step"), default=None,
+    ap.add_argument("--profile", choices=("decode", "op_decode", "step", "floor"), default=None,
                     help="cProfile that row and print the top functions by own time")
     args = ap.parse_args()
 
@@ -209,7 +211,22 @@ def main() -> int:
     def step():
         return torch.autograd.grad(top(q, k, v), (q, k, v), g)
 
-    rows = {"decode": decode_step, "op_decode": op_decode, "step": step}
+    class Floor(torch.autograd.Function):  # torch's own share of a step: the same allocations, nothing else
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, o, lse)
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def floor():
+        return torch.autograd.grad(Floor.apply(q, k, v), (q, k, v), g)
+
+    rows = {"decode": decode_step, "op_decode": op_decode, "step": step, "floor": floor}
     if args.profile:
         f = rows[args.profile]
         loop_us(f, 200, 1)

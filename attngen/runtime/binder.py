@@ -55,6 +55,7 @@ from attngen.runtime.arrays import (  # noqa: F401  (re-exported)
     cupy_sig,
     sig_fn,
     SIG_FNS,
+    call_signature,
     torch_current_stream,
     stream_ptr,
     StreamHandle,
@@ -318,6 +319,7 @@ class Binding:
     lock: threading.Lock = field(default_factory=threading.Lock)
     new_out: Callable[[], Any] | None = None  # `maker`s of the output and the LSE (None: through `alloc`)
     new_lse: Callable[[], Any] | None = None
+    owner: Any = None  # the Kernel that built it (whose status words a call reads back)
 
 
 def launch_driver(ln: Launch, stream: int) -> None:
@@ -425,21 +427,6 @@ def contiguous_view(shape: tuple[int, ...], dtype: DType, device: int, is_torch:
     for i in range(len(shape) - 2, -1, -1):
         cs[i] = cs[i + 1] * shape[i + 1]
     return ArrayView(None, 0, tuple(shape), tuple(cs), abi.DTYPE_NAMES[dtype], dtype.itemsize, device, is_torch)
-
-
-def call_signature(arrays: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]] | None:
-    """(signatures, data pointers) of a call's arrays; None when one is not a CuPy array or torch
-    tensor (the full validation then says what is wrong)."""
-    sigs, ptrs = [], []
-    fns = SIG_FNS
-    for x in arrays:
-        f = fns.get(type(x)) or sig_fn(x)
-        if f is None:
-            return None
-        sg, p = f(x)
-        sigs.append(sg)
-        ptrs.append(p)
-    return tuple(sigs), ptrs
 
 
 def launch_stream(stream: Any, is_torch: bool, device: int) -> int:

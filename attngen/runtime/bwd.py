@@ -326,7 +326,7 @@ def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:
         else:
             grads = [alloc(shape, b.dtype) for shape in b.grad_shapes]
         ws = [alloc((n,), dt) for n, dt in b.ws_specs] if fresh else POOL.take(b.pool_keys, b.ws_specs, alloc)
-        params = {name: alloc(shape, DType.FP32, True) for _, name, shape in b.param_slots}
+        params = {name: alloc(shape, DType.FP32, True) for _, name, shape in b.param_slots} if b.param_slots else {}
         with b.lock:
             vals = b.args.vals
             for slot, p in zip(b.array_slots, ptrs):
@@ -463,7 +463,7 @@ def _backward_kernels(kernel: Any, var: Variant, deterministic: bool, engine: Bw
     entry is made, so a remembered one needs no check)."""
     memo = getattr(kernel, "__dict__", None)
     memo = memo.setdefault("_bwd_kernels", {}) if memo is not None else {}
-    key = (id(var), deterministic, engine, plan_bwd.WG_LOADS)
+    key = (id(var), deterministic, engine, id(plan_bwd.WG_LOADS))  # (ids: an enum member's hash is Python code)
     got = memo.get(key)
     if got is None or got[0] is not var or got[2] != _CACHE.generation:
         if var is not kernel.variant and not _same_training(kernel.variant, var):

@@ -129,14 +129,14 @@ class DecodeKernel:
              defer: bool) -> Any:
         """`__call__`; with `defer`, the status words are not read back (`raise_pending` does)."""
         order = self._input_names
-        arrays = (q, k, v, *(inputs[n] for n in order if n in inputs))
+        arrays = (q, k, v, *[inputs[n] for n in order if n in inputs]) if order else (q, k, v)
         sig = call_signature(arrays)
         if sig is None or len(arrays) != 3 + len(order) or len(inputs) != len(order):
             bind_decode(self, arrays, inputs, out, lse, 0, options)  # raises the precise error
             raise ValueError("q, k, v: expected CuPy arrays or torch CUDA tensors")
         sigs, ptrs = sig
         is_torch = SIG_FNS.get(type(q)) is torch_sig
-        sp = launch_stream(stream, is_torch, sigs[0][3])
+        sp = torch_current_stream(sigs[0][3]) if stream is None and is_torch else launch_stream(stream, is_torch, sigs[0][3])
         out_sig = lse_sig = None
         op = 0
         if out is not None:
@@ -429,7 +429,7 @@ def compile_decode(v: Variant, arch: Arch, *, verbose: bool = False, tile: tuple
 def _lq_of(var: Variant, q: Any) -> int:
     """Lq of a q argument (its layout's sequence dim), before any checks (those come in the
     kernel the call goes to); None-safe for odd inputs, which the forward then refuses."""
-    shape = tuple(getattr(q, "shape", ()))
+    shape = getattr(q, "shape", ())
     if len(shape) != 4:
         return -1
     return int(shape[2] if var.layout == Layout.BHSD else shape[1])
