@@ -284,3 +284,29 @@ def test_no_grad_decode_step_runs_the_decode_family(stubs, monkeypatch):
     q, kv, inputs = _hf_step_args(1)
     op(q.requires_grad_(), kv, kv, **inputs)
     assert len(train.runs) == 1 and len(d.decode.runs) == 2
+
+
+PLAIN_STEP = "attention tr_plain_step { dtype bf16; head_dim 64; heads 4 kv 2; kind cross }"
+
+
+def test_plain_decode_steps_take_the_decode_kernels_call_directly(stubs, monkeypatch):
+    # A step with no runtime inputs, once its Lq is planned and the decode family compiled, goes
+    # straight to the decode kernels' call with what `_launch` and `Dispatch.__call__` pass.
+    op = at.register(PLAIN_STEP)
+    stubs(op)
+    d = _dispatch(op.variant)
+    monkeypatch.setattr(op, "kernel", lambda: d)
+    routed = []
+    monkeypatch.setattr(torch_op, "route", lambda kern, q, real=torch_op.route: routed.append(q.shape) or real(kern, q))
+    q, kv = torch.randn(2, 4, 1, 64).bfloat16(), torch.randn(2, 2, 300, 64).bfloat16()
+    with torch.no_grad():
+        first = op(q, kv, kv)  # through `_launch` (route plans Lq 1)
+        assert d.ready_decode(1) is d.decode and d.ready_decode(40) is None and len(routed) == 1
+        second = op(q, kv, kv)  # the shortcut: no route
+    assert len(routed) == 1 and torch.equal(first, second)
+    assert d.decode.runs == [((None, None, None, False), [], True)] * 2
+    d(q, kv, kv)  # Dispatch's own: the call's defaults, read back (not deferred)
+    assert d.decode.runs[-1] == ((None, None, None, True), [], False)
+    with torch.no_grad():
+        op(torch.randn(2, 4, 40, 64).bfloat16(), kv, kv)  # a prefill: the forward family
+    assert len(d.forward.runs) == 1 and len(d.decode.runs) == 3
