@@ -470,11 +470,11 @@ class AttnOp:
             if grad:
                 return _Train.apply(self, check_inputs, deterministic, q, k, v, *inputs)
             kern = self._kernel or self.kernel()
-            if not inputs and isinstance(kern, Dispatch) and q.dim() == 4:
+            if isinstance(kern, Dispatch) and q.dim() == 4:
                 dec = kern.ready_decode(q.shape[2] if self._bhsd else q.shape[1])
                 if dec is not None and dec.variant.page_size is None:
                     # a decode step (no page check): the decode kernels' own call, deferred as `_launch` makes it
-                    return dec._run(q, k, v, None, None, None, _NO_PAGE_CHECK, {}, True)
+                    return dec._run(q, k, v, None, None, None, _NO_PAGE_CHECK, dict(zip(self.input_names, inputs)) if inputs else {}, True)
             return self._launch(kern, q, k, v, inputs, self.input_names, check_inputs)
         if grad:
             o, lse = self.fwd_op(q, k, v, *inputs, check_inputs=check_inputs, deterministic=deterministic)[:2]

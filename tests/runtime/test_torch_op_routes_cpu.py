@@ -268,22 +268,30 @@ def test_no_grad_decode_step_runs_the_decode_family(stubs, monkeypatch):
     d = _dispatch(op.variant)
     monkeypatch.setattr(op, "kernel", lambda: d)
     q, kv, inputs = _hf_step_args(1)
+    eager = torch_op._eager
     for route in ("eager", "dispatch"):
-        monkeypatch.setattr(torch_op, "_eager", torch_op._eager if route == "eager" else (lambda q: False))
+        monkeypatch.setattr(torch_op, "_eager", eager if route == "eager" else (lambda q: False))
         with torch.no_grad():
             o = op(q, kv, kv, check_inputs=False, **inputs)
         # (the decode stub adds 1: its output tells which family ran)
         assert torch.equal(o, (q.float() * 2 + 2 * kv.float().mean() + 1).to(q.dtype))
         assert d.decode.runs[-1] == ((None, None, None, False), ["kv_lens", "q_lens"], True)
+    routed = []
+    monkeypatch.setattr(torch_op, "route", lambda kern, q, real=torch_op.route: routed.append(q.shape) or real(kern, q))
+    monkeypatch.setattr(torch_op, "_eager", eager)
+    with torch.no_grad():
+        op(q, kv, kv, check_inputs=False, **inputs)  # Lq 1 planned, decode compiled: the shortcut, same call
+    assert not routed and d.decode.runs[-1] == ((None, None, None, False), ["kv_lens", "q_lens"], True)
+    assert len(d.decode.runs) == 3
     n_fwd = len(d.forward.runs)
     q, kv, inputs = _hf_step_args(40, 40)
     with torch.no_grad():
         op(q, kv, kv, **inputs)  # a prefill: the forward family
-    assert len(d.forward.runs) == n_fwd + 1 and len(d.decode.runs) == 2
+    assert len(d.forward.runs) == n_fwd + 1 and len(d.decode.runs) == 3
     # With grad, the LSE-saving training forward runs (the backward reads its LSE), never decode.
     q, kv, inputs = _hf_step_args(1)
     op(q.requires_grad_(), kv, kv, **inputs)
-    assert len(train.runs) == 1 and len(d.decode.runs) == 2
+    assert len(train.runs) == 1 and len(d.decode.runs) == 3
 
 
 PLAIN_STEP = "attention tr_plain_step { dtype bf16; head_dim 64; heads 4 kv 2; kind cross }"
