@@ -295,6 +295,8 @@ class Kernel:
         else:
             sp = stream_ptr(stream)
         self._read_status(sp)
+        if self.short is not None:  # (the short-loop kernel's calls leave errors in its own words)
+            self.short._read_status(sp)
 
     # -----------------------------------------------------------------------------------------
     # building a binding: the full validation, once per signature

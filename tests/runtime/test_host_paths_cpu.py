@@ -71,3 +71,18 @@ def test_dispatch_ready_decode_only_after_a_decode_call():
     d._decode = object()
     d._families.update({1: decode.Family.DECODE, 512: decode.Family.FORWARD})
     assert d.ready_decode(1) is d._decode and d.ready_decode(512) is None and d.ready_decode(2) is None
+
+
+def test_raise_pending_reads_the_short_loop_kernels_words(monkeypatch):
+    # A deferred error (nan_check in the torch op, a check under capture) of a call the short-loop
+    # kernel ran sits in that kernel's status words: raise_pending reads them too.
+    from attngen.runtime import kernel as runtime
+
+    read = []
+    monkeypatch.setattr(runtime.Kernel, "_read_status", lambda self, sp: read.append((self.source, sp)))
+    main = runtime.Kernel(None, "main", None, 0.0, "none", True)
+    main.raise_pending(stream=7)
+    assert read == [("main", 7)]
+    main.short = runtime.Kernel(None, "short", None, 0.0, "none", True)
+    main.raise_pending(stream=7)
+    assert read[1:] == [("main", 7), ("short", 7)]
