@@ -7,7 +7,7 @@ Every runtime module reaches these through `attngen.runtime.binder`, which re-ex
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,6 +130,25 @@ def sig_fn(x: Any) -> Any:
         if f is not None:
             SIG_FNS[t] = f
     return f
+
+
+def call_signature(arrays: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]] | None:
+    """(signatures, data pointers) of a call's arrays; None when one is not a CuPy array or torch
+    tensor (the full validation then says what is wrong)."""
+    sigs, ptrs = [], []
+    fns = SIG_FNS
+    for x in arrays:
+        f = fns.get(type(x)) or sig_fn(x)
+        if f is torch_sig:  # torch_sig's own lines, without its call (most calls' arrays are tensors)
+            sigs.append((x.dtype, x.shape, x.stride(), x.get_device()))
+            ptrs.append(x.data_ptr())
+            continue
+        if f is None:
+            return None
+        sg, p = f(x)
+        sigs.append(sg)
+        ptrs.append(p)
+    return tuple(sigs), ptrs
 
 
 _TORCH_STREAM: Any = None

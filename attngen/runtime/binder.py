@@ -28,6 +28,7 @@ zero are zeroed once by an async memset on their stream (`zero_async`); errors f
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import threading
 from collections import OrderedDict
@@ -54,6 +55,7 @@ from attngen.runtime.arrays import (  # noqa: F401  (re-exported)
     cupy_sig,
     sig_fn,
     SIG_FNS,
+    call_signature,
     torch_current_stream,
     stream_ptr,
     StreamHandle,
@@ -99,6 +101,7 @@ class _Driver:
         self._capturing = lib.cuStreamIsCapturing
         self._capturing.restype = ctypes.c_int
         self._capturing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+        self._local = threading.local()
         # TMA descriptors (WgmmaLoads.TMA kernels): resolved on first use, so that a driver without
         # the entry point still launches every other kernel
         self._lib = lib
@@ -130,10 +133,13 @@ class _Driver:
 
     def capturing(self, stream: int) -> bool:
         """Whether `stream` is being captured into a CUDA graph (a sync there would break it)."""
-        status = ctypes.c_int(0)
-        rc = self._capturing(stream, ctypes.byref(status))
+        word = getattr(self._local, "word", None)  # (a status word and its pointer made once a thread)
+        if word is None:
+            word = self._local.word = (lambda st: (st, ctypes.byref(st)))(ctypes.c_int(0))
+        status, ref = word
+        rc = self._capturing(stream, ref)
         if rc == CUDA_ERROR_INVALID_CONTEXT and self.bind_context():
-            rc = self._capturing(stream, ctypes.byref(status))
+            rc = self._capturing(stream, ref)
         if rc:
             raise self.error(rc, "cuStreamIsCapturing")
         return status.value != 0
@@ -311,6 +317,9 @@ class Binding:
     readback: bool  # whether this call reads the status words back (a sync)
     check_shapes: tuple[tuple[int, ...], ...] = ()  # the sorted inputs' shapes (for error messages)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    new_out: Callable[[], Any] | None = None  # `maker`s of the output and the LSE (None: through `alloc`)
+    new_lse: Callable[[], Any] | None = None
+    owner: Any = None  # the Kernel that built it (whose status words a call reads back)
 
 
 def launch_driver(ln: Launch, stream: int) -> None:
@@ -420,21 +429,6 @@ def contiguous_view(shape: tuple[int, ...], dtype: DType, device: int, is_torch:
     return ArrayView(None, 0, tuple(shape), tuple(cs), abi.DTYPE_NAMES[dtype], dtype.itemsize, device, is_torch)
 
 
-def call_signature(arrays: Sequence[Any]) -> tuple[tuple[Any, ...], list[int]] | None:
-    """(signatures, data pointers) of a call's arrays; None when one is not a CuPy array or torch
-    tensor (the full validation then says what is wrong)."""
-    sigs, ptrs = [], []
-    fns = SIG_FNS
-    for x in arrays:
-        f = fns.get(type(x)) or sig_fn(x)
-        if f is None:
-            return None
-        sg, p = f(x)
-        sigs.append(sg)
-        ptrs.append(p)
-    return tuple(sigs), ptrs
-
-
 def launch_stream(stream: Any, is_torch: bool, device: int) -> int:
     """The raw stream a call launches on: `stream`, else the caller library's current stream."""
     if stream is not None:
@@ -468,6 +462,7 @@ def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, 
         if torch_current_stream(device.index) == stream:
             def alloc(shape: tuple[int, ...], dt: DType, zero: bool = False) -> Any:
                 return (torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[dt], device=device)
+            alloc.device, alloc.empty = device, torch.empty  # type: ignore[attr-defined]  # (`maker`'s)
             return alloc
 
         def alloc_on(shape: tuple[int, ...], dt: DType, zero: bool = False) -> Any:
@@ -490,6 +485,15 @@ def allocator(is_torch: bool, device: Any, stream: int) -> Callable[[tuple[int, 
     return alloc_cupy
 
 
+def maker(alloc: Callable[..., Any], shape: tuple[int, ...], dt: DType) -> Callable[[], Any]:
+    """alloc(shape, dt) as a call of no arguments, built once a binding: on torch's current
+    stream, torch.empty with its arguments bound (no Python frame between a call and the allocator)."""
+    device = getattr(alloc, "device", None)
+    if device is None:
+        return functools.partial(alloc, shape, dt)
+    return functools.partial(alloc.empty, shape, dtype=_TORCH_DTYPES[dt], device=device)
+
+
 # ---------------------------------------------------------------------------------------------
 # Workspaces, counters and status words
 
@@ -509,6 +513,9 @@ class WorkspacePool:
         self._lock = threading.Lock()
         self._stream_locks: dict[int, threading.Lock] = {}
         self.allocations = 0  # buffers allocated (tests read it)
+        # id(keys) -> (keys, buffers `take` gave them), cleared whenever a buffer is allocated, replaced
+        # or dropped: an entry names the pool's own buffers, which a repeated call takes lock-free
+        self._memo: dict[int, tuple[Any, list[Any]]] = {}
 
     @staticmethod
     def keys(call: tuple[Any, ...], specs: Sequence[tuple[int, DType]]) -> tuple[tuple[Any, ...], ...]:
@@ -522,20 +529,30 @@ class WorkspacePool:
         return tuple(out)
 
     def take(self, keys: Sequence[tuple[Any, ...]], specs: Sequence[tuple[int, DType]], alloc: Callable[..., Any]) -> list[Any]:
-        """One buffer per key (`keys`) of at least the elements of `specs`, allocated when none fits."""
+        """One buffer per key (`keys`, a binding's own: one keys object, one `specs`) of at least the
+        elements of `specs`, allocated when none fits."""
+        hit = self._memo.get(id(keys))
+        if hit is not None and hit[0] is keys:
+            return hit[1]
         out = []
         bufs = self._bufs
         with self._lock:
+            fresh = False
             for k, (n, dt) in zip(keys, specs):
                 got = bufs.get(k)
                 if got is None or got[1] < n:
                     got = bufs[k] = (alloc((max(n, 1),), dt), n)
                     self.allocations += 1
+                    fresh = True
                     while len(bufs) > MAX_WORKSPACES:
                         bufs.popitem(last=False)
                 else:
                     bufs.move_to_end(k)
                 out.append(got[0])
+            memo = self._memo
+            if fresh or len(memo) >= MAX_WORKSPACES:
+                memo.clear()
+            memo[id(keys)] = (keys, out)
         return out
 
     def stream_lock(self, stream: int) -> threading.Lock:
@@ -548,6 +565,7 @@ class WorkspacePool:
     def clear(self) -> None:
         with self._lock:
             self._bufs.clear()
+            self._memo.clear()
 
 
 MAX_WORKSPACES = 64
@@ -709,12 +727,13 @@ def bind_forward(k: Any, arrays: tuple[Any, ...], inputs: dict[str, Any], out: A
     ws_specs = [(math.prod(pr.workspace_shape(B, Lq, Lk)), pr.dtype) for pr in kp.workspaces]
     for ln in (*main, *checks):
         ln.bind_stream(sp)
+    alloc = allocator(xp_torch, aq.obj.device if xp_torch else None, sp)
     return Binding(
         key=None, checks=checks, check_slots=check_slots, main=main,
         array_slots=[slots.get(n, -1) for n in arr_names],
         out_slot=slots.get("o", -1), lse_slot=slots.get("lse", -1), ws_slots=[slots[n] for n in ws_names],
         scalar_slots=[(slots[n], n) for n in scalars], tmaps=tmaps,
-        alloc=allocator(xp_torch, aq.obj.device if xp_torch else None, sp),
+        alloc=alloc, new_out=maker(alloc, o_shape, var.dtype), new_lse=maker(alloc, lse_shape, DType.FP32) if lse_shape else None,
         ws_specs=ws_specs, pool_keys=POOL.keys((xp_torch, dev, sp), ws_specs), out_shape=o_shape, lse_shape=lse_shape,
         extents=[(byte_range(a)[0] - a.ptr, byte_range(a)[1] - a.ptr) for a in (aq, ak, av)],
         out_extent=(byte_range(ao)[0] - ao.ptr, byte_range(ao)[1] - ao.ptr),
@@ -751,7 +770,7 @@ def call_outputs(b: Any, dtype: DType, ptrs: Sequence[int], out: Any, op: int, l
         n = next(n for n, p in zip("qkv", ptrs) if p & 15)
         raise ValueError(f"{n}: expected a 16-byte aligned data pointer")
     if out is None:
-        out = b.alloc(b.out_shape, dtype)
+        out = b.new_out() if b.new_out is not None else b.alloc(b.out_shape, dtype)
         op = out.data_ptr() if is_torch else out.data.ptr
     else:
         if op & 15:
@@ -763,6 +782,6 @@ def call_outputs(b: Any, dtype: DType, ptrs: Sequence[int], out: Any, op: int, l
     lp = 0
     if b.lse_shape is not None:
         if lse is None:
-            lse = b.alloc(b.lse_shape, DType.FP32)
-        lp = sig_fn(lse)(lse)[1]
+            lse = b.new_lse() if b.new_lse is not None else b.alloc(b.lse_shape, DType.FP32)
+        lp = lse.data_ptr() if is_torch else lse.data.ptr  # (a caller's: checked like q at the binding)
     return out, op, lse, lp

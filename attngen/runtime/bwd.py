@@ -23,6 +23,7 @@ this function (attngen/runtime/torch_op.py).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,11 +32,12 @@ from typing import Any
 from attngen.ir import abi
 from attngen.cuda.compile import compile_source
 from attngen.cuda.render import TmaMap
+from attngen.plan import bwd as plan_bwd
 from attngen.plan.op_plan import OpPlan
 from attngen.runtime import binder
 from attngen.runtime.binder import (MAX_BINDINGS, POOL, SIG_FNS, ArgBuffer, ArrayView, Launch, TmaSlot, allocator, bind_sizes, capturing,
                                     check_dtype, check_lse, contiguous_view, cu_function, external_stream, input_fields, launch_stream,
-                                    load_functions, pack_fields, seq_strides, stride_fields, torch_sig, view)
+                                    load_functions, pack_fields, seq_strides, stride_fields, torch_current_stream, torch_sig, view)
 from attngen.ir.nodes import DType, NormKind, NormTarget, Variant
 from attngen.plan.bwd import o_norm_inputs, training_variant  # noqa: F401 (the torch op's, from here)
 from attngen.plan.bwd import BwdEngine, choose_engine, learnable, norm_params, unsupported, wg_tma_maps
@@ -82,8 +84,6 @@ def compile_backward(v: Variant, arch: Arch, *, deterministic: bool = False, eng
         raise ValueError(f"variant {v.name}: " + "; ".join(d.message for d in bad))
     dev = cupy.cuda.Device().id
     engine = choose_engine(v, arch, engine)[0]  # the resolved engine keys the cache (the default may change)
-    from attngen.plan import bwd as plan_bwd
-
     key = (v, arch, deterministic, dev, engine, plan_bwd.WG_LOADS)
     with _LOCK:
         if key in _CACHE:
@@ -177,6 +177,7 @@ class BwdBinding:
     is_torch: bool
     alloc: Any
     pool_keys: tuple[tuple[Any, ...], ...]
+    grad_new: tuple[tuple[Any, int], ...] = ()  # torch: (`binder.maker`, count) a run of dq, dk, dv allocated together
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -252,6 +253,7 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
         dt, size = ("fp32", 4) if m.fp32 else (var.dtype.value, var.dtype.itemsize)
         tmaps.append((TmaSlot(args, j, slots[m.tensor], dt, dims, TmaMap.byte_strides(dims, (ss, sh, sb), size),
                               (m.box_cols, m.rows, 1, 1), hint=""), m.tensor))
+    alloc = allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp)
     launches = []
     for kern in op.kernels:
         fn = bk.functions[kern.func]
@@ -263,7 +265,27 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
         grad_shapes=[a.shape for a in (aq, ak, av)], ws_slots=[slots[n] for n in ws], ws_specs=list(ws.values()),
         pool_keys=POOL.keys((aq.is_torch, dev, sp), list(ws.values())),
         param_slots=[(slots[f"grad_{n}"], n, shape) for n, shape in params], tmaps=tmaps, aligned=aligned,
-        dtype=var.dtype, is_torch=aq.is_torch, alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp))
+        dtype=var.dtype, is_torch=aq.is_torch, alloc=alloc,
+        grad_new=tuple((binder.maker(alloc, (n, *sh) if n > 1 else sh, var.dtype), n)
+                       for sh, n in _grad_groups([a.shape for a in (aq, ak, av)], var.dtype.itemsize)) if aq.is_torch else ())
+
+
+# Whether a torch call allocates equal-shaped gradients together (one [n, *shape] tensor, its
+# slices the gradients: one allocation where there were three, for MHA), else one by one
+GRADS_TOGETHER = True
+
+
+def _grad_groups(shapes: list[tuple[int, ...]], itemsize: int) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """(shape, count) runs of equal consecutive gradient shapes, allocated as one [count, *shape]
+    tensor each; a run splits where a slice would start off a 256-byte boundary (the kernels'
+    vector stores, and the alignment a lone allocation would have)."""
+    runs: list[list[Any]] = []
+    for shape in shapes:
+        if GRADS_TOGETHER and runs and runs[-1][0] == shape and math.prod(shape) * itemsize % 256 == 0:
+            runs[-1][1] += 1
+        else:
+            runs.append([shape, 1])
+    return tuple((sh, n) for sh, n in runs)
 
 
 def _workspaces(var: Variant, op: OpPlan, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, DType]]:
@@ -294,9 +316,17 @@ def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:
     alloc, is_torch = b.alloc, b.is_torch
     fresh = capturing(sp)  # under graph capture: the graph's own buffers, not the pool's
     with POOL.stream_lock(sp):
-        grads = [alloc(shape, b.dtype) for shape in b.grad_shapes]
+        if b.grad_new:
+            # torch: one allocation a run of equal shapes (dq, dk, dv of MHA; dk, dv of GQA), its
+            # slices the gradients (`GRADS_TOGETHER`)
+            grads = []
+            for new, n in b.grad_new:
+                g = new()
+                grads.extend(g.unbind(0) if n > 1 else (g,))
+        else:
+            grads = [alloc(shape, b.dtype) for shape in b.grad_shapes]
         ws = [alloc((n,), dt) for n, dt in b.ws_specs] if fresh else POOL.take(b.pool_keys, b.ws_specs, alloc)
-        params = {name: alloc(shape, DType.FP32, True) for _, name, shape in b.param_slots}
+        params = {name: alloc(shape, DType.FP32, True) for _, name, shape in b.param_slots} if b.param_slots else {}
         with b.lock:
             vals = b.args.vals
             for slot, p in zip(b.array_slots, ptrs):
@@ -308,7 +338,8 @@ def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:
             for slot, name, _ in b.param_slots:
                 vals[slot] = params[name].data_ptr() if is_torch else params[name].data.ptr
             for tm, name in b.tmaps:
-                tm.update(vals[tm.array], name)
+                if vals[tm.array] != tm.last:
+                    tm.update(vals[tm.array], name)
             for i, ln in enumerate(b.launches):
                 binder.launch_driver(ln, sp)
                 if i == b.pre and dlse is not None:
@@ -369,8 +400,6 @@ def backward(
         return cpu_backward(kernel, q, k, v, dO, o=o, lse=lse, wrt=wrt, dlse=dlse, q_offset=q_offset, kv_offset=kv_offset,
                             Lq_total=Lq_total, Lk_total=Lk_total, variant=variant, **inputs)
     var = kernel.variant if variant is None else variant
-    if variant is not None and variant is not kernel.variant and not _same_training(kernel.variant, variant):
-        raise ValueError(f"variant: expected {variant.name}'s own forward or its training forward, got a kernel of {kernel.variant.name}")
     bk = _backward_kernels(kernel, var, deterministic, engine)  # refuses unsupported constructs first
     wrt = tuple(wrt)
     if (o is None) != (lse is None):
@@ -384,14 +413,14 @@ def backward(
         fwd_inputs = {n: a for n, a in inputs.items() if n not in o_norm_inputs(var)}
         o, lse = _forward_with_lse(kernel)(q, k, v, stream=stream, **where, **fwd_inputs)
     order = bk.input_names
-    arrays = (q, k, v, o, dO, lse, *(inputs[n] for n in order if n in inputs))
+    arrays = (q, k, v, o, dO, lse, *[inputs[n] for n in order if n in inputs]) if order else (q, k, v, o, dO, lse)
     sig = binder.call_signature(arrays if dlse is None else (*arrays, dlse))
     if sig is None or len(arrays) != 6 + len(order) or len(inputs) != len(order):
         bind_backward(bk, var, arrays, inputs, dlse, 0, wrt, positions)  # raises the precise error
         raise ValueError("backward: expected CuPy arrays or torch CUDA tensors")
     sigs, ptrs = sig
     is_torch = SIG_FNS.get(type(q)) is torch_sig
-    sp = launch_stream(stream, is_torch, sigs[0][3])
+    sp = torch_current_stream(sigs[0][3]) if stream is None and is_torch else launch_stream(stream, is_torch, sigs[0][3])
     key = (sigs, sp, wrt, positions)
     b = bk.bindings.get(key)
     if b is None:
@@ -429,13 +458,16 @@ def _same_training(a: Variant, b: Variant) -> bool:
 
 def _backward_kernels(kernel: Any, var: Variant, deterministic: bool, engine: BwdEngine | None) -> BackwardKernels:
     """`compile_backward` for this kernel's arch, remembered on the kernel per (variant,
-    deterministic, engine and the copies `plan_bwd.WG_LOADS`) so that a call does not re-plan."""
-    from attngen.plan import bwd as plan_bwd
-
-    memo = kernel.__dict__.setdefault("_bwd_kernels", {}) if hasattr(kernel, "__dict__") else {}
-    key = (id(var), deterministic, engine, plan_bwd.WG_LOADS)
+    deterministic, engine and the copies `plan_bwd.WG_LOADS`) so that a call does not re-plan;
+    `var` must be the kernel's own variant or share its training forward (checked before an
+    entry is made, so a remembered one needs no check)."""
+    memo = getattr(kernel, "__dict__", None)
+    memo = memo.setdefault("_bwd_kernels", {}) if memo is not None else {}
+    key = (id(var), deterministic, engine, id(plan_bwd.WG_LOADS))  # (ids: an enum member's hash is Python code)
     got = memo.get(key)
     if got is None or got[0] is not var or got[2] != _CACHE.generation:
+        if var is not kernel.variant and not _same_training(kernel.variant, var):
+            raise ValueError(f"variant: expected {var.name}'s own forward or its training forward, got a kernel of {kernel.variant.name}")
         got = memo[key] = (var, compile_backward(var, kernel.plan.arch, deterministic=deterministic, engine=engine), _CACHE.generation)
     return got[1]
 

@@ -129,14 +129,14 @@ class DecodeKernel:
              defer: bool) -> Any:
         """`__call__`; with `defer`, the status words are not read back (`raise_pending` does)."""
         order = self._input_names
-        arrays = (q, k, v, *(inputs[n] for n in order if n in inputs))
+        arrays = (q, k, v, *[inputs[n] for n in order if n in inputs]) if order else (q, k, v)
         sig = call_signature(arrays)
         if sig is None or len(arrays) != 3 + len(order) or len(inputs) != len(order):
             bind_decode(self, arrays, inputs, out, lse, 0, options)  # raises the precise error
             raise ValueError("q, k, v: expected CuPy arrays or torch CUDA tensors")
         sigs, ptrs = sig
         is_torch = SIG_FNS.get(type(q)) is torch_sig
-        sp = launch_stream(stream, is_torch, sigs[0][3])
+        sp = torch_current_stream(sigs[0][3]) if stream is None and is_torch else launch_stream(stream, is_torch, sigs[0][3])
         out_sig = lse_sig = None
         op = 0
         if out is not None:
@@ -281,6 +281,8 @@ class DecodeBinding:
     alloc: Any
     pool_keys: tuple[tuple[Any, ...], ...]
     lock: threading.Lock = field(default_factory=threading.Lock)
+    new_out: Any = None  # `binder.maker`s of the output and the LSE
+    new_lse: Any = None
 
 
 def _schedule(dp: SplitSchedule, B: int, Lq: int, Lk: int, splits: int | None, ctas: int | None, device: int) -> tuple[int, int]:
@@ -356,14 +358,17 @@ def bind_decode(kern: DecodeKernel, arrays: tuple[Any, ...], inputs: dict[str, A
     ws_specs = [(math.prod(ws_o_shape), DType.FP32), (math.prod(ws_lse_shape), DType.FP32)][:len(ws)]
     page_check = PageCheck(3 + kern._input_names.index(BLOCK_TABLE), 3 + kern._input_names.index(CACHE_LENS), ak.shape[0], Lq, Lk) \
         if paged and check_pages and all(given[BLOCK_TABLE].shape) else None
+    alloc = allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp)
+    lse_shape = tuple(abi.lse_shape(var, B, Lq)) if var.lse else None
     return DecodeBinding(
         args=args, launches=launches, array_slots=[slots[n] for n in call], out_slot=slots["o"], lse_slot=slots.get("lse", -1),
         ws_slots=[slots[n] for n in ws], ws_specs=ws_specs,
-        out_shape=o_shape, lse_shape=tuple(abi.lse_shape(var, B, Lq)) if var.lse else None,
+        out_shape=o_shape, lse_shape=lse_shape,
         extents=[(byte_range(a)[0] - a.ptr, byte_range(a)[1] - a.ptr) for a in (aq, ak, av)],
         out_extent=(byte_range(ao)[0] - ao.ptr, byte_range(ao)[1] - ao.ptr), page_check=page_check,
         readback=var.nan_check or page_check is not None, cacheable=bool(count_ptr) or not (merge and n_split > 1),
-        alloc=allocator(aq.is_torch, aq.obj.device if aq.is_torch else None, sp), pool_keys=POOL.keys((aq.is_torch, dev, sp), ws_specs))
+        alloc=alloc, pool_keys=POOL.keys((aq.is_torch, dev, sp), ws_specs),
+        new_out=binder.maker(alloc, o_shape, var.dtype), new_lse=binder.maker(alloc, lse_shape, DType.FP32) if lse_shape else None)
 
 
 def check_page_ids(arrays: Any, pc: PageCheck, kern: DecodeKernel, sp: int) -> None:
@@ -424,10 +429,14 @@ def compile_decode(v: Variant, arch: Arch, *, verbose: bool = False, tile: tuple
 def _lq_of(var: Variant, q: Any) -> int:
     """Lq of a q argument (its layout's sequence dim), before any checks (those come in the
     kernel the call goes to); None-safe for odd inputs, which the forward then refuses."""
-    shape = tuple(getattr(q, "shape", ()))
+    shape = getattr(q, "shape", ())
     if len(shape) != 4:
         return -1
     return int(shape[2] if var.layout == Layout.BHSD else shape[1])
+
+
+# `DecodeKernel.__call__`'s options of a call that passes none: (splits, ctas, fused, check_pages)
+_PLAIN = (None, None, None, True)
 
 
 class Dispatch:
@@ -455,15 +464,24 @@ class Dispatch:
             fam = self._families[Lq] = choose_family(self.forward.variant, Lq)
         return fam
 
+    def ready_decode(self, Lq: int) -> DecodeKernel | None:
+        """The decode kernels when a call with Lq query rows goes to them and they are compiled
+        (an earlier such call compiled them), else None: a decode loop's calls, without re-planning."""
+        return self._decode if self._families.get(Lq) is Family.DECODE else None
+
     def __call__(self, q: Any, k: Any, v: Any, *positional: Any, **kw: Any) -> Any:
         if positional:
             raise TypeError(positional_inputs_message(f"kernel {self.forward.variant.name}", self.forward._input_names,
                                                       len(positional)))
         lq = _lq_of(self.forward.variant, q)
+        dec = self.ready_decode(lq)
+        if dec is not None and not kw:
+            # a decode step with no options (the usual one): straight to the decode kernels' call
+            return dec._run(q, k, v, None, None, None, _PLAIN, {}, False)
         # Calls placed in a longer sequence (q_offset, kv_offset, Lq_total, Lk_total) run on the
         # forward family, the one whose ABI carries positions.
-        placed = any(kw.get(n) for n in ("q_offset", "kv_offset", "Lq_total", "Lk_total"))
-        if lq >= 1 and not placed and self.family_for(lq) == Family.DECODE:
+        placed = bool(kw) and any(kw.get(n) for n in ("q_offset", "kv_offset", "Lq_total", "Lk_total"))
+        if lq >= 1 and not placed and (self._families.get(lq) or self.family_for(lq)) is Family.DECODE:
             if "check_inputs" in kw:  # the forward's name for the promise checks; decode's is the page check
                 kw.setdefault("check_pages", kw.pop("check_inputs"))
             return self.decode(q, k, v, **kw)

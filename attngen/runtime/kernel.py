@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 from attngen.cuda.compile import compile_source
 from attngen.ir.dtypes import INPUT_DTYPES
 from attngen.ir.nodes import DType, Layout, Program, TileConfig, Variant
-from attngen.runtime.binder import (CALL_SCALARS, MAX_BINDINGS, call_outputs, POOL, SIG_FNS, Binding, InputCheckError, NaNCheckError, bind_forward,
+from attngen.runtime.binder import (CALL_SCALARS, MAX_BINDINGS, call_outputs, call_signature, POOL, SIG_FNS, Binding, InputCheckError, NaNCheckError, bind_forward,
                                     capturing, driver, launch_driver, load_functions, sig_fn,
                                     stream_ptr, torch_current_stream, torch_sig)
 from attngen.runtime.extras import require_cupy
@@ -94,6 +94,7 @@ class Kernel:
     _status: Any = None  # device int64 words: [nan flag (int32), first bad index of each sorted input]
     _check_fns: tuple[Any, ...] = ()  # per sorted input: its check kernel
     _bindings: OrderedDict = field(default_factory=OrderedDict)
+    _routed: OrderedDict = field(default_factory=OrderedDict)  # the short-loop kernel's bindings its calls through this one took
     _check_shapes: tuple[tuple[int, ...], ...] = ()  # the sorted inputs' shapes in the latest launch
     # The plan's short-loop kernel (`OpPlan.short`), for calls whose key loop is short (Lk <= short_max_lk).
     short: "Kernel | None" = None
@@ -150,23 +151,16 @@ class Kernel:
              inputs: dict[str, Any], defer: bool, positions: tuple | None = None) -> Any:
         """`__call__`; with `defer`, the status words (input checks, nan_check) are not read back:
         an error stays on the device until `raise_pending()` or the next call that reads them."""
-        if self.short is not None and _seq_len(self.variant, k) <= self.short_max_lk:
-            return self.short._run(q, k, v, out, lse, stream, check_inputs, inputs, defer, positions)
         scalars = {n: int(inputs.pop(n, d)) for n, d in CALL_SCALARS.items()} if CALL_SCALARS else None
         names = self._input_names
-        arrays = (q, k, v, *(inputs[n] for n in names if n in inputs))
+        arrays = (q, k, v, *[inputs[n] for n in names if n in inputs]) if names else (q, k, v)
         if len(arrays) != 3 + len(names) or len(inputs) != len(names):
             self._build(arrays, inputs, out, lse, stream, check_inputs, positions=positions)  # raises the precise error
-        sigs = []
-        ptrs = []
+        sig = call_signature(arrays)
+        if sig is None:
+            self._build(arrays, inputs, out, lse, stream, check_inputs, positions=positions)  # raises the precise error
+        sigs, ptrs = sig
         fns = SIG_FNS
-        for x in arrays:
-            f = fns.get(type(x)) or sig_fn(x)
-            if f is None:
-                self._build(arrays, inputs, out, lse, stream, check_inputs, positions=positions)
-            sg, p = f(x)
-            sigs.append(sg)
-            ptrs.append(p)
         is_torch = fns.get(type(q)) is torch_sig
         if stream is None:
             if is_torch:
@@ -188,10 +182,17 @@ class Kernel:
         if lse is not None:
             fl = sig_fn(lse)
             lse_sig = fl(lse)[0] if fl is not None else type(lse)
-        key = (tuple(sigs), out_sig, lse_sig, sp, bool(check_inputs), positions)
-        b = self._bindings.get(key)
+        key = (sigs, out_sig, lse_sig, sp, bool(check_inputs), positions)
+        b = self._bindings.get(key) or self._routed.get(key)
         if b is None:
-            b = self._build(arrays, inputs, out, lse, stream, check_inputs, key, sp, positions)
+            # Calls with short key loops run the plan's short-loop kernel: its binding, kept in
+            # both kernels (k's shape is in the key, so the choice is made once a signature)
+            short = self.short is not None and _seq_len(self.variant, k) <= self.short_max_lk
+            b = (self.short if short else self)._build(arrays, inputs, out, lse, stream, check_inputs, key, sp, positions)
+            if short:
+                self._routed[key] = b
+                while len(self._routed) > MAX_BINDINGS:
+                    self._routed.popitem(last=False)
         out, op, lse, lp = call_outputs(b, self.variant.dtype, ptrs, out, op, lse, is_torch)
         ws: Any = ()
         if b.ws_specs:
@@ -211,7 +212,8 @@ class Kernel:
                 for slot, name in b.scalar_slots:
                     main_vals[slot] = scalars[name]
             for tm in b.tmaps:
-                tm.update(ptrs[tm.array], "qkv"[tm.array])
+                if ptrs[tm.array] != tm.last:
+                    tm.update(ptrs[tm.array], "qkv"[tm.array])
             for ci, ai in b.check_slots:
                 b.checks[ci].args.vals[0] = ptrs[ai]
             for ln in b.checks:
@@ -219,12 +221,13 @@ class Kernel:
             for ln in b.main:
                 launch_driver(ln, sp)
         if b.readback:
+            kern = b.owner or self  # (the short-loop kernel's own status words)
             if b.checks:
-                self._check_shapes = b.check_shapes
+                kern._check_shapes = b.check_shapes
             if not defer and not driver().capturing(sp):
                 # Under CUDA-graph capture no sync is allowed: the status words keep any error
                 # for raise_pending() or the next call that reads them.
-                self._read_status(sp)
+                kern._read_status(sp)
         return (out, lse) if b.lse_shape is not None else out
 
     def for_variant(self, v: Variant) -> Any:
@@ -292,6 +295,8 @@ class Kernel:
         else:
             sp = stream_ptr(stream)
         self._read_status(sp)
+        if self.short is not None:  # (the short-loop kernel's calls leave errors in its own words)
+            self.short._read_status(sp)
 
     # -----------------------------------------------------------------------------------------
     # building a binding: the full validation, once per signature
@@ -300,7 +305,7 @@ class Kernel:
                check_inputs: bool, key: Any = None, sp: int | None = None, positions: tuple | None = None) -> Binding:
         """The full validation and packing of one signature (`binder.bind_forward`), kept per key."""
         b = bind_forward(self, arrays, inputs, out, lse, stream, check_inputs, sp, positions)
-        b.key = key
+        b.key, b.owner = key, self
         if key is not None:
             self._bindings[key] = b
             while len(self._bindings) > MAX_BINDINGS:

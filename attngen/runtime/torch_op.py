@@ -83,11 +83,13 @@ _OPS: dict[tuple[Variant, str], "AttnOp"] = {}
 _NAMES: dict[str, tuple[Variant, str]] = {}
 
 _TORCH_DTYPES = {d: getattr(torch, d.info.torch) for d in ATTENTION_DTYPES}
+# The decode options (splits, ctas, fused, check_pages) `_launch` passes a call without a paged cache
+_NO_PAGE_CHECK = (None, None, None, False)
 
 
 def _cpu_backend(q: torch.Tensor) -> bool:
     """Whether a call on `q` runs the CPU backend (CPU tensors) rather than the CUDA kernels."""
-    return q.device.type == "cpu"
+    return q.is_cpu
 
 
 def _cpu_refusal(v: Variant) -> str | None:
@@ -179,6 +181,7 @@ class AttnOp:
         self.train_variant = training_variant(v) if self.o_norm else (v if v.lse else dataclasses.replace(v, lse=True))
         self.train_input_names = tuple(n for n in self.input_names if n not in o_norm_inputs(v))
         self.name = _op_name(v, arch or "")
+        self._bhsd = v.layout == Layout.BHSD
         self._kernel: Any = None
         self._train_kernel: Any = None
         self._wrt_cache: dict[tuple[bool, ...], tuple[list[str], list[str], int]] = {}
@@ -425,13 +428,13 @@ class AttnOp:
         names = self._wrt_names.get(wrt)
         if names is None:
             names = self._wrt_names[wrt] = tuple(nm for i, nm in enumerate(self.grad_names) if wrt >> i & 1)
-        inputs = dict(zip(self.input_names, arrays))
+        inputs = dict(zip(self.input_names, arrays)) if arrays else {}
         if _cpu_backend(q):  # the CPU backend's training forward: backward() runs the CPU backward for it
             from attngen.cpu.kernel import compile_cpu
 
             kern = compile_cpu(self.train_variant)
         else:
-            kern = self.train_kernel()
+            kern = self._train_kernel or self.train_kernel()
         res = runtime_bwd.backward(kern, q, k, v, do, o=o, lse=lse, dlse=dlse, deterministic=deterministic,
                                    wrt=names, variant=self.variant, **inputs)
         out = list(res[:3])
@@ -455,16 +458,24 @@ class AttnOp:
         """o (or (o, lse)); runtime inputs by name (positional ones are refused: InputNameError, a
         TypeError). With an input that requires grad (and grad mode on), through the LSE-saving
         forward, so that the backward reads the saved LSE."""
-        inputs = match_inputs(self.qualname, self.input_names, positional, named)
-        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *inputs))
-        if grad:
+        inputs = match_inputs(self.qualname, self.input_names, positional, named) if positional or named or self.input_names else ()
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                            or any(x.requires_grad for x in inputs))
+        eager = _eager(q)
+        if grad and (self.refusal is not None or not eager):  # (an eager call's refusal is `self.refusal`)
             self._refuse((q, k, v, *inputs))
-        if _eager(q):
+        if eager:
             # Eager CUDA calls skip the dispatcher (the same kernels, checks and saved tensors as
             # the custom ops; torch.compile and the other tracers take the ops below).
             if grad:
                 return _Train.apply(self, check_inputs, deterministic, q, k, v, *inputs)
-            return self._launch(self.kernel(), q, k, v, inputs, self.input_names, check_inputs)
+            kern = self._kernel or self.kernel()
+            if isinstance(kern, Dispatch) and q.dim() == 4:
+                dec = kern.ready_decode(q.shape[2] if self._bhsd else q.shape[1])
+                if dec is not None and dec.variant.page_size is None:
+                    # a decode step (no page check): the decode kernels' own call, deferred as `_launch` makes it
+                    return dec._run(q, k, v, None, None, None, _NO_PAGE_CHECK, dict(zip(self.input_names, inputs)) if inputs else {}, True)
+            return self._launch(kern, q, k, v, inputs, self.input_names, check_inputs)
         if grad:
             o, lse = self.fwd_op(q, k, v, *inputs, check_inputs=check_inputs, deterministic=deterministic)[:2]
             return (o, lse) if self.variant.lse else o
@@ -479,7 +490,12 @@ class _Train(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, op: AttnOp, check_inputs: bool, deterministic: bool, q: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, *arrays: torch.Tensor) -> Any:
-        out = op._train_forward(q, k, v, arrays, check_inputs)
+        if op.o_norm:
+            out = op._train_forward(q, k, v, arrays, check_inputs)
+        else:  # (`_train_launch` on CUDA tensors, minus its frames: the forward kernel's own call)
+            kern = op._train_kernel or op.train_kernel()
+            defer = not (check_inputs and kern.plan.problem.sorted_inputs and not torch.cuda.is_current_stream_capturing())
+            out = kern._run(q, k, v, None, None, None, check_inputs, dict(zip(op.input_names, arrays)) if arrays else {}, defer)
         o, lse = out[0], out[1]
         ctx.op, ctx.deterministic = op, deterministic
         # Unused outputs' gradients arrive as None (no zero tensors made); backward fills dO.

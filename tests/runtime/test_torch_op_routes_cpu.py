@@ -268,19 +268,53 @@ def test_no_grad_decode_step_runs_the_decode_family(stubs, monkeypatch):
     d = _dispatch(op.variant)
     monkeypatch.setattr(op, "kernel", lambda: d)
     q, kv, inputs = _hf_step_args(1)
+    eager = torch_op._eager
     for route in ("eager", "dispatch"):
-        monkeypatch.setattr(torch_op, "_eager", torch_op._eager if route == "eager" else (lambda q: False))
+        monkeypatch.setattr(torch_op, "_eager", eager if route == "eager" else (lambda q: False))
         with torch.no_grad():
             o = op(q, kv, kv, check_inputs=False, **inputs)
         # (the decode stub adds 1: its output tells which family ran)
         assert torch.equal(o, (q.float() * 2 + 2 * kv.float().mean() + 1).to(q.dtype))
         assert d.decode.runs[-1] == ((None, None, None, False), ["kv_lens", "q_lens"], True)
+    routed = []
+    monkeypatch.setattr(torch_op, "route", lambda kern, q, real=torch_op.route: routed.append(q.shape) or real(kern, q))
+    monkeypatch.setattr(torch_op, "_eager", eager)
+    with torch.no_grad():
+        op(q, kv, kv, check_inputs=False, **inputs)  # Lq 1 planned, decode compiled: the shortcut, same call
+    assert not routed and d.decode.runs[-1] == ((None, None, None, False), ["kv_lens", "q_lens"], True)
+    assert len(d.decode.runs) == 3
     n_fwd = len(d.forward.runs)
     q, kv, inputs = _hf_step_args(40, 40)
     with torch.no_grad():
         op(q, kv, kv, **inputs)  # a prefill: the forward family
-    assert len(d.forward.runs) == n_fwd + 1 and len(d.decode.runs) == 2
+    assert len(d.forward.runs) == n_fwd + 1 and len(d.decode.runs) == 3
     # With grad, the LSE-saving training forward runs (the backward reads its LSE), never decode.
     q, kv, inputs = _hf_step_args(1)
     op(q.requires_grad_(), kv, kv, **inputs)
-    assert len(train.runs) == 1 and len(d.decode.runs) == 2
+    assert len(train.runs) == 1 and len(d.decode.runs) == 3
+
+
+PLAIN_STEP = "attention tr_plain_step { dtype bf16; head_dim 64; heads 4 kv 2; kind cross }"
+
+
+def test_plain_decode_steps_take_the_decode_kernels_call_directly(stubs, monkeypatch):
+    # A step with no runtime inputs, once its Lq is planned and the decode family compiled, goes
+    # straight to the decode kernels' call with what `_launch` and `Dispatch.__call__` pass.
+    op = at.register(PLAIN_STEP)
+    stubs(op)
+    d = _dispatch(op.variant)
+    monkeypatch.setattr(op, "kernel", lambda: d)
+    routed = []
+    monkeypatch.setattr(torch_op, "route", lambda kern, q, real=torch_op.route: routed.append(q.shape) or real(kern, q))
+    q, kv = torch.randn(2, 4, 1, 64).bfloat16(), torch.randn(2, 2, 300, 64).bfloat16()
+    with torch.no_grad():
+        first = op(q, kv, kv)  # through `_launch` (route plans Lq 1)
+        assert d.ready_decode(1) is d.decode and d.ready_decode(40) is None and len(routed) == 1
+        second = op(q, kv, kv)  # the shortcut: no route
+    assert len(routed) == 1 and torch.equal(first, second)
+    assert d.decode.runs == [((None, None, None, False), [], True)] * 2
+    d(q, kv, kv)  # Dispatch's own: the call's defaults, read back (not deferred)
+    assert d.decode.runs[-1] == ((None, None, None, True), [], False)
+    with torch.no_grad():
+        op(torch.randn(2, 4, 40, 64).bfloat16(), kv, kv)  # a prefill: the forward family
+    assert len(d.forward.runs) == 1 and len(d.decode.runs) == 3
