@@ -14,6 +14,7 @@
 #   gpu2       its other half (backward, autograd, the torch op, decode, varlen, head dims)
 #   race       compute-sanitizer racecheck and memcheck of the forward and backward on odd shapes
 #              ($RACE_FWD: the forward specs racecheck runs, all when empty; racecheck is slow)
+#   racequant  compute-sanitizer memcheck and racecheck of the quantized kernels (their GPU tests, narrowed)
 #   decodemem  compute-sanitizer memcheck of the decode family (contiguous, paged, sinks)
 #   nbarprobe  racecheck of tools/racecheck_nbar_probe.cu (what the tool reports of a correct
 #              named-barrier hand-off, a lockstep control and a real race; needs nvcc)
@@ -86,6 +87,15 @@ for it in "$@"; do
         echo "$tool forward rc=$? ($(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/${tool}_fwd.txt" | tail -n 1); $(tail -n 1 "$OUT/${tool}_fwd.txt"))" >> "$S"
         timeout ${RACE_S:-120} compute-sanitizer --tool $tool python3 tools/sanitize_bwd_cases.py --quick > "$OUT/${tool}_bwd.txt" 2>&1
         echo "$tool backward rc=$? ($(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/${tool}_bwd.txt" | tail -n 1); $(tail -n 1 "$OUT/${tool}_bwd.txt"))" >> "$S"
+      done ;;
+    racequant)
+      # The quantized kernels (FP8/INT8 forward, the FP8 KV cache's decode) under the sanitizers, through
+      # their GPU tests narrowed by $RACEQUANT_K; each test checks its output against the reference.
+      for tool in memcheck racecheck; do
+        timeout ${RACEQUANT_S:-150} compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider \
+          $G/test_gpu_quant_fwd.py $G/test_gpu_decode_fp8.py \
+          -k "${RACEQUANT_K:-(kernel_matches and plain and 77x333) or matches_the_reference}" > "$OUT/${tool}_quant.txt" 2>&1
+        echo "$tool quant rc=$? ($(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/${tool}_quant.txt" | tail -n 1); $(grep -E '[0-9]+ (passed|failed)' "$OUT/${tool}_quant.txt" | tail -n 1))" >> "$S"
       done ;;
     decodemem)
       timeout ${DECODEMEM_S:-60} compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu/decode_smoke.py --quick \
