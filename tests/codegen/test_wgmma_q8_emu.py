@@ -1,0 +1,107 @@
+"""The sm_90a FP8 forward on the wgmma engine (backends/cuda/fwd/_wgmma.cu.j2 with _wgmma_q8.cu.j2:
+m64nNk32 e4m3/e5m2 wgmma, P from registers, V^T from the prep kernel) run on the CPU through
+`_fwd_emu`, whose k32 wgmma follows the PTX ISA's 8-bit fragment layouts, against the quantized
+NumPy reference (attngen.check.quant) at the bound of tests/codegen/test_quant_fwd_emu.py; and
+which specs the plan sends to it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _fwd_emu as emu  # noqa: E402
+from test_quant_fwd_emu import _bound  # noqa: E402
+
+from attngen.check import quant_accuracy, reference  # noqa: E402
+from attngen.cuda.render import render_with_plan  # noqa: E402
+from attngen.lang import frontend  # noqa: E402
+from attngen.plan import quant_fwd  # noqa: E402
+from attngen.plan.schedule import Arch, Engine  # noqa: E402
+
+pytestmark = pytest.mark.skipif(emu.available() is not None, reason=str(emu.available()))
+
+_QKV = """
+  quant q fp8_e4m3 input per head
+  quant k fp8_e4m3 input per head
+  quant v {vt} input {vg}
+  quant p {pt} static({c})
+"""
+
+
+def _spec(name: str, body: str, vt: str = "fp8_e4m3", vg: str = "per head", pt: str = "fp8_e4m3", c: str = "448.0"):
+    return frontend.loads(f"attention {name} {{\n  head_dim 128\n{body}\n" + _QKV.format(vt=vt, vg=vg, pt=pt, c=c) + "}",
+                          f"{name}.attn").get()
+
+
+# (spec, (B, Lq, Lk)): lengths that are no multiple of the 128 x 128 tile, several work tiles a CTA
+CASES = {
+    "dense": (_spec("dense", "  dtype fp8_e4m3 out bf16\n  heads 2\n  kind cross\n  layout bhsd\n  output lse", vg="per tensor"), (1, 200, 300)),
+    "causal_gqa_bshd": (_spec("causal_gqa_bshd", "  dtype fp8_e4m3 out bf16\n  heads 4 kv 2\n  layout bshd\n  mask causal"),
+                        (2, 150, 150)),
+    "window_fp16": (_spec("window_fp16", "  dtype fp8_e4m3 out fp16\n  heads 2\n  layout bhsd\n  mask causal && window(100, 0)\n"
+                          "  output lse"), (1, 330, 330)),
+    "e5m2_cross_score": (_spec("e5m2_cross_score", "  dtype fp16 q fp8_e4m3 k fp8_e4m3 v fp8_e5m2\n  heads 2\n  kind cross\n"
+                               "  layout bshd\n  mask kv <= q + 40\n  score s * 0.5", vt="fp8_e5m2", pt="fp8_e5m2", c="57344.0"),
+                         (1, 140, 260)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("outliers", [False, True], ids=["plain", "outliers"])
+def test_wgmma_fp8_kernel_matches_quantized_reference(name, outliers, tmp_path):
+    from attngen.check import reference_eval as E
+    from attngen.check.quant import dense_operands
+
+    v, (B, Lq, Lk) = CASES[name]
+    src, kp = render_with_plan(v, Arch.SM90A)
+    assert kp.engine == Engine.WGMMA and "k32.f32.e" in src and [k.prep.func for k in kp.kernels[:-1]] == ["ag_prep_vt"]
+    call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, B, Lq, Lk, seed=3, outliers=outliers))
+    rest = {n: a for n, a in call.items() if n not in ("q", "k", "v")}
+    o_ref, lse_ref = reference.attention(v, call["q"], call["k"], call["v"], rest)
+    o, lse = emu.run(src, kp, v, call, workdir=str(tmp_path), timeout=600)
+    o_ref = np.asarray(o_ref, np.float64)
+    assert np.isfinite(o).all()
+    vd = dense_operands(v, call["q"], call["k"], call["v"], E.prepare_tensors(v, rest))[2]
+    tol = 4 * 2.0 ** -8 * float(np.abs(o_ref).max()) + _bound(v, vd, Lk)
+    err = np.abs(o - o_ref).max()
+    assert err <= tol, (name, err, tol)
+    # The bound above is P's worst case; the kernel's error runs far below it (0.002-0.018 here,
+    # below the mma.sync kernel's at these inputs: key tiles of 128 move the running max less).
+    assert quant_accuracy.error(o, o_ref).rel_l2 < 0.03
+    if v.lse:
+        assert np.allclose(lse, lse_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_wrong_v_permutation_fails(tmp_path):
+    # The emulation is the layouts' witness: V^T written in plain key order (no permutation within
+    # each 32) must give wrong outputs, or the test above proves nothing about the fragments.
+    v, (B, Lq, Lk) = CASES["dense"]
+    src, kp = render_with_plan(v, Arch.SM90A)
+    line = "        const int key = k16 + 8 * (e >> 1) + 2 * t + (e & 1);\n"
+    assert line in src
+    call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, B, 130, 130, seed=3))
+    rest = {n: a for n, a in call.items() if n not in ("q", "k", "v")}
+    o_ref, _ = reference.attention(v, call["q"], call["k"], call["v"], rest)
+    o, _ = emu.run(src.replace(line, "        const int key = k16 + 4 * t + e;\n"), kp, v, call, workdir=str(tmp_path), timeout=600)
+    assert np.abs(o - np.asarray(o_ref, np.float64)).max() > 0.05
+
+
+def test_routing():
+    """FP8 Q·Kᵀ + FP8 P·V at head dim 128 runs on wgmma on sm_90a only; sm_89, D64, V dequantized
+    and a tile hint keep mma.sync."""
+    v = CASES["dense"][0]
+    assert quant_fwd.wgmma_q8(v, Arch.SM90A) and not quant_fwd.wgmma_q8(v, Arch.SM89)
+    _, kp89 = render_with_plan(v, Arch.SM89)
+    assert kp89.engine == Engine.MMA_SYNC and not kp89.preps
+    d64 = frontend.loads("attention d64 { dtype fp8_e4m3 out bf16\n head_dim 64\n heads 2\n" + _QKV.format(
+        vt="fp8_e4m3", vg="per head", pt="fp8_e4m3", c="448.0") + "}").get()
+    assert render_with_plan(d64, Arch.SM90A)[1].engine == Engine.MMA_SYNC
+    hinted = _spec("hinted", "  dtype fp8_e4m3 out bf16\n  heads 2\n  tile block_m 128 block_n 32 warps 4")
+    assert render_with_plan(hinted, Arch.SM90A)[1].engine == Engine.MMA_SYNC
+    example = frontend.loads((Path(__file__).resolve().parents[2] / "examples/quant/fp8_prefill.attn").read_text()).get()
+    _, kp = render_with_plan(example, Arch.SM90A)
+    assert kp.engine == Engine.WGMMA and kp.preps[0].workspace_shape(2, 100, 200) == (2, 8, 256, 128)
