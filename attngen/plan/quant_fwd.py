@@ -124,8 +124,8 @@ def wgmma_q8_smem(v: Variant, tile: TileConfig) -> int:
 
 
 def quant_tile(v: Variant, arch: Arch) -> TileConfig:
-    """The kernel's tile: the spec's `tile` hint over 128x64 (128x32 above head dim 64, 64x32 above
-    128), four warps, two stages. Four warps keep every arch on mma.sync (the wgmma engine's tiles
+    """The kernel's tile: WGMMA_Q8_TILE where `wgmma_q8`; else the spec's `tile` hint over 128x64
+    (128x32 above head dim 64, 64x32 above 128), four warps, two stages. Four warps keep every arch on mma.sync (the wgmma engine's tiles
     have eight).
     Key tiles of 32 where ptxas (CUDA 13) reports spills at 128x64: above D64 (FP8 with V
     dequantized, D128 causal: 76 bytes on sm_89, 84 on sm_90a; FP8 P·V: 8 on sm_89 with the LSE,
