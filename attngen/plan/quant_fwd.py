@@ -14,6 +14,8 @@ consumer warpgroups, 128 x 128 tiles), V transposed once by a prep kernel (`ag_p
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from attngen.ir.dtypes import DType
 from attngen.ir import names
 from attngen.ir.nodes import Layout, NormScope, NormTarget, Quant, QuantOperand, ScaleGranularity, ScaleSource, TileConfig, Variant, quant_scale_name
@@ -109,10 +111,14 @@ WGMMA_Q8_Q_BUFS = 2
 
 def wgmma_q8(v: Variant, arch: Arch) -> bool:
     """Whether `v` runs on the sm_90a FP8 wgmma engine: FP8 Q·Kᵀ and FP8 P·V (q, k, v stored fp8
-    with input scales, `quant p fp8_* static(c)`), head dims 128, no tile hint, not varlen. The
-    other quantized specs (and these on sm_89) keep the mma.sync kernel."""
+    with input scales, `quant p fp8_* static(c)`), head dims 128, not varlen, and no tile hint but
+    one of WGMMA_Q8_TILE's shape (128 x 128, 8 warps) with two to four stages. The other quantized
+    specs (and these on sm_89) keep the mma.sync kernel."""
+    h, t = v.tile, WGMMA_Q8_TILE
+    hint_ok = h is None or (h.block_m in (None, t.block_m) and h.block_n in (None, t.block_n) and h.warps in (None, t.warps)
+                            and (h.stages is None or 2 <= h.stages <= 4))
     return (arch == Arch.SM90A and not qk_i8(v) and forward_problem(v) is None and p_fp8(v) is not None
-            and v_fp8(v) and v.head_dim == v.value_head_dim == 128 and v.tile is None and v.layout != Layout.VARLEN)
+            and v_fp8(v) and v.head_dim == v.value_head_dim == 128 and hint_ok and v.layout != Layout.VARLEN)
 
 
 def wgmma_q8_smem(v: Variant, tile: TileConfig) -> int:
@@ -132,7 +138,7 @@ def quant_tile(v: Variant, arch: Arch) -> TileConfig:
     1240 on sm_90a; INT8: 20 on sm_80/sm_89) and FP8 P·V on sm_90a (D64: 284 bytes). At 128x32:
     none, but 4 bytes (FP8 V dequantized and INT8, D128 causal) and 140 (FP8 P·V, D128) on sm_90a."""
     if wgmma_q8(v, arch):
-        return WGMMA_Q8_TILE
+        return WGMMA_Q8_TILE if v.tile is None or v.tile.stages is None else replace(WGMMA_Q8_TILE, stages=v.tile.stages)
     d = max(v.head_dim, v.value_head_dim)
     wide = d > 128
     narrow = d > 64 or (p_fp8(v) is not None and arch == Arch.SM90A)

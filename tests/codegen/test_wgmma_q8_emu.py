@@ -42,6 +42,9 @@ CASES = {
     "dense": (_spec("dense", "  dtype fp8_e4m3 out bf16\n  heads 2\n  kind cross\n  layout bhsd\n  output lse", vg="per tensor"), (1, 200, 300)),
     "causal_gqa_bshd": (_spec("causal_gqa_bshd", "  dtype fp8_e4m3 out bf16\n  heads 4 kv 2\n  layout bshd\n  mask causal"),
                         (2, 150, 150)),
+    # a tile hint's stage count: two slots, the ring's tightest wrap
+    "causal_stages2": (_spec("causal_stages2", "  dtype fp8_e4m3 out bf16\n  heads 2\n  layout bhsd\n  mask causal\n"
+                             "  tile block_m 128 block_n 128 warps 8 stages 2"), (1, 390, 390)),
     "window_fp16": (_spec("window_fp16", "  dtype fp8_e4m3 out fp16\n  heads 2\n  layout bhsd\n  mask causal && window(100, 0)\n"
                           "  output lse"), (1, 330, 330)),
     "e5m2_cross_score": (_spec("e5m2_cross_score", "  dtype fp16 q fp8_e4m3 k fp8_e4m3 v fp8_e5m2\n  heads 2\n  kind cross\n"
@@ -102,6 +105,9 @@ def test_routing():
     assert render_with_plan(d64, Arch.SM90A)[1].engine == Engine.MMA_SYNC
     hinted = _spec("hinted", "  dtype fp8_e4m3 out bf16\n  heads 2\n  tile block_m 128 block_n 32 warps 4")
     assert render_with_plan(hinted, Arch.SM90A)[1].engine == Engine.MMA_SYNC
+    staged = _spec("staged", "  dtype fp8_e4m3 out bf16\n  heads 2\n  tile block_m 128 block_n 128 warps 8 stages 4")
+    kp = render_with_plan(staged, Arch.SM90A)[1]
+    assert kp.engine == Engine.WGMMA and kp.tile.stages == 4
     example = frontend.loads((Path(__file__).resolve().parents[2] / "examples/quant/fp8_prefill.attn").read_text()).get()
     _, kp = render_with_plan(example, Arch.SM90A)
     assert kp.engine == Engine.WGMMA and kp.preps[0].workspace_shape(2, 100, 200) == (2, 8, 256, 128)
