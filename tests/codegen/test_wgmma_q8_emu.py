@@ -80,16 +80,16 @@ def test_wgmma_fp8_kernel_matches_quantized_reference(name, outliers, tmp_path):
 
 
 def test_a_wrong_v_permutation_fails(tmp_path):
-    # The emulation is the layouts' witness: V^T written in plain key order (no permutation within
-    # each 32) must give wrong outputs, or the test above proves nothing about the fragments.
+    # The emulation is the layouts' witness: V^T written with another permutation of the keys within
+    # each 32 must give wrong outputs, or the test above proves nothing about the fragments.
     v, (B, Lq, Lk) = CASES["dense"]
     src, kp = render_with_plan(v, Arch.SM90A)
-    line = "        const int key = k16 + 8 * (e >> 1) + 2 * t + (e & 1);\n"
+    line = "        const int k0 = 16 * (q >> 2) + 2 * (q & 3);"
     assert line in src
     call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, B, 130, 130, seed=3))
     rest = {n: a for n, a in call.items() if n not in ("q", "k", "v")}
     o_ref, _ = reference.attention(v, call["q"], call["k"], call["v"], rest)
-    o, _ = emu.run(src.replace(line, "        const int key = k16 + 4 * t + e;\n"), kp, v, call, workdir=str(tmp_path), timeout=600)
+    o, _ = emu.run(src.replace(line, "        const int k0 = 16 * (q >> 2) + 2 * ((q + 1) & 3);"), kp, v, call, workdir=str(tmp_path), timeout=600)
     assert np.abs(o - np.asarray(o_ref, np.float64)).max() > 0.05
 
 
