@@ -213,8 +213,8 @@ def preps(v: Variant, name: str, arch: Arch | None = None) -> tuple[Prep, ...]:
         bn = WGMMA_Q8_TILE.block_n
         return (Prep(f"{name}_prep_vt", "ag_prep_vt",
                      Field("unsigned char* __restrict__", "ws_vt", f"workspace, B*Hkv*Dv*Lkp bytes (Lkp: Lk rounded up to {bn}): "
-                           "V^T in fp8, keys permuted within each 32 (the wgmma A fragment of P), zero past Lk, "
-                           "written by the prep kernel"),
+                           "V^T in fp8 as key tiles of Dv x 128 bytes in the 128-byte swizzle, keys permuted within each "
+                           "32 (the wgmma A fragment of P), zero past Lk, written by the prep kernel"),
                      v.kv_heads, False, v.value_head_dim, DType.I8,
                      "v transposed once (keys contiguous: wgmma's 8-bit B operand is K-major)", pad_keys=bn),)
     if not v.quantized or not qk_i8(v):

@@ -99,6 +99,13 @@ PRIMS = {
                    "  const long long left = (ag_tx[bar / 8] -= n);\n"
                    "  if (left < 0) { std::fprintf(stderr, \"mbarrier at %u: TMA bytes past the expected count\\n\", bar); std::abort(); }\n"
                    "  if (left == 0) ag_mbar_arrive(bar);\n}",
+    # A bulk copy (cp.async.bulk, no descriptor): lands at issue, its bytes counted as TMA's.
+    "ag_bulk_copy": "inline void ag_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {\n"
+                    "  if ((dst | bytes | (unsigned)(uintptr_t)src) % 16u) { std::fprintf(stderr, \"cp.async.bulk: 16-byte alignment\\n\"); std::abort(); }\n"
+                    "  std::memcpy(ag_smem + dst, src, bytes);\n"
+                    "  const long long left = (ag_tx[bar / 8] -= bytes);\n"
+                    "  if (left < 0) { std::fprintf(stderr, \"mbarrier at %u: bulk bytes past the expected count\\n\", bar); std::abort(); }\n"
+                    "  if (left == 0) ag_mbar_arrive(bar);\n}",
     "ag_bar_wait": "inline void ag_bar_wait(unsigned bar, int parity) {\n"
                    "  const auto t0 = std::chrono::steady_clock::now();\n"
                    "  while (!ag_mbar_done(bar, parity)) {\n"

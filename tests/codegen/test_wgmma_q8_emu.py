@@ -62,6 +62,7 @@ def test_wgmma_fp8_kernel_matches_quantized_reference(name, outliers, tmp_path):
     v, (B, Lq, Lk) = CASES[name]
     src, kp = render_with_plan(v, Arch.SM90A)
     assert kp.engine == Engine.WGMMA and "k32.f32.e" in src and [k.prep.func for k in kp.kernels[:-1]] == ["ag_prep_vt"]
+    assert "cp.async.bulk.shared::cluster.global" in src and not kp.attention.tma  # V^T by bulk copies, Q and K by cp.async
     call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, B, Lq, Lk, seed=3, outliers=outliers))
     rest = {n: a for n, a in call.items() if n not in ("q", "k", "v")}
     o_ref, lse_ref = reference.attention(v, call["q"], call["k"], call["v"], rest)
