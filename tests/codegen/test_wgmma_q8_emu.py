@@ -45,6 +45,10 @@ CASES = {
     # a tile hint's stage count: two slots, the ring's tightest wrap
     "causal_stages2": (_spec("causal_stages2", "  dtype fp8_e4m3 out bf16\n  heads 2\n  layout bhsd\n  mask causal\n"
                              "  tile block_m 128 block_n 128 warps 8 stages 2"), (1, 390, 390)),
+    # a mask that reads a tensor (visibility bits while S is in flight), a sink, the NaN check
+    "documents_sink": (_spec("documents_sink", "  dtype fp8_e4m3 out bf16\n  heads 2\n  layout bhsd\n"
+                             "  input doc: i32[B, Lk] sorted\n  mask document(doc) && causal\n  input sinks: fp32[H]\n"
+                             "  sink sinks\n  nan_check\n  output lse"), (2, 260, 260)),
     "window_fp16": (_spec("window_fp16", "  dtype fp8_e4m3 out fp16\n  heads 2\n  layout bhsd\n  mask causal && window(100, 0)\n"
                           "  output lse"), (1, 330, 330)),
     "e5m2_cross_score": (_spec("e5m2_cross_score", "  dtype fp16 q fp8_e4m3 k fp8_e4m3 v fp8_e5m2\n  heads 2\n  kind cross\n"
