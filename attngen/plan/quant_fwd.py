@@ -7,7 +7,7 @@ It runs: Q and K stored as fp8_e4m3 / fp8_e5m2 with `input` scales `per tensor` 
 output's type (V dequantized tile by tile) or, with `quant p fp8_* static(c)`, on m16n8k32 too.
 Everything else keeps a located refusal that names what is missing.
 
-On sm_90a, FP8 Q·Kᵀ with FP8 P·V at head dims 128 (`wgmma_q8`) runs on the wgmma engine instead
+On sm_90a, FP8 Q·Kᵀ with FP8 P·V at head dims 64 and 128 (`wgmma_q8`) runs on the wgmma engine instead
 (backends/cuda/fwd/_wgmma.cu.j2 with _wgmma_q8.cu.j2: m64nNk32 e4m3/e5m2 wgmma, the producer /
 consumer warpgroups, 128 x 128 tiles), V transposed once by a prep kernel (`ag_prep_vt`).
 """
@@ -111,14 +111,14 @@ WGMMA_Q8_Q_BUFS = 2
 
 def wgmma_q8(v: Variant, arch: Arch) -> bool:
     """Whether `v` runs on the sm_90a FP8 wgmma engine: FP8 Q·Kᵀ and FP8 P·V (q, k, v stored fp8
-    with input scales, `quant p fp8_* static(c)`), head dims 128, not varlen, and no tile hint but
+    with input scales, `quant p fp8_* static(c)`), head dims 64 or 128 (D = Dv), not varlen, and no tile hint but
     one of WGMMA_Q8_TILE's shape (128 x 128, 8 warps) with two to four stages. The other quantized
     specs (and these on sm_89) keep the mma.sync kernel."""
     h, t = v.tile, WGMMA_Q8_TILE
     hint_ok = h is None or (h.block_m in (None, t.block_m) and h.block_n in (None, t.block_n) and h.warps in (None, t.warps)
                             and (h.stages is None or 2 <= h.stages <= 4))
     return (arch == Arch.SM90A and not qk_i8(v) and forward_problem(v) is None and p_fp8(v) is not None
-            and v_fp8(v) and v.head_dim == v.value_head_dim == 128 and hint_ok and v.layout != Layout.VARLEN)
+            and v_fp8(v) and v.head_dim == v.value_head_dim in (64, 128) and hint_ok and v.layout != Layout.VARLEN)
 
 
 def wgmma_q8_smem(v: Variant, tile: TileConfig) -> int:

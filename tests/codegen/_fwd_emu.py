@@ -182,13 +182,18 @@ Q8_PRIMS = ("ag_mma_qk", "ag_mma_pv", "ag_cvt_p4")
 # fragment of matrix A" figure for .e4m3/.e5m2/.s8); the accumulator is the 16-bit engine's.
 WG8_CORE = r"""
 template <class T> inline float ag_f8(unsigned u) { T x; x.__x = (unsigned char)(u & 0xFFu); return (float)x; }
+// Layout type 1: the 128-byte swizzle (rows of 128 bytes, address bits 4-6 XOR bits 7-9); 2: the
+// 64-byte one (rows of 64 bytes, bits 4-5 XOR bits 7-8): CUTLASS's Swizzle<3,4,3> / <2,4,3> atoms
+// of 8 rows, SBO apart.
 inline unsigned ag_wg8_byte(unsigned long long desc, int mn, int k) {
-  if ((desc >> 62) != 1ull || ((desc >> 49) & 7ull) != 0ull) { std::fprintf(stderr, "wgmma descriptor: not a 128-byte swizzle at base offset 0\n"); std::abort(); }
+  const unsigned long long type = desc >> 62;
+  if ((type != 1ull && type != 2ull) || ((desc >> 49) & 7ull) != 0ull) { std::fprintf(stderr, "wgmma descriptor: not a 128- or 64-byte swizzle at base offset 0\n"); std::abort(); }
+  const unsigned row = type == 1ull ? 128u : 64u, bits = type == 1ull ? 7u : 3u;
   const unsigned start = (unsigned)(desc & 0x3FFFull) << 4, sbo = (unsigned)((desc >> 32) & 0x3FFFull) << 4;
-  if ((start >> 7) & 7u) { std::fprintf(stderr, "wgmma descriptor: start 0x%x is not on a 1024-byte swizzle period\n", start); std::abort(); }
-  if (k < 0 || (start & 127u) + (unsigned)k >= 128u) { std::fprintf(stderr, "wgmma k32 (8-bit, K-major): k past the 128-byte row\n"); std::abort(); }
-  unsigned a = start + (unsigned)(mn / 8) * sbo + (unsigned)(mn % 8) * 128u + (unsigned)k;
-  a ^= ((a >> 7) & 7u) << 4;
+  if ((start >> 7) & bits) { std::fprintf(stderr, "wgmma descriptor: start 0x%x is not on a swizzle period\n", start); std::abort(); }
+  if (k < 0 || (start % row) + (unsigned)k >= row) { std::fprintf(stderr, "wgmma k32 (8-bit, K-major): k past the swizzle row\n"); std::abort(); }
+  unsigned a = start + (unsigned)(mn / 8) * sbo + (unsigned)(mn % 8) * row + (unsigned)k;
+  a ^= ((a >> 7) & bits) << 4;
   return ag_smem[a];
 }
 template <int N, class TA, class TB>

@@ -18,6 +18,7 @@ from test_quant_fwd_emu import _bound  # noqa: E402
 
 from attngen.check import quant_accuracy, reference  # noqa: E402
 from attngen.cuda.render import render_with_plan  # noqa: E402
+from attngen.ir.nodes import QuantOperand  # noqa: E402
 from attngen.lang import frontend  # noqa: E402
 from attngen.plan import quant_fwd  # noqa: E402
 from attngen.plan.schedule import Arch, Engine  # noqa: E402
@@ -32,8 +33,8 @@ _QKV = """
 """
 
 
-def _spec(name: str, body: str, vt: str = "fp8_e4m3", vg: str = "per head", pt: str = "fp8_e4m3", c: str = "448.0"):
-    return frontend.loads(f"attention {name} {{\n  head_dim 128\n{body}\n" + _QKV.format(vt=vt, vg=vg, pt=pt, c=c) + "}",
+def _spec(name: str, body: str, vt: str = "fp8_e4m3", vg: str = "per head", pt: str = "fp8_e4m3", c: str = "448.0", d: int = 128):
+    return frontend.loads(f"attention {name} {{\n  head_dim {d}\n{body}\n" + _QKV.format(vt=vt, vg=vg, pt=pt, c=c) + "}",
                           f"{name}.attn").get()
 
 
@@ -49,6 +50,11 @@ CASES = {
     "documents_sink": (_spec("documents_sink", "  dtype fp8_e4m3 out bf16\n  heads 2\n  layout bhsd\n"
                              "  input doc: i32[B, Lk] sorted\n  mask document(doc) && causal\n  input sinks: fp32[H]\n"
                              "  sink sinks\n  nan_check\n  output lse"), (2, 260, 260)),
+    # head dim 64: Q and K rows in the 64-byte swizzle, V^T of 64 channels
+    "d64_causal_gqa": (_spec("d64_causal_gqa", "  dtype fp8_e4m3 out bf16\n  heads 4 kv 1\n  layout bshd\n  mask causal\n"
+                             "  output lse", d=64), (1, 300, 300)),
+    "d64_e5m2_cross": (_spec("d64_e5m2_cross", "  dtype fp16 q fp8_e4m3 k fp8_e4m3 v fp8_e5m2\n  heads 2\n  kind cross\n"
+                             "  layout bhsd", vt="fp8_e5m2", vg="per tensor", pt="fp8_e5m2", c="57344.0", d=64), (2, 70, 333)),
     "window_fp16": (_spec("window_fp16", "  dtype fp8_e4m3 out fp16\n  heads 2\n  layout bhsd\n  mask causal && window(100, 0)\n"
                           "  output lse"), (1, 330, 330)),
     "e5m2_cross_score": (_spec("e5m2_cross_score", "  dtype fp16 q fp8_e4m3 k fp8_e4m3 v fp8_e5m2\n  heads 2\n  kind cross\n"
@@ -77,9 +83,11 @@ def test_wgmma_fp8_kernel_matches_quantized_reference(name, outliers, tmp_path):
     tol = 4 * 2.0 ** -8 * float(np.abs(o_ref).max()) + _bound(v, vd, Lk)
     err = np.abs(o - o_ref).max()
     assert err <= tol, (name, err, tol)
-    # The bound above is P's worst case; the kernel's error runs far below it (0.002-0.018 here,
-    # below the mma.sync kernel's at these inputs: key tiles of 128 move the running max less).
-    assert quant_accuracy.error(o, o_ref).rel_l2 < 0.03
+    # The bound above is P's worst case; the kernel's error runs far below it (e4m3 P: 0.001-0.018
+    # here; e5m2 P, three mantissa bits fewer: up to 0.036), at or below the mma.sync kernel's at
+    # these inputs (key tiles of 128 move the running max less).
+    e5m2 = v.quant(QuantOperand.P).dtype.value == "fp8_e5m2"
+    assert quant_accuracy.error(o, o_ref).rel_l2 < (0.06 if e5m2 else 0.03)
     if v.lse:
         assert np.allclose(lse, lse_ref, rtol=1e-4, atol=1e-4)
 
@@ -99,15 +107,15 @@ def test_a_wrong_v_permutation_fails(tmp_path):
 
 
 def test_routing():
-    """FP8 Q·Kᵀ + FP8 P·V at head dim 128 runs on wgmma on sm_90a only; sm_89, D64, V dequantized
-    and a tile hint keep mma.sync."""
+    """FP8 Q·Kᵀ + FP8 P·V at head dims 64 and 128 runs on wgmma on sm_90a only; sm_89, other head
+    dims and a tile hint of another shape keep mma.sync."""
     v = CASES["dense"][0]
     assert quant_fwd.wgmma_q8(v, Arch.SM90A) and not quant_fwd.wgmma_q8(v, Arch.SM89)
     _, kp89 = render_with_plan(v, Arch.SM89)
     assert kp89.engine == Engine.MMA_SYNC and not kp89.preps
-    d64 = frontend.loads("attention d64 { dtype fp8_e4m3 out bf16\n head_dim 64\n heads 2\n" + _QKV.format(
+    d96 = frontend.loads("attention d96 { dtype fp8_e4m3 out bf16\n head_dim 96\n heads 2\n" + _QKV.format(
         vt="fp8_e4m3", vg="per head", pt="fp8_e4m3", c="448.0") + "}").get()
-    assert render_with_plan(d64, Arch.SM90A)[1].engine == Engine.MMA_SYNC
+    assert render_with_plan(d96, Arch.SM90A)[1].engine == Engine.MMA_SYNC
     hinted = _spec("hinted", "  dtype fp8_e4m3 out bf16\n  heads 2\n  tile block_m 128 block_n 32 warps 4")
     assert render_with_plan(hinted, Arch.SM90A)[1].engine == Engine.MMA_SYNC
     staged = _spec("staged", "  dtype fp8_e4m3 out bf16\n  heads 2\n  tile block_m 128 block_n 128 warps 8 stages 4")

@@ -225,9 +225,9 @@ def test_int8_prep_workspaces_through_the_torch_op():
     assert torch.equal(out, eager)
 
 
-@pytest.mark.parametrize("name", ["fp8_pv", "fp8_pv_dense_d128"])
+@pytest.mark.parametrize("name", ["fp8_pv", "fp8_pv_dense_d128", "fp8_pv_dense_d64"])
 def test_sm90a_runs_fp8_on_the_wgmma_engine(name):
-    """On an sm_90a device FP8 Q·Kᵀ + FP8 P·V at head dim 128 runs on the wgmma engine, V^T written
+    """On an sm_90a device FP8 Q·Kᵀ + FP8 P·V at head dims 64 and 128 runs on the wgmma engine, V^T written
     by its prep kernel first (plan.quant_fwd.wgmma_q8), and matches the reference: causal with GQA
     and dense, at lengths that are no multiple of its 128 x 128 tile, and at one query and key."""
     import attngen
