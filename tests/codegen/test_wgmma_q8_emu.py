@@ -92,6 +92,22 @@ def test_wgmma_fp8_kernel_matches_quantized_reference(name, outliers, tmp_path):
         assert np.allclose(lse, lse_ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("name, shape", [("dense", (1, 1, 1)), ("dense", (2, 3, 129)), ("d64_e5m2_cross", (1, 129, 1))])
+def test_edge_lengths(name, shape, tmp_path):
+    # one query and one key, a query tile of three rows against a key tile and one key past it,
+    # a single key under 129 queries (every row normalised by one probability)
+    v, _ = CASES[name]
+    B, Lq, Lk = shape
+    call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, B, Lq, Lk, seed=3))
+    rest = {n: a for n, a in call.items() if n not in ("q", "k", "v")}
+    o_ref, lse_ref = reference.attention(v, call["q"], call["k"], call["v"], rest)
+    src, kp = render_with_plan(v, Arch.SM90A)
+    o, lse = emu.run(src, kp, v, call, workdir=str(tmp_path), timeout=600)
+    assert quant_accuracy.error(o, np.asarray(o_ref, np.float64)).rel_l2 < 0.03
+    if v.lse:
+        assert np.allclose(lse, lse_ref, rtol=1e-4, atol=1e-4)
+
+
 def test_a_wrong_v_permutation_fails(tmp_path):
     # The emulation is the layouts' witness: V^T written with another permutation of the keys within
     # each 32 must give wrong outputs, or the test above proves nothing about the fragments.

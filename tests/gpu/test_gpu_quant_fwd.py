@@ -238,7 +238,7 @@ def test_sm90a_runs_fp8_on_the_wgmma_engine(name):
     v = _variant(name)
     kern = attngen.compile(v)
     assert kern.plan.engine == Engine.WGMMA and [pr.func for pr in kern.plan.preps] == ["ag_prep_vt"]
-    for B, Lq, Lk in ((1, 1, 1), (2, 300, 700), (1, 1000, 1000), (1, 4096, 4096)):
+    for B, Lq, Lk in ((1, 1, 1), (2, 300, 700), (1, 129, 1), (1, 2048, 2048)):
         call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, B, Lq, Lk, seed=13))
         rest = {n: a for n, a in call.items() if n not in ("q", "k", "v")}
         o_ref, lse_ref = reference.attention(v, call["q"], call["k"], call["v"], rest)
