@@ -181,7 +181,8 @@ def _tile_plan(v: Variant, arch: Arch, prefix: str, softmax: WgmmaSoftmax | None
     fields = _fields(v, preps, pers)
     if v.quantized:  # the FP8 wgmma engine's layout (two Q buffers, shared K / V^T slots), or mma.sync's
         q8 = quant_fwd.wgmma_q8(v, arch)
-        smem = SmemLayout(quant_fwd.wgmma_q8_smem(v, tile), q_buffers=quant_fwd.WGMMA_Q8_Q_BUFS) if q8 else SmemLayout(quant_fwd.quant_smem_bytes(v, tile))
+        smem = (SmemLayout(quant_fwd.wgmma_q8_smem(v, tile), q_buffers=quant_fwd.WGMMA_Q8_Q_BUFS) if q8
+                else SmemLayout(quant_fwd.quant_smem_bytes(v, tile)))
     else:
         smem = variant_smem_layout(v, tile, arch)
     wg = eng == Engine.WGMMA

@@ -7,9 +7,9 @@ It runs: Q and K stored as fp8_e4m3 / fp8_e5m2 with `input` scales `per tensor` 
 output's type (V dequantized tile by tile) or, with `quant p fp8_* static(c)`, on m16n8k32 too.
 Everything else keeps a located refusal that names what is missing.
 
-On sm_90a, FP8 Q·Kᵀ with FP8 P·V at head dims 64 and 128 (`wgmma_q8`) runs on the wgmma engine instead
-(backends/cuda/fwd/_wgmma.cu.j2 with _wgmma_q8.cu.j2: m64nNk32 e4m3/e5m2 wgmma, the producer /
-consumer warpgroups, 128 x 128 tiles), V transposed once by a prep kernel (`ag_prep_vt`).
+On sm_90a, FP8 Q·Kᵀ with FP8 P·V at head dims 64 and 128 (`wgmma_q8`) runs on the wgmma engine
+instead (backends/cuda/fwd/_wgmma.cu.j2 with _wgmma_q8.cu.j2: m64nNk32 e4m3/e5m2 wgmma, the
+producer / consumer warpgroups, 128 x 128 tiles), V transposed once by a prep kernel (`ag_prep_vt`).
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ WGMMA_Q8_Q_BUFS = 2
 
 def wgmma_q8(v: Variant, arch: Arch) -> bool:
     """Whether `v` runs on the sm_90a FP8 wgmma engine: FP8 Q·Kᵀ and FP8 P·V (q, k, v stored fp8
-    with input scales, `quant p fp8_* static(c)`), head dims 64 or 128 (D = Dv), not varlen, and no tile hint but
-    one of WGMMA_Q8_TILE's shape (128 x 128, 8 warps) with two to four stages. The other quantized
-    specs (and these on sm_89) keep the mma.sync kernel."""
+    with input scales, `quant p fp8_* static(c)`), head dims 64 or 128 (D = Dv), not varlen, and no
+    tile hint but one of WGMMA_Q8_TILE's shape (128 x 128, 8 warps) with two to four stages. The
+    other quantized specs (and these on sm_89) keep the mma.sync kernel."""
     h, t = v.tile, WGMMA_Q8_TILE
     hint_ok = h is None or (h.block_m in (None, t.block_m) and h.block_n in (None, t.block_n) and h.warps in (None, t.warps)
                             and (h.stages is None or 2 <= h.stages <= 4))
@@ -130,9 +130,9 @@ def wgmma_q8_smem(v: Variant, tile: TileConfig) -> int:
 
 
 def quant_tile(v: Variant, arch: Arch) -> TileConfig:
-    """The kernel's tile: WGMMA_Q8_TILE where `wgmma_q8`; else the spec's `tile` hint over 128x64
-    (128x32 above head dim 64, 64x32 above 128), four warps, two stages. Four warps keep every arch on mma.sync (the wgmma engine's tiles
-    have eight).
+    """The kernel's tile: WGMMA_Q8_TILE where `wgmma_q8` (a hint's stage count kept); else the spec's
+    `tile` hint over 128x64 (128x32 above head dim 64, 64x32 above 128), four warps, two stages.
+    Four warps keep every arch on mma.sync (the wgmma engine's tiles have eight).
     Key tiles of 32 where ptxas (CUDA 13) reports spills at 128x64: above D64 (FP8 with V
     dequantized, D128 causal: 76 bytes on sm_89, 84 on sm_90a; FP8 P·V: 8 on sm_89 with the LSE,
     1240 on sm_90a; INT8: 20 on sm_80/sm_89) and FP8 P·V on sm_90a (D64: 284 bytes). At 128x32:
@@ -176,7 +176,9 @@ def tile_problem(v: Variant, tile: TileConfig, arch: Arch) -> str | None:
         return f"stages must be between 1 and 4, got {tile.stages}"
     if wgmma_q8(v, arch):
         need = wgmma_q8_smem(v, tile)
-        return None if need <= arch.smem_budget else f"the tile needs {need // 1024} KiB of shared memory, more than {arch.value}'s {arch.smem_budget // 1024} KiB"
+        if need > arch.smem_budget:
+            return f"the tile needs {need // 1024} KiB of shared memory, more than {arch.value}'s {arch.smem_budget // 1024} KiB"
+        return None
     if engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch) != Engine.MMA_SYNC:
         return "the quantized forward runs on mma.sync: use a tile of four warps (eight warps with 128 rows select wgmma on sm_90a)"
     need = quant_smem_bytes(v, tile)
@@ -206,9 +208,10 @@ I8_ROW_PAD = 16  # bytes after each INT8 workspace row: its fp32 scale, then pad
 
 
 def preps(v: Variant, name: str, arch: Arch | None = None) -> tuple[Prep, ...]:
-    """The FP8 wgmma engine's V transpose (`wgmma_q8` on `arch`), or INT8 Q·Kᵀ's prep kernels: q and k quantized once a row (not once a query tile), each row of
-    the workspace [B, heads, L, D + 16] bytes holding the D int8 values, then the row's fp32 scale;
-    with `smooth mean`, first k's mean over its keys ([B, Hkv, D] fp32), which k's prep subtracts."""
+    """The FP8 wgmma engine's V transpose (`wgmma_q8` on `arch`), or INT8 Q·Kᵀ's prep kernels: q and
+    k quantized once a row (not once a query tile), each row of the workspace [B, heads, L, D + 16]
+    bytes holding the D int8 values, then the row's fp32 scale; with `smooth mean`, first k's mean
+    over its keys ([B, Hkv, D] fp32), which k's prep subtracts."""
     if v.quantized and arch is not None and wgmma_q8(v, arch):
         bn = WGMMA_Q8_TILE.block_n
         return (Prep(f"{name}_prep_vt", "ag_prep_vt",
