@@ -1,6 +1,6 @@
 """Quantized attention on the GPU (issue 44): the FP8 forward against our bf16 forward, and its accuracy.
 
-    python benchmarks/quant_bench.py [--out PATH] [--repeats N] [--L 16384] [--acc-L 1024]
+    python benchmarks/quant_bench.py [--out PATH] [--repeats N] [--L 16384] [--acc-L 1024] [--fp8-stages 2|3|4]
 
 Speed (TFLOP/s of the visible work, 4 B H Lq Lk D times the visible fraction; median of `repeats`
 rounds of queued launches, benchmarks/_queued.py), eager calls and CUDA-graph replays:
@@ -40,9 +40,10 @@ for p in (ROOT, ROOT / "benchmarks"):
 from _queued import queued_ms  # noqa: E402
 
 
-def spec(name: str, *, causal: bool, quant: str, D: int = 128, H: int = 16) -> str:
+def spec(name: str, *, causal: bool, quant: str, D: int = 128, H: int = 16, stages: int | None = None) -> str:
     """A self-attention spec: `quant` is "bf16", "fp8_pv" (FP8 P·V), "fp8_vdeq" (V dequantized), "int8"
-    (Sage-style INT8 Q·Kᵀ) or "sage" (the same with K smoothing)."""
+    (Sage-style INT8 Q·Kᵀ) or "sage" (the same with K smoothing). `stages`: FP8 P·V's ring stages on
+    the sm_90a wgmma engine (a tile hint of its 128 x 128 x 8-warp shape), else its default."""
     head = {"bf16": "dtype bf16", "fp8_pv": "dtype fp8_e4m3 out bf16", "fp8_vdeq": "dtype fp8_e4m3 out bf16",
             "int8": "dtype bf16", "sage": "dtype bf16"}[quant]
     lines = [f"attention {name} {{", f"  {head}", f"  head_dim {D}", f"  heads {H}", "  layout bshd"]
@@ -52,6 +53,8 @@ def spec(name: str, *, causal: bool, quant: str, D: int = 128, H: int = 16) -> s
         lines += [f"  quant {t} fp8_e4m3 input per head" for t in "qkv"]
     if quant == "fp8_pv":
         lines.append("  quant p fp8_e4m3 static(448.0)")
+        if stages is not None:
+            lines.append(f"  tile block_m 128 block_n 128 warps 8 stages {stages}")
     if quant in ("int8", "sage"):
         lines += ["  quant q i8 amax per token", "  quant k i8 amax per block(64)" + (" smooth mean" if quant == "sage" else "")]
     return "\n".join(lines + ["}", ""])
@@ -113,7 +116,7 @@ def time_call(fn, repeats: int) -> dict:
     return {"eager_ms": eager, "graph_ms": queued_ms(g.replay, iters=10, repeats=repeats)}
 
 
-def speed(L: int, repeats: int) -> list[dict]:
+def speed(L: int, repeats: int, fp8_stages: int | None = None) -> list[dict]:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -127,10 +130,12 @@ def speed(L: int, repeats: int) -> list[dict]:
         flops = 4.0 * B * H * L * L * D * ((L + 1) / (2 * L) if causal else 1.0)
         tag = "causal" if causal else "dense"
         for quant in ("bf16", "fp8_pv", "fp8_vdeq", "int8", "sage"):
-            kern = attngen.compile(spec(f"{quant}_{tag}", causal=causal, quant=quant))
+            kern = attngen.compile(spec(f"{quant}_{tag}", causal=causal, quant=quant, stages=fp8_stages))
             fn = (lambda k=kern: k(*full)) if quant in ("bf16", "int8", "sage") else (lambda k=kern: k(*q8, **scales))
             t = time_call(fn, repeats)
-            rows.append({"case": f"D128 L{L} {tag}", "impl": f"attngen {quant}", **t,
+            tl = kern.plan.tile  # the engine and tile that ran (FP8 P·V: wgmma on sm_90a, else mma.sync)
+            rows.append({"case": f"D128 L{L} {tag}", "impl": f"attngen {quant}", **t, "engine": kern.plan.engine.value,
+                         "tile": f"{tl.block_m}x{tl.block_n}x{tl.warps}w{tl.stages}s",
                          "tflops_eager": flops / t["eager_ms"] / 1e9, "tflops_graph": flops / t["graph_ms"] / 1e9})
         qt, kt, vt = (x.transpose(1, 2) for x in full)
 
@@ -222,19 +227,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--L", type=int, default=16384, help="sequence length of the speed cases")
     ap.add_argument("--acc-L", type=int, default=1024, help="sequence length of the accuracy cases (NumPy float64 truth)")
+    ap.add_argument("--fp8-stages", type=int, default=None, choices=(2, 3, 4),
+                    help="ring stages of FP8 P·V on the sm_90a wgmma engine (default: its plan's)")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else (Path(os.environ["OUT"]) / "quant_bench.json" if os.environ.get("OUT")
                                            else ROOT / "benchmarks" / "results" / "quant_bench.json")
     import torch
 
-    res = {"device": torch.cuda.get_device_name(), "speed": speed(args.L, args.repeats),
+    res = {"device": torch.cuda.get_device_name(), "speed": speed(args.L, args.repeats, args.fp8_stages),
            "int8": refused_and_preln(args.repeats), "accuracy": accuracy(args.acc_L)}
     for r in res["speed"] + res["int8"]:
         if "refused" in r or "note" in r:
             print(f"{r['case']:<40} {r['impl']:<20} {r.get('refused') or r.get('note')}")
         else:
             print(f"{r['case']:<40} {r['impl']:<20} eager {r['eager_ms']:8.3f} ms {r['tflops_eager']:7.1f} TFLOP/s"
-                  f"   graph {r['graph_ms']:8.3f} ms {r['tflops_graph']:7.1f} TFLOP/s")
+                  f"   graph {r['graph_ms']:8.3f} ms {r['tflops_graph']:7.1f} TFLOP/s" + (f"   {r['engine']} {r['tile']}" if "engine" in r else ""))
     print("\nrelative L2 error against the float64 unquantized truth")
     for r in res["accuracy"]:
         print(f"{r['spec']:<9} {r['mask']:<7} {r['inputs']:<9} kernel {r['kernel']:.3g}  emulation {r['emulation']:.3g}"

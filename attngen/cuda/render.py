@@ -187,6 +187,13 @@ def _quant_ctx(v: Variant) -> dict:
     )
 
 
+def _wgmma_q8_ctx(wg_q8: bool) -> dict:
+    """What the wgmma templates read differently on the FP8 engine: bytes an element of the tiles
+    (as a multiplier's text), and the per-work-tile scales (WgState fields) in place of constants."""
+    return dict(wg_q8=wg_q8, elem_bytes="" if wg_q8 else " * 2", softmax_c="st.sc" if wg_q8 else "SOFTMAX_C",
+                score_scale="st.dq" if wg_q8 else "SCALE")
+
+
 def _wgmma_shapes(kp: OpPlan, v: Variant) -> list[dict]:
     """Operand lists of the m64nNk16 wgmma wrappers the kernel uses (N = block_n for S, Dv for O):
     N / 2 fp32 accumulators per thread, then the A and B operands and the accumulate flag."""
@@ -319,13 +326,14 @@ def render_plan(v: Variant, kp: OpPlan) -> str:
     elem = ElementEmitter(consts, fast_math=tc)
     mask_early = kp.engine == Engine.WGMMA and bool(tensors_used(v.mask))
     classify_lines, classify_result = IntervalEmitter(consts, decls).classify(v.mask)
+    wg_q8 = kp.engine == Engine.WGMMA and v.quantized  # plan.quant_fwd.wgmma_q8: FP8 on the wgmma engine
     ctx = dict(
         header=_header(v, kp),
         ns=f"{kp.kernel_name}_impl",
         kernel_name=kp.kernel_name,
         elem_ctype=tensor_ctype(v.dtype),
         mma_type=v.dtype.info.ptx or "none",
-        path="mma_q8" if v.quantized else {Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
+        path="mma_q8" if v.quantized and not wg_q8 else {Engine.WGMMA: "wgmma", Engine.MMA_SYNC: "mma", Engine.FFMA: "simt"}[kp.engine],
         cp_async=arch.cp_async,
         mma_k16=arch.mma_k16,
         persistent=persistent(kp.engine),
@@ -386,6 +394,7 @@ def render_plan(v: Variant, kp: OpPlan) -> str:
         **_norm_ctx(v),
         **_varlen_ctx(v),
         **_quant_ctx(v),
+        **_wgmma_q8_ctx(wg_q8),
     )
     return _environment().get_template("fwd/attention.cu.j2").render(**ctx)
 

@@ -106,7 +106,7 @@ def input_fields(v: Variant) -> list[Field]:
     return f
 
 
-def _preps(v: Variant, prefix: str = DEFAULT_PREFIX) -> tuple[Prep, ...]:
+def _preps(v: Variant, prefix: str = DEFAULT_PREFIX, arch: Arch | None = None) -> tuple[Prep, ...]:
     """The prep kernels a variant needs, in ABI order of their workspace fields."""
     out = []
     name = kernel_name(v, prefix)
@@ -125,7 +125,7 @@ def _preps(v: Variant, prefix: str = DEFAULT_PREFIX) -> tuple[Prep, ...]:
         out.append(Prep(f"{name}_prep_k", "ag_prep_k",
                         Field(elem, "ws_k", "workspace, B*Hkv*Lk*D elements, 16-byte aligned: the pre-normalised keys, written by the prep kernel"),
                         v.kv_heads, False, v.head_dim, v.dtype, "k pre-norm: each key row once (not once per query tile)"))
-    out.extend(quant_fwd.preps(v, name))
+    out.extend(quant_fwd.preps(v, name, arch))
     return tuple(out)
 
 
@@ -174,12 +174,17 @@ def _tile_plan(v: Variant, arch: Arch, prefix: str, softmax: WgmmaSoftmax | None
                short: OpPlan | None = None, short_max_lk: int = 0) -> OpPlan:
     """The forward's kernels at `tile`: every decision made once, in order (engine, shared memory,
     ABI fields, then the copies the fields leave room for)."""
-    preps = _preps(v, prefix)
+    preps = _preps(v, prefix, arch)
     eng = engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch)
     pers = persistent(eng)
     problem = problem_of(v, arch)
     fields = _fields(v, preps, pers)
-    smem = SmemLayout(quant_fwd.quant_smem_bytes(v, tile)) if v.quantized else variant_smem_layout(v, tile, arch)
+    if v.quantized:  # the FP8 wgmma engine's layout (two Q buffers, shared K / V^T slots), or mma.sync's
+        q8 = quant_fwd.wgmma_q8(v, arch)
+        smem = (SmemLayout(quant_fwd.wgmma_q8_smem(v, tile), q_buffers=quant_fwd.WGMMA_Q8_Q_BUFS) if q8
+                else SmemLayout(quant_fwd.quant_smem_bytes(v, tile)))
+    else:
+        smem = variant_smem_layout(v, tile, arch)
     wg = eng == Engine.WGMMA
     attention = OpKernel(
         name=kernel_name(v, prefix),
@@ -205,7 +210,8 @@ def _wgmma_softmax(v: Variant, problem: Problem, tile: TileConfig, smem: SmemLay
     """The wgmma consumers' schedule: the asked (or default) one, whose TMA copies stay where the
     variant allows them (`wgmma_tma_ok`) and the descriptors fit the parameter space, else cp.async."""
     asked = override or wgmma_softmax(v.head_dim, v.value_head_dim, tile)
-    tma = asked.loads == WgmmaLoads.TMA and wgmma_tma_ok(
+    # (the FP8 engine copies with cp.async: its descriptors would be byte-typed and V^T's a workspace's)
+    tma = asked.loads == WgmmaLoads.TMA and not v.quantized and wgmma_tma_ok(
         varlen=v.layout == Layout.VARLEN, wide_rows=problem.wide_rows,
         q_norm=v.norm(NormTarget.Q) is not None, k_norm=v.norm(NormTarget.K) is not None,
         residual_copy=smem.residual_copy, score_lookups=any(tensors_used(e) for e in v.scores)) and _tma_param_room(fields)

@@ -60,6 +60,9 @@ class Prep:
     # The workspace holds one row a (batch, head), not one a position (a reduction over L, like
     # K smoothing's mean); the kernel still covers every row (its grid).
     per_head: bool = False
+    # Key rows rounded up to a multiple of this in the workspace (0: none), zero-filled by the
+    # kernel: the FP8 wgmma engine's V^T, read a whole key tile at a time.
+    pad_keys: int = 0
 
     @property
     def span(self) -> RowSpan:
@@ -77,13 +80,15 @@ class Prep:
         heads = f" * {self.heads}" if self.heads != 1 else ""
         if self.per_head:
             return f"(size_t)B{heads} * {self.width * self.dtype.itemsize}"
-        return f"(size_t)B{heads} * {'Lq' if self.queries else 'Lk'} * {self.width * self.dtype.itemsize}"
+        length = f"(((size_t)Lk + {self.pad_keys - 1}) / {self.pad_keys} * {self.pad_keys})" if self.pad_keys else "Lq" if self.queries else "Lk"
+        return f"(size_t)B{heads} * {length} * {self.width * self.dtype.itemsize}"
 
     def rows(self, B: int, Lq: int, Lk: int) -> int:
         return self.span.count(B, Lq, Lk)
 
     def workspace_shape(self, B: int, Lq: int, Lk: int) -> tuple[int, int, int, int]:
-        return (B, self.heads, 1 if self.per_head else Lq if self.queries else Lk, self.width)
+        length = -(-Lk // self.pad_keys) * self.pad_keys if self.pad_keys else Lq if self.queries else Lk
+        return (B, self.heads, 1 if self.per_head else length, self.width)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,19 @@ It runs: Q and K stored as fp8_e4m3 / fp8_e5m2 with `input` scales `per tensor` 
 (FA3's descales); V stored in the output's type, or as fp8 with such a scale, P·V then in the
 output's type (V dequantized tile by tile) or, with `quant p fp8_* static(c)`, on m16n8k32 too.
 Everything else keeps a located refusal that names what is missing.
+
+On sm_90a, FP8 Q·Kᵀ with FP8 P·V at head dims 64 and 128 (`wgmma_q8`) runs on the wgmma engine
+instead (backends/cuda/fwd/_wgmma.cu.j2 with _wgmma_q8.cu.j2: m64nNk32 e4m3/e5m2 wgmma, the
+producer / consumer warpgroups, 128 x 128 tiles), V transposed once by a prep kernel (`ag_prep_vt`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from attngen.ir.dtypes import DType
 from attngen.ir import names
-from attngen.ir.nodes import NormScope, NormTarget, Quant, QuantOperand, ScaleGranularity, ScaleSource, TileConfig, Variant, quant_scale_name
+from attngen.ir.nodes import Layout, NormScope, NormTarget, Quant, QuantOperand, ScaleGranularity, ScaleSource, TileConfig, Variant, quant_scale_name
 from attngen.plan.op_plan import Field, Prep
 from attngen.plan.schedule import Arch, Engine, engine
 
@@ -20,7 +26,7 @@ FP8 = (DType.FP8_E4M3, DType.FP8_E5M2)
 _GRANULARITIES = (ScaleGranularity.TENSOR, ScaleGranularity.HEAD)
 _OUT = (DType.BF16, DType.FP16)
 
-__all__ = ["I8_ROW_PAD", "cuda_problem", "forward_problem", "group_rows", "preps", "qk_i8", "quant_tile", "quant_smem_bytes", "tile_problem", "p_fp8", "v_fp8", "scale_code"]
+__all__ = ["I8_ROW_PAD", "WGMMA_Q8_TILE", "wgmma_q8", "wgmma_q8_smem", "cuda_problem", "forward_problem", "group_rows", "preps", "qk_i8", "quant_tile", "quant_smem_bytes", "tile_problem", "p_fp8", "v_fp8", "scale_code"]
 
 
 def _input_scaled(qn: Quant | None, stored: DType) -> str | None:
@@ -97,14 +103,42 @@ def v_fp8(v: Variant) -> bool:
     return v.v_dtype in FP8
 
 
+# The FP8 wgmma engine's tile: two consumer warpgroups of 64 query rows, 128 keys (one 128-byte
+# swizzle row of fp8 V^T a channel), three ring stages; ptxas figures in docs/QUANT.md.
+WGMMA_Q8_TILE = TileConfig(block_m=128, block_n=128, warps=8, stages=3)
+WGMMA_Q8_Q_BUFS = 2
+
+
+def wgmma_q8(v: Variant, arch: Arch) -> bool:
+    """Whether `v` runs on the sm_90a FP8 wgmma engine: FP8 Q·Kᵀ and FP8 P·V (q, k, v stored fp8
+    with input scales, `quant p fp8_* static(c)`), head dims 64 or 128 (D = Dv), not varlen, and no
+    tile hint but one of WGMMA_Q8_TILE's shape (128 x 128, 8 warps) with two to four stages. The
+    other quantized specs (and these on sm_89) keep the mma.sync kernel."""
+    h, t = v.tile, WGMMA_Q8_TILE
+    hint_ok = h is None or (h.block_m in (None, t.block_m) and h.block_n in (None, t.block_n) and h.warps in (None, t.warps)
+                            and (h.stages is None or 2 <= h.stages <= 4))
+    return (arch == Arch.SM90A and not qk_i8(v) and forward_problem(v) is None and p_fp8(v) is not None
+            and v_fp8(v) and v.head_dim == v.value_head_dim in (64, 128) and hint_ok and v.layout != Layout.VARLEN)
+
+
+def wgmma_q8_smem(v: Variant, tile: TileConfig) -> int:
+    """Dynamic shared memory of the FP8 wgmma engine (_wgmma.cu.j2's layout at one byte an element):
+    Q buffers, the K and V^T ring, the mbarriers, four work ints and a header int a slot."""
+    tiles = WGMMA_Q8_Q_BUFS * tile.block_m * v.head_dim + tile.stages * tile.block_n * (v.head_dim + v.value_head_dim)
+    bar_off = (tiles + 7) // 8 * 8
+    return bar_off + 8 * (2 * WGMMA_Q8_Q_BUFS + 2 * tile.stages) + 16 + 4 * tile.stages
+
+
 def quant_tile(v: Variant, arch: Arch) -> TileConfig:
-    """The kernel's tile: the spec's `tile` hint over 128x64 (128x32 above head dim 64, 64x32 above
-    128), four warps, two stages. Four warps keep every arch on mma.sync (the wgmma engine's tiles
-    have eight).
+    """The kernel's tile: WGMMA_Q8_TILE where `wgmma_q8` (a hint's stage count kept); else the spec's
+    `tile` hint over 128x64 (128x32 above head dim 64, 64x32 above 128), four warps, two stages.
+    Four warps keep every arch on mma.sync (the wgmma engine's tiles have eight).
     Key tiles of 32 where ptxas (CUDA 13) reports spills at 128x64: above D64 (FP8 with V
     dequantized, D128 causal: 76 bytes on sm_89, 84 on sm_90a; FP8 P·V: 8 on sm_89 with the LSE,
     1240 on sm_90a; INT8: 20 on sm_80/sm_89) and FP8 P·V on sm_90a (D64: 284 bytes). At 128x32:
     none, but 4 bytes (FP8 V dequantized and INT8, D128 causal) and 140 (FP8 P·V, D128) on sm_90a."""
+    if wgmma_q8(v, arch):
+        return WGMMA_Q8_TILE if v.tile is None or v.tile.stages is None else replace(WGMMA_Q8_TILE, stages=v.tile.stages)
     d = max(v.head_dim, v.value_head_dim)
     wide = d > 128
     narrow = d > 64 or (p_fp8(v) is not None and arch == Arch.SM90A)
@@ -140,6 +174,11 @@ def tile_problem(v: Variant, tile: TileConfig, arch: Arch) -> str | None:
         return f"block_n must be 32, 64, 96 or 128 (m16n8k32 steps over 32 keys), got {tile.block_n}"
     if not 1 <= tile.stages <= 4:
         return f"stages must be between 1 and 4, got {tile.stages}"
+    if wgmma_q8(v, arch):
+        need = wgmma_q8_smem(v, tile)
+        if need > arch.smem_budget:
+            return f"the tile needs {need // 1024} KiB of shared memory, more than {arch.value}'s {arch.smem_budget // 1024} KiB"
+        return None
     if engine(v.dtype, v.head_dim, v.value_head_dim, tile, arch) != Engine.MMA_SYNC:
         return "the quantized forward runs on mma.sync: use a tile of four warps (eight warps with 128 rows select wgmma on sm_90a)"
     need = quant_smem_bytes(v, tile)
@@ -168,10 +207,19 @@ def cuda_problem(v: Variant, arch: Arch) -> str | None:
 I8_ROW_PAD = 16  # bytes after each INT8 workspace row: its fp32 scale, then padding to 16-byte rows
 
 
-def preps(v: Variant, name: str) -> tuple[Prep, ...]:
-    """INT8 Q·Kᵀ's prep kernels: q and k quantized once a row (not once a query tile), each row of
-    the workspace [B, heads, L, D + 16] bytes holding the D int8 values, then the row's fp32 scale;
-    with `smooth mean`, first k's mean over its keys ([B, Hkv, D] fp32), which k's prep subtracts."""
+def preps(v: Variant, name: str, arch: Arch | None = None) -> tuple[Prep, ...]:
+    """The FP8 wgmma engine's V transpose (`wgmma_q8` on `arch`), or INT8 Q·Kᵀ's prep kernels: q and
+    k quantized once a row (not once a query tile), each row of the workspace [B, heads, L, D + 16]
+    bytes holding the D int8 values, then the row's fp32 scale; with `smooth mean`, first k's mean
+    over its keys ([B, Hkv, D] fp32), which k's prep subtracts."""
+    if v.quantized and arch is not None and wgmma_q8(v, arch):
+        bn = WGMMA_Q8_TILE.block_n
+        return (Prep(f"{name}_prep_vt", "ag_prep_vt",
+                     Field("unsigned char* __restrict__", "ws_vt", f"workspace, B*Hkv*Dv*Lkp bytes (Lkp: Lk rounded up to {bn}): "
+                           "V^T in fp8 as key tiles of Dv x 128 bytes in the 128-byte swizzle, keys permuted within each "
+                           "32 (the wgmma A fragment of P), zero past Lk, written by the prep kernel"),
+                     v.kv_heads, False, v.value_head_dim, DType.I8,
+                     "v transposed once (keys contiguous: wgmma's 8-bit B operand is K-major)", pad_keys=bn),)
     if not v.quantized or not qk_i8(v):
         return ()
     w = v.head_dim + I8_ROW_PAD

@@ -349,10 +349,14 @@ def summary(v: Variant, arch: Arch = DEFAULT_ARCH) -> str:
     if v.quantized:
         from attngen.lang.printer import quant_words
 
-        from attngen.plan.quant_fwd import cuda_problem, qk_i8, quant_tile
+        from attngen.plan.quant_fwd import cuda_problem, qk_i8, quant_tile, wgmma_q8
 
         if plan_decode.fp8_kv(v):
             parts.append(quant_words(v) + ": the CUDA decode family (sm_89+) and the CPU backend")
+        elif cuda_problem(v, arch) is None and wgmma_q8(v, arch):
+            t = quant_tile(v, arch)
+            parts.append(quant_words(v) + f": FP8 forward on wgmma m64n{t.block_n}k32 ({t.block_m}x{t.block_n}, {t.warps} warps and a "
+                                          f"producer warpgroup, {t.stages} stages on {arch.value}; V transposed by a prep kernel)")
         elif cuda_problem(v, arch) is None:
             t = quant_tile(v, arch)
             parts.append(quant_words(v) + f": {'INT8' if qk_i8(v) else 'FP8'} forward on mma.sync m16n8k32 ({t.block_m}x{t.block_n}, {t.warps} warps, "

@@ -65,11 +65,11 @@ def variant(v: Variant, arch: Arch) -> dict[str, Any]:
         out.update(family="decode" if plan_decode.decode_unsupported(v, arch) is None else None, engine=None, tile=None,
                    quant=quant_json(v))
     elif v.quantized:  # the quantized forward where plan.quant_fwd takes it, else no CUDA kernel yet
-        from attngen.plan.quant_fwd import cuda_problem, quant_tile
+        from attngen.plan.quant_fwd import cuda_problem, quant_tile, wgmma_q8
         from attngen.tools.explain_quant import quant_json
 
         t = quant_tile(v, arch) if cuda_problem(v, arch) is None else None
-        out.update(family="forward" if t else None, engine="mma.sync" if t else None,
+        out.update(family="forward" if t else None, engine=("wgmma" if wgmma_q8(v, arch) else "mma.sync") if t else None,
                    tile={"block_m": t.block_m, "block_n": t.block_n, "warps": t.warps, "stages": t.stages,
                          "auto": v.tile is None} if t else None, quant=quant_json(v))
     elif plan_decode.forward_unsupported(v) is not None:

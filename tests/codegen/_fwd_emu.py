@@ -99,6 +99,13 @@ PRIMS = {
                    "  const long long left = (ag_tx[bar / 8] -= n);\n"
                    "  if (left < 0) { std::fprintf(stderr, \"mbarrier at %u: TMA bytes past the expected count\\n\", bar); std::abort(); }\n"
                    "  if (left == 0) ag_mbar_arrive(bar);\n}",
+    # A bulk copy (cp.async.bulk, no descriptor): lands at issue, its bytes counted as TMA's.
+    "ag_bulk_copy": "inline void ag_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {\n"
+                    "  if ((dst | bytes | (unsigned)(uintptr_t)src) % 16u) { std::fprintf(stderr, \"cp.async.bulk: 16-byte alignment\\n\"); std::abort(); }\n"
+                    "  std::memcpy(ag_smem + dst, src, bytes);\n"
+                    "  const long long left = (ag_tx[bar / 8] -= bytes);\n"
+                    "  if (left < 0) { std::fprintf(stderr, \"mbarrier at %u: bulk bytes past the expected count\\n\", bar); std::abort(); }\n"
+                    "  if (left == 0) ag_mbar_arrive(bar);\n}",
     "ag_bar_wait": "inline void ag_bar_wait(unsigned bar, int parity) {\n"
                    "  const auto t0 = std::chrono::steady_clock::now();\n"
                    "  while (!ag_mbar_done(bar, parity)) {\n"
@@ -167,6 +174,68 @@ def _q8_prim(name: str, text: str) -> str:
 
 
 Q8_PRIMS = ("ag_mma_qk", "ag_mma_pv", "ag_cvt_p4")
+# The FP8 wgmma engine's k32 wrappers (backends/cuda/fwd/_wgmma_q8.cu.j2), by the PTX ISA's layouts,
+# not the kernel's: a K-major 8-bit operand in shared memory is rows of 128 bytes (8-row groups
+# SBO apart) through the 128-byte swizzle, byte k of row mn; the register A fragment of
+# m64nNk32 (8-bit) gives register i of lane 4 g + t of warp w (of the warpgroup) row 16 w + g +
+# 8 (i & 1), columns 4 t + 16 (i >> 1) + byte (CUTLASS's ALayout_64x32, the PTX ISA's "register
+# fragment of matrix A" figure for .e4m3/.e5m2/.s8); the accumulator is the 16-bit engine's.
+WG8_CORE = r"""
+template <class T> inline float ag_f8(unsigned u) { T x; x.__x = (unsigned char)(u & 0xFFu); return (float)x; }
+// Layout type 1: the 128-byte swizzle (rows of 128 bytes, address bits 4-6 XOR bits 7-9); 2: the
+// 64-byte one (rows of 64 bytes, bits 4-5 XOR bits 7-8): CUTLASS's Swizzle<3,4,3> / <2,4,3> atoms
+// of 8 rows, SBO apart.
+inline unsigned ag_wg8_byte(unsigned long long desc, int mn, int k) {
+  const unsigned long long type = desc >> 62;
+  if ((type != 1ull && type != 2ull) || ((desc >> 49) & 7ull) != 0ull) { std::fprintf(stderr, "wgmma descriptor: not a 128- or 64-byte swizzle at base offset 0\n"); std::abort(); }
+  const unsigned row = type == 1ull ? 128u : 64u, bits = type == 1ull ? 7u : 3u;
+  const unsigned start = (unsigned)(desc & 0x3FFFull) << 4, sbo = (unsigned)((desc >> 32) & 0x3FFFull) << 4;
+  if ((start >> 7) & bits) { std::fprintf(stderr, "wgmma descriptor: start 0x%x is not on a swizzle period\n", start); std::abort(); }
+  if (k < 0 || (start % row) + (unsigned)k >= row) { std::fprintf(stderr, "wgmma k32 (8-bit, K-major): k past the swizzle row\n"); std::abort(); }
+  unsigned a = start + (unsigned)(mn / 8) * sbo + (unsigned)(mn % 8) * row + (unsigned)k;
+  a ^= ((a >> 7) & bits) << 4;
+  return ag_smem[a];
+}
+template <int N, class TA, class TB>
+inline void ag_wg_ss8(float* d, unsigned long long da, unsigned long long db, int acc) {
+  const int w = (threadIdx.x / 32) % 4, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * w + g + 8 * (e >> 1), col = 8 * j + 2 * t + (e & 1);
+      float s = 0.f;
+      for (int k = 0; k < 32; ++k) s += ag_f8<TA>(ag_wg8_byte(da, row, k)) * ag_f8<TB>(ag_wg8_byte(db, col, k));
+      d[4 * j + e] = (acc ? d[4 * j + e] : 0.f) + s;
+    }
+}
+template <int N, class TA, class TB>
+inline void ag_wg_rs8(float* d, const unsigned (&a)[4], unsigned long long db, int acc) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l >> 2, t = l & 3;
+  ag_warp_bar[w]->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) ag_xa[w][l][i] = a[i];
+  ag_warp_bar[w]->arrive_and_wait();
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e >> 1), col = 8 * j + 2 * t + (e & 1);
+      float s = 0.f;
+      for (int k = 0; k < 32; ++k) {
+        const unsigned ar = ag_xa[w][4 * (row % 8) + (k % 16) / 4][(row / 8) + 2 * (k / 16)];
+        s += ag_f8<TA>(ar >> (8 * (k % 4))) * ag_f8<TB>(ag_wg8_byte(db, col, k));
+      }
+      d[4 * j + e] = (acc ? d[4 * j + e] : 0.f) + s;
+    }
+}
+"""
+
+
+def _wg8_prim(name: str, text: str) -> str:
+    """The host version of one k32 (8-bit) wgmma wrapper, from its PTX text."""
+    n, ta, tb = re.search(r"m64n(\d+)k32\.f32\.(\w+)\.(\w+) ", text).groups()
+    types = f"{n}, {Q8_TYPES[ta]}, {Q8_TYPES[tb]}"
+    if "_ss_" in name:
+        return (f"inline void {name}(float (&d)[{int(n) // 2}], unsigned long long da, unsigned long long db, int acc) "
+                f"{{ ag_wg_ss8<{types}>(d, da, db, acc); }}")
+    return (f"inline void {name}(float (&d)[{int(n) // 2}], const unsigned (&a)[4], unsigned long long db, int acc) "
+            f"{{ ag_wg_rs8<{types}>(d, a, db, acc); }}")
 # wgmma shapes: ss reads both operands K-major, rs reads B (V) MN-major.
 WG_SHAPE = ("inline void ag_wgmma_ss_n{n}(float (&d)[{h}], unsigned long long da, unsigned long long db, int acc) {{ ag_wg_ss<{n}>(d, da, db, acc, 0, 0); }}\n"
             "inline void ag_wgmma_rs_n{n}(float (&d)[{h}], const unsigned (&a)[4], unsigned long long db, int acc) {{ ag_wg_rs<{n}>(d, a, db, acc); }}")
@@ -210,13 +279,17 @@ def emulated_source(src: str) -> str:
            or re.fullmatch(r"ag_wgmma_(ss|rs)_n\d+", f[0])]
     first = min(s for _, s, _ in fns)
     wrapper = re.compile(r"ag_wgmma_(ss|rs)_n(\d+)")
-    shapes = sorted({int(wrapper.fullmatch(n).group(2)) for n, _, _ in fns if wrapper.fullmatch(n)})
+    wide8 = {n for n, s, e in fns if wrapper.fullmatch(n) and re.search(r"m64n\d+k32\.", body[s:e])}
+    shapes = sorted({int(wrapper.fullmatch(n).group(2)) for n, _, _ in fns if wrapper.fullmatch(n) and n not in wide8})
     out, pos, done = [], 0, set()
     for name, s, e in sorted(fns, key=lambda f: f[1]):
         out.append(body[pos:s])
         if s == first:
             out.append(MBAR)
-        if wrapper.fullmatch(name):
+        if name in wide8:
+            out.append(("" if "ld" in done else LD_HELPERS) + ("" if "wg8" in done else WG8_CORE) + _wg8_prim(name, body[s:e]))
+            done |= {"wg8", "ld"}
+        elif wrapper.fullmatch(name):
             if "wgmma" not in done:  # every shape's wrappers where the first one was
                 out.append(("" if "ld" in done else LD_HELPERS) + WG_CORE + "\n" + "\n".join(WG_SHAPE.format(n=n, h=n // 2) for n in shapes))
                 done |= {"wgmma", "ld"}
@@ -225,8 +298,10 @@ def emulated_source(src: str) -> str:
                 out.append(("" if "ld" in done else LD_HELPERS) + MMA_CORE)
                 done |= {"mma", "ld"}
         elif name in Q8_PRIMS:  # after ag_mma (the same include), whose gather arrays they use
-            out.append(("" if "q8" in done else Q8_CORE) + _q8_prim(name, body[s:e]))
-            done.add("q8")
+            # (ag_cvt_p4 alone, in the FP8 wgmma kernel, needs none of the mma.sync gathers)
+            core = "" if "q8" in done or name == "ag_cvt_p4" else Q8_CORE
+            out.append(core + _q8_prim(name, body[s:e]))
+            done.add("q8" if core else "cvt")
         elif name not in done:
             out.append(PRIMS[name])
             done.add(name)
@@ -238,7 +313,7 @@ def emulated_source(src: str) -> str:
     if re.search(r"\basm(\s+volatile)?\s*\(", text):
         left = sorted(set(re.findall(r'asm(?: volatile)?\(\s*"([a-z.]+)', text)))
         raise ValueError(f"PTX left after emulation: {left}")
-    assert shapes or "mma" in done, "neither wgmma wrappers nor mma.sync primitives found"
+    assert shapes or wide8 or "mma" in done, "neither wgmma wrappers nor mma.sync primitives found"
     return text
 
 
@@ -316,7 +391,7 @@ def run(src: str, kp, v, arrays: dict[str, np.ndarray], *, grid: int = 2, workdi
     bufs = {"q": q, "k": k, "v": vv, "o": out, "lse": lse, "nan_flag": np.zeros(1, np.int32) if v.nan_check else None,
             "work_counter": np.zeros(1, np.int32)}
     for pr in kp.preps:  # workspaces the prep kernels fill: 0xFF bytes (NaN as floats) until written
-        n = int(eval(pr.bytes_expr.replace("(size_t)", ""), {"__builtins__": {}}, {"B": B, "Lq": Lq, "Lk": Lk}))
+        n = int(eval(pr.bytes_expr.replace("(size_t)", "").replace("/", "//"), {"__builtins__": {}}, {"B": B, "Lq": Lq, "Lk": Lk}))
         bufs[pr.field.name] = np.full(n, 0xFF, np.uint8)
 
     def strides(a):

@@ -1,4 +1,5 @@
-"""The quantized forward kernel (backends/cuda/fwd/_mma_q8.cu.j2: FP8 from sm_89, INT8 Q·Kᵀ from sm_80) on the GPU against the quantized
+"""The quantized forward kernels (backends/cuda/fwd/_mma_q8.cu.j2: FP8 from sm_89, INT8 Q·Kᵀ from sm_80; on
+sm_90a FP8 Q·Kᵀ + FP8 P·V at head dim 128 on the wgmma engine, fwd/_wgmma_q8.cu.j2) on the GPU against the quantized
 NumPy reference (attngen.check.quant): non-zero N(0,1) inputs, plain and with outlier channels,
 dense and causal, GQA, odd lengths; P quantized or not, V stored fp8 or bf16; per-tensor and
 per-head descales; the torch op (eager, torch.compile, a CUDA graph) and its refusals. The bound of
@@ -54,6 +55,8 @@ def spec(name: str, *, D: int = 128, H: int = 8, Hkv: int = 2, layout: str = "bs
 CASES = {
     # FA3-style: e4m3 Q/K/V per (batch, kv head), FP8 P·V
     "fp8_pv": spec("fp8_pv", v_per="head"),
+    # the FP8 wgmma engine's other side on sm_90a (plan.quant_fwd.wgmma_q8): dense, per-tensor V, the LSE
+    "fp8_pv_dense_d128": spec("fp8_pv_dense_d128", H=4, Hkv=4, mask="", layout="bhsd", v_per="tensor", extra="output lse"),
     "fp8_pv_dense_d64": spec("fp8_pv_dense_d64", D=64, H=4, Hkv=4, mask="", layout="bhsd", v_per="tensor"),
     # V stored fp8, P·V in bf16 (V dequantized a tile at a time)
     "fp8_vdeq": spec("fp8_vdeq", v_per="head", p=None, extra="output lse"),
@@ -220,3 +223,27 @@ def test_int8_prep_workspaces_through_the_torch_op():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("name", ["fp8_pv", "fp8_pv_dense_d128", "fp8_pv_dense_d64"])
+def test_sm90a_runs_fp8_on_the_wgmma_engine(name):
+    """On an sm_90a device FP8 Q·Kᵀ + FP8 P·V at head dims 64 and 128 runs on the wgmma engine, V^T written
+    by its prep kernel first (plan.quant_fwd.wgmma_q8), and matches the reference: causal with GQA
+    and dense, at lengths that are no multiple of its 128 x 128 tile, and at one query and key."""
+    import attngen
+    from attngen.plan.schedule import Engine
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 wgmma engine runs on sm_90a")
+    v = _variant(name)
+    kern = attngen.compile(v)
+    assert kern.plan.engine == Engine.WGMMA and [pr.func for pr in kern.plan.preps] == ["ag_prep_vt"]
+    for B, Lq, Lk in ((1, 1, 1), (2, 300, 700), (1, 129, 1), (1, 2048, 2048)):
+        call = quant_accuracy.quantized_call(v, quant_accuracy.inputs(v, B, Lq, Lk, seed=13))
+        rest = {n: a for n, a in call.items() if n not in ("q", "k", "v")}
+        o_ref, lse_ref = reference.attention(v, call["q"], call["k"], call["v"], rest)
+        o, lse = _run(v, call)
+        assert np.isfinite(o).all()
+        assert quant_accuracy.error(o, np.asarray(o_ref, np.float64)).rel_l2 < 3e-2, (name, B, Lq, Lk)
+        if lse is not None:
+            assert np.allclose(lse, lse_ref, rtol=1e-3, atol=1e-3)

@@ -155,7 +155,9 @@ def test_cuda_refuses_and_check_warns(tmp_path, capsys) -> None:
     f.write_text(FP8_PREFILL)
     assert cli.main(["check", str(f)]) == 0
     assert "no CUDA kernel yet" not in capsys.readouterr().err
-    assert cli.main(["compile", str(f), "-o", str(tmp_path / "a.cu")]) == 0
+    assert cli.main(["compile", str(f), "-o", str(tmp_path / "a.cu")]) == 0  # sm_90a: the FP8 wgmma engine
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in (tmp_path / "a.cu").read_text()
+    assert cli.main(["compile", str(f), "--arch", "sm_89", "-o", str(tmp_path / "a.cu")]) == 0
     assert "m16n8k32.row.col.f32.e4m3.e4m3.f32" in (tmp_path / "a.cu").read_text()
     f.write_text(SAGE)
     assert cli.main(["check", str(f)]) == 0
