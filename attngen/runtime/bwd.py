@@ -23,7 +23,6 @@ this function (attngen/runtime/torch_op.py).
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -177,7 +176,7 @@ class BwdBinding:
     is_torch: bool
     alloc: Any
     pool_keys: tuple[tuple[Any, ...], ...]
-    grad_new: tuple[tuple[Any, int], ...] = ()  # torch: (`binder.maker`, count) a run of dq, dk, dv allocated together
+    grad_new: tuple[Any, ...] = ()  # torch: dq, dk, dv's allocation calls (`binder.maker`), built once a binding
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -266,26 +265,7 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
         pool_keys=POOL.keys((aq.is_torch, dev, sp), list(ws.values())),
         param_slots=[(slots[f"grad_{n}"], n, shape) for n, shape in params], tmaps=tmaps, aligned=aligned,
         dtype=var.dtype, is_torch=aq.is_torch, alloc=alloc,
-        grad_new=tuple((binder.maker(alloc, (n, *sh) if n > 1 else sh, var.dtype), n)
-                       for sh, n in _grad_groups([a.shape for a in (aq, ak, av)], var.dtype.itemsize)) if aq.is_torch else ())
-
-
-# Whether a torch call allocates equal-shaped gradients together (one [n, *shape] tensor, its
-# slices the gradients: one allocation where there were three, for MHA), else one by one
-GRADS_TOGETHER = True
-
-
-def _grad_groups(shapes: list[tuple[int, ...]], itemsize: int) -> tuple[tuple[tuple[int, ...], int], ...]:
-    """(shape, count) runs of equal consecutive gradient shapes, allocated as one [count, *shape]
-    tensor each; a run splits where a slice would start off a 256-byte boundary (the kernels'
-    vector stores, and the alignment a lone allocation would have)."""
-    runs: list[list[Any]] = []
-    for shape in shapes:
-        if GRADS_TOGETHER and runs and runs[-1][0] == shape and math.prod(shape) * itemsize % 256 == 0:
-            runs[-1][1] += 1
-        else:
-            runs.append([shape, 1])
-    return tuple((sh, n) for sh, n in runs)
+        grad_new=tuple(binder.maker(alloc, a.shape, var.dtype) for a in (aq, ak, av)) if aq.is_torch else ())
 
 
 def _workspaces(var: Variant, op: OpPlan, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, DType]]:
@@ -317,12 +297,9 @@ def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:
     fresh = capturing(sp)  # under graph capture: the graph's own buffers, not the pool's
     with POOL.stream_lock(sp):
         if b.grad_new:
-            # torch: one allocation a run of equal shapes (dq, dk, dv of MHA; dk, dv of GQA), its
-            # slices the gradients (`GRADS_TOGETHER`)
-            grads = []
-            for new, n in b.grad_new:
-                g = new()
-                grads.extend(g.unbind(0) if n > 1 else (g,))
+            # Each gradient its own allocation: the dispatched op (torch.compile) may not return
+            # outputs that alias one another, as slices of one tensor would.
+            grads = [new() for new in b.grad_new]
         else:
             grads = [alloc(shape, b.dtype) for shape in b.grad_shapes]
         ws = [alloc((n,), dt) for n, dt in b.ws_specs] if fresh else POOL.take(b.pool_keys, b.ws_specs, alloc)
