@@ -2,8 +2,8 @@
 rendered CUDA compiled with g++ against the forward emulation's shim (`_fwd_emu`: one std::thread
 per CUDA thread, warp barriers and shuffles, ldmatrix and mma.sync gathered by the PTX fragment
 layouts, cp.async as synchronous copies). Beyond it, the FP8 cache's primitives: the fp8x2 -> f16x2
-conversion by cuda_fp8.h's host conversion (exact, as cvt.rn.f16x2.e4m3x2 / e5m2x2), the f16
-mma.sync of P·V by the same gather with f16 operands, the 4-byte cp.async of per-page scales.
+conversion by cuda_fp8.h's host conversion (exact, as cvt.rn.f16x2.e4m3x2 / e5m2x2), P·V's f16 or
+bf16 mma.sync by the same gather with its operand type, the 4-byte cp.async of per-page scales.
 CTAs run one after another; the combine merges the partials (no row-block counters).
 
 What this checks without a GPU: the fragment layouts of the fp8 reads (which byte of which key
@@ -50,8 +50,9 @@ FP8_PRIMS = {
                       "    const __half h = __float2half_rn(f);\n"
                       "    unsigned short b; std::memcpy(&b, &h, 2);\n"
                       "    r |= (unsigned)b << (16 * i);\n  }\n  return r;\n}",
-    "ag_mma_f16": "inline float ag_f16(unsigned bits16) { unsigned short u = (unsigned short)bits16; __half h; std::memcpy(&h, &u, 2); return __half2float(h); }\n"
-                  "inline void ag_mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {\n"
+    # P·V's mma.sync, f16 or bf16 (AG_PV: the operand type its PTX names).
+    "ag_mma_pv16": "inline float ag_pv(unsigned bits16) { unsigned short u = (unsigned short)bits16; AG_PV h; std::memcpy(&h, &u, 2); return (float)h; }\n"
+                  "inline void ag_mma_pv16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {\n"
                   "  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l >> 2, t = l & 3;\n"
                   "  ag_warp_bar[w]->arrive_and_wait();\n"
                   "  for (int i = 0; i < 4; ++i) ag_xa[w][l][i] = a[i];\n"
@@ -63,7 +64,7 @@ FP8_PRIMS = {
                   "    for (int k = 0; k < 16; ++k) {\n"
                   "      const unsigned ar = ag_xa[w][(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)];\n"
                   "      const unsigned br = ag_xb[w][col * 4 + (k % 8) / 2][k / 8];\n"
-                  "      acc += ag_f16(ar >> (16 * (k % 2))) * ag_f16(br >> (16 * (k % 2)));\n"
+                  "      acc += ag_pv(ar >> (16 * (k % 2))) * ag_pv(br >> (16 * (k % 2)));\n"
                   "    }\n    d[e] = acc;\n  }\n}",
 }
 MMA_NAMES = ("ag_ldmatrix_x4", "ag_ldmatrix_x4_trans", "ag_mma")
@@ -83,6 +84,9 @@ def emulated_source(src: str) -> str:
                 done.add("mma")
         elif name == "ag_smem_addr":
             out.append("\nextern unsigned char ag_smem[];\n" + PRIMS[name])
+        elif name == "ag_mma_pv16":
+            pv = "__nv_bfloat16" if ".bf16.bf16." in body[s:e] else "__half"
+            out.append(FP8_PRIMS[name].replace("AG_PV", pv))
         else:
             out.append(FP8_PRIMS[name] if name in FP8_PRIMS else PRIMS[name])
         pos = e
