@@ -100,25 +100,32 @@ def _fp8_kv_ctx(v: Variant) -> dict:
     v_expr, v_text = _scale_expr(v, QuantOperand.V)
     per_page = fp8_page_scales(v)
     k_op, k_op_text, post = _k_operand(v)
+    k_page, v_page = (v.quant(o).granularity == ScaleGranularity.PAGE for o in (QuantOperand.K, QuantOperand.V))  # type: ignore[union-attr]
     # P·V: f16 (the values' conversion as is) beside per-tensor/head v scales, which multiply the
-    # fp32 output; bf16 beside per-page ones, which weigh the probabilities (f16 would flush
-    # p * v_scale for small scales): e4m3 values shifted into bf16 of v * 2^-112 against p * v_scale
-    # * 2^56, e5m2 through fp32.
-    v_op = "f16" if not per_page else ("shift" if v.v_dtype == DType.FP8_E4M3 else "float")
+    # fp32 output. Per-page ones weigh the probabilities, which f16 would flush for small scales:
+    # beside a bf16 output P·V runs on bf16 (e4m3 values shifted into bf16 of v * 2^-112 against
+    # p * v_scale * 2^56, e5m2 through fp32); beside fp16 (whose tolerance bf16's probabilities
+    # miss) on f16, the weights in units of each step's largest scale (`pv_unit`).
+    pv_unit = v_page and v.dtype == DType.FP16
+    v_op = "f16" if not v_page or pv_unit else ("shift" if v.v_dtype == DType.FP8_E4M3 else "float")
     v_op_text = {"f16": "f16, exact", "shift": "bf16 of v * 2^-112, exact; VA_PRE = 2^56",
                  "float": "bf16 through fp32, exact; VA_PRE = 1"}[v_op]
+    o_scale, o_scale_text = (("*ag_o_unit(warp)", "ag_o_unit: O's unit") if pv_unit else ("VOP_POST", "VOP_POST: the bf16 values' unit undone")
+                             if v_page else ("vsc", "v's scale"))
+    step_args = ("p, st, sq_lane, rk + slot * RK_ELEMS, rv + slot * RV_ELEMS, " + ("rks + slot * CHUNK" if k_page else "kf")
+                 + (", rvs + slot * CHUNK" if v_page else "") + ", b, rm, k0, warp, lane")
     return dict(kv_fp8=True, ring_t="kv_t", vec=16, ring_bytes=1, ring_k="rk", ring_v="rv", ring_k_stride="RK_STRIDE",
                 ring_v_stride="RV_STRIDE", ring_k_elems="RK_ELEMS", ring_v_elems="RV_ELEMS",
                 k_fp8=v.k_dtype.value, v_fp8=v.v_dtype.value,
                 k_e5m2="true" if v.k_dtype == DType.FP8_E5M2 else "false",
                 v_e5m2="true" if v.v_dtype == DType.FP8_E5M2 else "false",
+                k_page=k_page, v_page=v_page, pv_unit=pv_unit, o_scale=o_scale, o_scale_text=o_scale_text,
                 k_operand=k_op, k_operand_text=k_op_text, v_operand=v_op, v_operand_text=v_op_text,
-                pv_type="f16" if v_op == "f16" else "bf16", va_pre_value="72057594037927936.0f" if v_op == "shift" else "1.0f", q_pre=k_op == "shift", q_pre_value=post, kop_post_value=post,
+                pv_type="f16" if v_op == "f16" else "bf16", va_pre_value="72057594037927936.0f" if v_op == "shift" else "1.0f",
+                q_pre=k_op == "shift", q_pre_value=post, kop_post_value=post,
                 k_scale_expr=k_expr, v_scale_expr=v_expr, k_scale_text=k_text, v_scale_text=v_text,
                 page_scales=per_page, k_scale_ptr=_scale_ptr(v, QuantOperand.K), v_scale_ptr=_scale_ptr(v, QuantOperand.V),
-                step_fn="ag_decode_step_fp8",
-                step_args="p, st, sq_lane, rk + slot * RK_ELEMS, rv + slot * RV_ELEMS, "
-                + ("rks + slot * CHUNK, rvs + slot * CHUNK" if per_page else "kf") + ", b, rm, k0, warp, lane",
+                step_fn="ag_decode_step_fp8", step_args=step_args,
                 scale_args_s=", rks + s * CHUNK, rvs + s * CHUNK, hk" if per_page else "",
                 scale_args_ps=", rks + ps * CHUNK, rvs + ps * CHUNK, hk" if per_page else "")
 

@@ -136,7 +136,8 @@ def test_cli_compiles_the_gallery_spec_and_refuses_sm80_located(capsys, tmp_path
 @pytest.mark.parametrize("text", [
     PAGED, PAGED.replace("per page", "per head"), CONTIGUOUS,
     PAGED.replace("head_dim 128", "head_dim 256").replace("paged(16)", "paged(8)"),
-], ids=["paged_page", "paged_head", "contiguous_d64", "paged8_d256"])
+    PAGED.replace("head_dim 128", "head_dim 256").replace("dtype bf16 k", "dtype fp16 k"),
+], ids=["paged_page", "paged_head", "contiguous_d64", "paged8_d256", "paged_fp16_d256"])
 def test_fp8_decode_compiles_without_spills_or_warnings(text: str, arch: Arch) -> None:
     if "head_dim 256" in text and arch.smem_budget < 150 * 1024:
         pytest.skip("D256 needs more shared memory a block than sm_89 has (as the full-precision ring does)")
@@ -181,6 +182,9 @@ EMU_SPECS = [
     pytest.param(PAGED, (1, 4, 100), id="page16_lq4"),
     # fp16 (f16 operands straight from the conversion), e5m2 keys, contiguous bshd, D64.
     pytest.param(CONTIGUOUS, (2, 2, 90), id="contiguous_fp16_d64"),
+    # A score modification (on the k-scaled fp32 scores) and a sink, per-page scales on fp16.
+    pytest.param(PAGED.replace("dtype bf16 k", "dtype fp16 k").replace("  mask causal\n",
+                 "  mask causal\n  score softcap(30.0)\n  input sinks: fp32[H]\n  sink sinks\n"), (2, 1, 90), id="softcap_sink_fp16"),
     # bf16 with e5m2 keys (through fp32), D256, pages of 8, per-page k and per-head v.
     pytest.param(PAGED.replace("head_dim 128", "head_dim 256").replace("paged(16)", "paged(8)").replace(
         "dtype bf16 k fp8_e4m3 v fp8_e4m3", "dtype bf16 k fp8_e5m2 v fp8_e4m3").replace(
@@ -213,10 +217,12 @@ def test_fp8_decode_kernel_emulated_on_the_cpu_matches_the_reference(text: str, 
         bad = [r.summary() for r in fuzz.compare(v, arrays, out, lse, ref) if not r.ok]
         assert not bad, f"{kw}: " + "\n".join(bad)
     if v.quant(QuantOperand.V).granularity == ScaleGranularity.PAGE:
-        # Tiny per-page v scales (products far below f16's normal range) and pages 2^20 apart:
-        # the probabilities are weighed in units of each step's largest scale, so nothing flushes.
-        tiny = dict(arrays, v_scale=(arrays["v_scale"] * np.float32(2.0**-40)).astype(np.float32))
-        tiny["v_scale"][::2] *= np.float32(2.0**20)
+        # Tiny per-page v scales (p * v_scale far below f16's normal range) and pages far apart:
+        # bf16's P·V has fp32's range, fp16's weighs in units of each step's largest scale, so
+        # nothing flushes (an fp16 output keeps O in its normal range: milder factors).
+        tiny_f, apart = (2.0**-40, 2.0**20) if v.dtype.value == "bf16" else (2.0**-10, 2.0**4)
+        tiny = dict(arrays, v_scale=(arrays["v_scale"] * np.float32(tiny_f)).astype(np.float32))
+        tiny["v_scale"][::2] *= np.float32(apart)
         out, lse = emu.run(src, op, v, tiny, splits=2)
         bad = [r.summary() for r in fuzz.compare(v, tiny, out, lse) if not r.ok]
         assert not bad, "tiny v scales: " + "\n".join(bad)
