@@ -7,6 +7,8 @@ tile classification and score mods are the same C++ the forward kernel gets (`El
 
 from __future__ import annotations
 
+import enum
+
 from attngen import __version__
 from attngen.ir import names
 from attngen.ir.dtypes import DType
@@ -74,16 +76,26 @@ def _scale_expr(v: Variant, op: QuantOperand) -> tuple[str, str]:
     return "", "per (page, kv head) [num_pages, Hkv]"
 
 
-def _k_operand(v: Variant) -> tuple[str, str, str]:
+class FragOperand(enum.Enum):
+    """How an FP8 cache's bytes become a 16-bit mma operand (the template's `k_operand` /
+    `v_operand`): the f16 conversion as is, its bits shifted into a bf16 of x * 2^-112 (e4m3: never
+    subnormal), or bf16 through fp32 (e5m2, whose f16 can be subnormal)."""
+
+    F16 = "f16"
+    SHIFT = "shift"
+    FLOAT = "float"
+
+
+def _k_operand(v: Variant) -> tuple[FragOperand, str, str]:
     """(how the keys' fp8 bytes become the Q·Kᵀ B operand, its text, the scores' factor KOP_POST):
     f16 keys beside f16 queries; e4m3 beside bf16, the f16 bits shifted into a bf16 of k * 2^-112
     with q * 2^56 in the tile (both exact), so scores come out times 2^-56; e5m2 (f16 subnormals)
     through fp32."""
     if v.dtype == DType.FP16:
-        return "f16", "keys f16, exact: KOP_POST = 1", "1.0f"
+        return FragOperand.F16, "keys f16, exact: KOP_POST = 1", "1.0f"
     if v.k_dtype == DType.FP8_E4M3:
-        return "shift", "keys bf16 of k * 2^-112, q * 2^56: scores times 2^-56", "72057594037927936.0f"
-    return "float", "keys bf16 through fp32, exact: KOP_POST = 1", "1.0f"
+        return FragOperand.SHIFT, "keys bf16 of k * 2^-112, q * 2^56: scores times 2^-56", "72057594037927936.0f"
+    return FragOperand.FLOAT, "keys bf16 through fp32, exact: KOP_POST = 1", "1.0f"
 
 
 def _fp8_kv_ctx(v: Variant) -> dict:
@@ -107,9 +119,10 @@ def _fp8_kv_ctx(v: Variant) -> dict:
     # p * v_scale * 2^56, e5m2 through fp32); beside fp16 (whose tolerance bf16's probabilities
     # miss) on f16, the weights in units of each step's largest scale (`pv_unit`).
     pv_unit = v_page and v.dtype == DType.FP16
-    v_op = "f16" if not v_page or pv_unit else ("shift" if v.v_dtype == DType.FP8_E4M3 else "float")
-    v_op_text = {"f16": "f16, exact", "shift": "bf16 of v * 2^-112, exact; VA_PRE = 2^56",
-                 "float": "bf16 through fp32, exact; VA_PRE = 1"}[v_op]
+    v_op = (FragOperand.F16 if not v_page or pv_unit
+            else FragOperand.SHIFT if v.v_dtype == DType.FP8_E4M3 else FragOperand.FLOAT)
+    v_op_text = {FragOperand.F16: "f16, exact", FragOperand.SHIFT: "bf16 of v * 2^-112, exact; VA_PRE = 2^56",
+                 FragOperand.FLOAT: "bf16 through fp32, exact; VA_PRE = 1"}[v_op]
     o_scale, o_scale_text = (("*ag_o_unit(warp)", "ag_o_unit: O's unit") if pv_unit else ("VOP_POST", "VOP_POST: the bf16 values' unit undone")
                              if v_page else ("vsc", "v's scale"))
     step_args = ("p, st, sq_lane, rk + slot * RK_ELEMS, rv + slot * RV_ELEMS, " + ("rks + slot * CHUNK" if k_page else "kf")
@@ -120,9 +133,10 @@ def _fp8_kv_ctx(v: Variant) -> dict:
                 k_e5m2="true" if v.k_dtype == DType.FP8_E5M2 else "false",
                 v_e5m2="true" if v.v_dtype == DType.FP8_E5M2 else "false",
                 k_page=k_page, v_page=v_page, pv_unit=pv_unit, o_scale=o_scale, o_scale_text=o_scale_text,
-                k_operand=k_op, k_operand_text=k_op_text, v_operand=v_op, v_operand_text=v_op_text,
-                pv_type="f16" if v_op == "f16" else "bf16", va_pre_value="72057594037927936.0f" if v_op == "shift" else "1.0f",
-                q_pre=k_op == "shift", q_pre_value=post, kop_post_value=post,
+                k_operand=k_op.value, k_operand_text=k_op_text, v_operand=v_op.value, v_operand_text=v_op_text,
+                pv_type="f16" if v_op == FragOperand.F16 else "bf16",
+                va_pre_value="72057594037927936.0f" if v_op == FragOperand.SHIFT else "1.0f",
+                q_pre=k_op == FragOperand.SHIFT, q_pre_value=post, kop_post_value=post,
                 k_scale_expr=k_expr, v_scale_expr=v_expr, k_scale_text=k_text, v_scale_text=v_text,
                 page_scales=per_page, k_scale_ptr=_scale_ptr(v, QuantOperand.K), v_scale_ptr=_scale_ptr(v, QuantOperand.V),
                 step_fn="ag_decode_step_fp8", step_args=step_args,
