@@ -239,21 +239,6 @@ def attention(v: Variant, q: np.ndarray, k: np.ndarray, v_: np.ndarray, inputs: 
     return out, lse
 
 
-def exact_kv_cache(v: Variant) -> bool:
-    """Whether `v` has a quantized KV cache read exactly (docs/QUANT.md): k and v stored quantized
-    with `input` scales while q and p are not quantized. Its K' and V' are x_q * s unrounded (the
-    decode family's kernel applies the scales to the fp32 scores, probabilities and output); other
-    operands dequantized as they are read round to the output type."""
-    stored = {QuantOperand.K: v.k_dtype, QuantOperand.V: v.v_dtype}
-    if v.quant(QuantOperand.Q) is not None or v.quant(QuantOperand.P) is not None:
-        return False
-    for op, dt in stored.items():
-        qn = v.quant(op)
-        if qn is None or not dt.info.quant or qn.source != ScaleSource.INPUT:
-            return False
-    return True
-
-
 def dense_operands(v: Variant, q, k, v_, tensors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q', K', V' as float64 [B, heads, L, D]: what each product reads (dequantized values of the
     quantized operands; the full-precision reference's operands otherwise)."""
@@ -290,7 +275,7 @@ def dense_operands(v: Variant, q, k, v_, tensors: Mapping[str, np.ndarray]) -> t
             continue
         o = operand(v, qn, x4 if st is not None else E.round_to(x4, v.dtype), tensors, st, table).dequantized()
         partner = {QuantOperand.Q: QuantOperand.K, QuantOperand.K: QuantOperand.Q, QuantOperand.V: QuantOperand.P}[op]
-        if v.quant(partner) is None and not exact_kv_cache(v):  # dequantized as read: rounded like an unquantized operand
+        if v.quant(partner) is None:  # dequantized as read: rounded to the output's type like an unquantized operand
             o = E.round_to(o.astype(F32), v.dtype)
         out.append(o)
     return out[0], out[1], out[2]

@@ -9,7 +9,6 @@ lookup); the template branches on them.
 
 from __future__ import annotations
 
-from attngen.check.quant import exact_kv_cache
 from attngen.cuda.emit import CPU, ElementEmitter, float_literal, tensor_ctype
 from attngen.ir.dtypes import DType
 from attngen.ir.nodes import (NormKind, NormScope, NormTarget, Quant, QuantOperand, ScaleGranularity, ScaleSource, SizeSym,
@@ -71,7 +70,7 @@ def _operand(v: Variant, op: QuantOperand, stored: DType, partner: QuantOperand)
     if qn is None:
         return out
     out.update(kind=_KIND[qn.dtype], stored="true" if stored.info.quant else "false",
-               round_out="false" if v.quant(partner) is not None or exact_kv_cache(v) else "true", smooth=qn.smooth is not None)
+               round_out="false" if v.quant(partner) is not None else "true", smooth=qn.smooth is not None)
     if qn.source == ScaleSource.INPUT:
         out.update(given=True, scale_expr=_scale_expr(v, qn))
     else:

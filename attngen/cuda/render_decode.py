@@ -7,8 +7,6 @@ tile classification and score mods are the same C++ the forward kernel gets (`El
 
 from __future__ import annotations
 
-import enum
-
 from attngen import __version__
 from attngen.ir import names
 from attngen.ir.dtypes import DType
@@ -76,70 +74,27 @@ def _scale_expr(v: Variant, op: QuantOperand) -> tuple[str, str]:
     return "", "per (page, kv head) [num_pages, Hkv]"
 
 
-class FragOperand(enum.Enum):
-    """How an FP8 cache's bytes become a 16-bit mma operand (the template's `k_operand` /
-    `v_operand`): the f16 conversion as is, its bits shifted into a bf16 of x * 2^-112 (e4m3: never
-    subnormal), or bf16 through fp32 (e5m2, whose f16 can be subnormal)."""
-
-    F16 = "f16"
-    SHIFT = "shift"
-    FLOAT = "float"
-
-
-def _k_operand(v: Variant) -> tuple[FragOperand, str, str]:
-    """(how the keys' fp8 bytes become the Q·Kᵀ B operand, its text, the scores' factor KOP_POST):
-    f16 keys beside f16 queries; e4m3 beside bf16, the f16 bits shifted into a bf16 of k * 2^-112
-    with q * 2^56 in the tile (both exact), so scores come out times 2^-56; e5m2 (f16 subnormals)
-    through fp32."""
-    if v.dtype == DType.FP16:
-        return FragOperand.F16, "keys f16, exact: KOP_POST = 1", "1.0f"
-    if v.k_dtype == DType.FP8_E4M3:
-        return FragOperand.SHIFT, "keys bf16 of k * 2^-112, q * 2^56: scores times 2^-56", "72057594037927936.0f"
-    return FragOperand.FLOAT, "keys bf16 through fp32, exact: KOP_POST = 1", "1.0f"
-
-
 def _fp8_kv_ctx(v: Variant) -> dict:
-    """The template's names for the K/V ring: the FP8 cache's (a byte ring that each warp reads
-    straight into its mma fragments) or, for every other variant, the full-precision ring's own
-    names, which render the bytes they always did."""
+    """The template's names for the K/V ring: the FP8 cache's (a byte ring, dequantized by each
+    warp into one chunk of the output type) or, for every other variant, the full-precision ring's
+    own names, which render the bytes they always did."""
     if not fp8_kv(v):
         return dict(kv_fp8=False, page_scales=False, scale_args_s="", scale_args_ps="", ring_t="elem_t", vec=8,
                     ring_bytes=2, ring_k="sk", ring_v="sv", ring_k_stride="SK_STRIDE", ring_v_stride="SV_STRIDE",
                     ring_k_elems="SK_ELEMS", ring_v_elems="SV_ELEMS", stage_k="sk + slot * SK_ELEMS",
-                    stage_v="sv + slot * SV_ELEMS", step_fn="ag_decode_step",
-                    step_args="p, st, sq_lane, sk_addr, sv_addr, b, rm, k0, lane")
+                    stage_v="sv + slot * SV_ELEMS")
     k_expr, k_text = _scale_expr(v, QuantOperand.K)
     v_expr, v_text = _scale_expr(v, QuantOperand.V)
     per_page = fp8_page_scales(v)
-    k_op, k_op_text, post = _k_operand(v)
-    k_page, v_page = (v.quant(o).granularity == ScaleGranularity.PAGE for o in (QuantOperand.K, QuantOperand.V))  # type: ignore[union-attr]
-    # P·V: f16 (the values' conversion as is) beside per-tensor/head v scales, which multiply the
-    # fp32 output. Per-page ones weigh the probabilities, which f16 would flush for small scales:
-    # beside a bf16 output P·V runs on bf16 (e4m3 values shifted into bf16 of v * 2^-112 against
-    # p * v_scale * 2^56, e5m2 through fp32); beside fp16 (whose tolerance bf16's probabilities
-    # miss) on f16, the weights in units of each step's largest scale (`pv_unit`).
-    pv_unit = v_page and v.dtype == DType.FP16
-    v_op = (FragOperand.F16 if not v_page or pv_unit
-            else FragOperand.SHIFT if v.v_dtype == DType.FP8_E4M3 else FragOperand.FLOAT)
-    v_op_text = {FragOperand.F16: "f16, exact", FragOperand.SHIFT: "bf16 of v * 2^-112, exact; VA_PRE = 2^56",
-                 FragOperand.FLOAT: "bf16 through fp32, exact; VA_PRE = 1"}[v_op]
-    o_scale, o_scale_text = (("*ag_o_unit(warp)", "ag_o_unit: O's unit") if pv_unit else ("VOP_POST", "VOP_POST: the bf16 values' unit undone")
-                             if v_page else ("vsc", "v's scale"))
-    step_args = ("p, st, sq_lane, rk + slot * RK_ELEMS, rv + slot * RV_ELEMS, " + ("rks + slot * CHUNK" if k_page else "kf")
-                 + (", rvs + slot * CHUNK" if v_page else "") + ", b, rm, k0, warp, lane")
     return dict(kv_fp8=True, ring_t="kv_t", vec=16, ring_bytes=1, ring_k="rk", ring_v="rv", ring_k_stride="RK_STRIDE",
-                ring_v_stride="RV_STRIDE", ring_k_elems="RK_ELEMS", ring_v_elems="RV_ELEMS",
+                ring_v_stride="RV_STRIDE", ring_k_elems="RK_ELEMS", ring_v_elems="RV_ELEMS", stage_k="sk", stage_v="sv",
                 k_fp8=v.k_dtype.value, v_fp8=v.v_dtype.value,
                 k_e5m2="true" if v.k_dtype == DType.FP8_E5M2 else "false",
                 v_e5m2="true" if v.v_dtype == DType.FP8_E5M2 else "false",
-                k_page=k_page, v_page=v_page, pv_unit=pv_unit, o_scale=o_scale, o_scale_text=o_scale_text,
-                k_operand=k_op.value, k_operand_text=k_op_text, v_operand=v_op.value, v_operand_text=v_op_text,
-                pv_type="f16" if v_op == FragOperand.F16 else "bf16",
-                va_pre_value="72057594037927936.0f" if v_op == FragOperand.SHIFT else "1.0f",
-                q_pre=k_op == FragOperand.SHIFT, q_pre_value=post, kop_post_value=post,
                 k_scale_expr=k_expr, v_scale_expr=v_expr, k_scale_text=k_text, v_scale_text=v_text,
+                kv_bound="kv_len" if v.page_size is not None else "p.Lk",
                 page_scales=per_page, k_scale_ptr=_scale_ptr(v, QuantOperand.K), v_scale_ptr=_scale_ptr(v, QuantOperand.V),
-                step_fn="ag_decode_step_fp8", step_args=step_args,
+                scale_srcs="rks + slot * CHUNK, rvs + slot * CHUNK" if per_page else "ksc, vsc",
                 scale_args_s=", rks + s * CHUNK, rvs + s * CHUNK, hk" if per_page else "",
                 scale_args_ps=", rks + ps * CHUNK, rvs + ps * CHUNK, hk" if per_page else "")
 

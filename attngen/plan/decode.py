@@ -76,8 +76,7 @@ FP8_KV_MIN_CC = 89  # cvt.rn.f16x2.e4m3x2 / e5m2x2
 def fp8_kv(v: Variant) -> bool:
     """Whether `v` is the quantized spec the decode family runs: an FP8 KV cache (k and v stored
     fp8_e4m3/e5m2 with `input` scales per tensor, head or page) beside full-precision q and output
-    (k and v read exactly, their scales applied to the fp32 products, docs/QUANT.md); no other
-    operand quantized."""
+    (k and v dequantized as they are read, docs/QUANT.md); no other operand quantized."""
     qk, qv = v.quant(QuantOperand.K), v.quant(QuantOperand.V)
     if qk is None or qv is None or len(v.quants) != 2:
         return False
@@ -257,15 +256,8 @@ def _tile(v: Variant, arch: Arch = DEFAULT_ARCH) -> tuple[int, int]:
     (~110 KB with Q) so that two CTAs share an SM with up to ~128 KB of loads in flight. At D256
     a chunk (64 keys, the least four warps of m16n8k16 take) is 66 KiB: three slots (206 KiB) where
     a block may opt into that much (sm_90, sm_100), one CTA an SM. Where three slots do not fit a
-    block's shared memory (sm_86/89/120 at every head dim, sm_80 at D256), two. An FP8 cache's
-    chunk is half as many bytes (and has no staging copy): as many slots (up to 6) as keep two
-    CTAs an SM, so that an SM keeps as many bytes in flight as the full-precision ring."""
+    block's shared memory (sm_86/89/120 at every head dim, sm_80 at D256), two."""
     block_n = 32 if v.head_dim == 64 else 16
-    if fp8_kv(v):
-        for stages in range(6, 3, -1):
-            need = smem_bytes(v, block_n, stages)
-            if need <= arch.smem_budget and 2 * (need + 1024) <= arch.smem_per_sm:
-                return block_n, stages
     return (block_n, 3) if smem_bytes(v, block_n, 3) <= arch.smem_budget else (block_n, 2)
 
 
@@ -274,9 +266,9 @@ def smem_bytes(v: Variant, block_n: int, stages: int) -> int:
     partial O and row statistics, whichever is larger (they share the space)."""
     d, dv = v.head_dim, v.value_head_dim
     if fp8_kv(v):
-        # The ring holds fp8 rows padded by 16 bytes (and, per page, each row's k and v scales),
-        # which the warps read straight into their mma fragments.
-        tiles = (BLOCK_M * (d + 8) * v.dtype.itemsize
+        # The ring holds fp8 rows padded by 16 bytes; each warp dequantizes its rows of the slot it
+        # computes into one chunk of the output type (rows padded by 8 elements), which ldmatrix reads.
+        tiles = ((BLOCK_M * (d + 8) + block_n * WARPS * ((d + 8) + (dv + 8))) * v.dtype.itemsize
                  + stages * block_n * WARPS * ((d + 16) + (dv + 16) + (8 if fp8_page_scales(v) else 0)))
     else:
         tiles = (BLOCK_M * (d + 8) + stages * block_n * WARPS * ((d + 8) + (dv + 8))) * v.dtype.itemsize
@@ -321,8 +313,8 @@ def decode_fields(v: Variant) -> tuple[Field, ...]:
         kv = "const unsigned char* __restrict__"
     f = [
         Field(e, "q", "query"),
-        Field(kv, "k", "keys" if kv == e else f"keys, {v.k_dtype.value} bytes, read exactly: k_scale multiplies the fp32 scores"),
-        Field(kv, "v", "values" if kv == e else f"values, {v.v_dtype.value} bytes, read exactly: v_scale multiplies the fp32 output (per page: the probabilities)"),
+        Field(kv, "k", "keys" if kv == e else f"keys, {v.k_dtype.value} bytes, dequantized as read: fp32(k * k_scale) to {v.dtype.value}"),
+        Field(kv, "v", "values" if kv == e else f"values, {v.v_dtype.value} bytes, dequantized as read: fp32(v * v_scale) to {v.dtype.value}"),
         Field("elem_t* __restrict__", "o", "output"),
         Field("float* __restrict__", "lse", "log-sum-exp [B, H, Lq], contiguous (nullptr unless `output lse`)"),
         Field("int*", "nan_flag", "set to 1 when the output holds NaN/Inf (nullptr unless `nan_check`)"),
