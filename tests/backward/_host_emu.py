@@ -332,13 +332,24 @@ AG_WG_SHAPE(128)
 # expects bytes is held back until copies of that many bytes have landed on the barrier; a copy
 # lands at issue, reading the descriptor the harness wrote (words: 0 the tensor's address, 1-4 its
 # extents, innermost first, 5-7 the byte strides of rows, heads and batch) through the 128-byte
-# swizzle, zero past the rows' extent; a wait spins (and aborts after AG_WAIT_SECONDS: a lost
-# arrival or a wrong parity).
+# swizzle, zero past the rows' extent; a wait spins (and aborts once no thread has arrived anywhere
+# for AG_WAIT_SECONDS: a lost arrival or a wrong parity).
 # The mbarrier word and one arrival (the forward's emulation, tests/codegen/_fwd_emu.py, shares it).
 MBAR_CORE = r"""
 // TMA bytes still expected, per mbarrier (by its offset / 8)
 static std::atomic<long long> ag_tx[1 << 15];
+// Arrivals on any mbarrier so far: a waiter gives up only after AG_WAIT_SECONDS in which no thread
+// arrived anywhere (a lost arrival stalls every thread), never because a loaded host ran it slowly.
+static std::atomic<unsigned long long> ag_arrivals{0};
+// Whether a waiter that started at *t0 having seen *seen arrivals has waited AG_WAIT_SECONDS with none.
+inline bool ag_stalled(std::chrono::steady_clock::time_point* t0, unsigned long long* seen) {
+  const unsigned long long now_seen = ag_arrivals.load(std::memory_order_relaxed);
+  const auto now = std::chrono::steady_clock::now();
+  if (now_seen != *seen) { *seen = now_seen; *t0 = now; return false; }
+  return now - *t0 > std::chrono::seconds(AG_WAIT_SECONDS);
+}
 inline void ag_mbar_arrive(unsigned bar) {
+  ag_arrivals.fetch_add(1, std::memory_order_relaxed);
   std::atomic_ref<unsigned long long> w(*(unsigned long long*)(ag_smem + bar));
   unsigned long long old = w.load(), nw;
   do {
@@ -355,9 +366,10 @@ TMA_EMU = MBAR_CORE + r"""inline void ag_bar_init(unsigned bar, int count) {
 inline void ag_bar_init_fence() {}
 inline void ag_bar_arrive_expect(unsigned bar, unsigned bytes) { ag_tx[bar / 8] += bytes; }
 inline void ag_bar_wait(unsigned bar, int parity) {
-  const auto t0 = std::chrono::steady_clock::now();
+  auto t0 = std::chrono::steady_clock::now();
+  unsigned long long seen = ag_arrivals.load();
   while ((int)((std::atomic_ref<unsigned long long>(*(unsigned long long*)(ag_smem + bar)).load() >> 32) & 1ull) == parity) {
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(AG_WAIT_SECONDS)) {
+    if (ag_stalled(&t0, &seen)) {
       std::fprintf(stderr, "mbarrier at %u: thread %u waited %d s for parity %d (a lost arrival?)\n", bar, threadIdx.x, AG_WAIT_SECONDS, parity);
       std::abort();
     }
