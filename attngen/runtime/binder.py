@@ -317,7 +317,7 @@ class Binding:
     readback: bool  # whether this call reads the status words back (a sync)
     check_shapes: tuple[tuple[int, ...], ...] = ()  # the sorted inputs' shapes (for error messages)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    new_out: Callable[[], Any] | None = None  # `maker`s of the output and the LSE (None: through `alloc`)
+    new_out: Callable[[], Any] | None = None  # `maker`s of the output and the LSE (the LSE's: None without one)
     new_lse: Callable[[], Any] | None = None
     owner: Any = None  # the Kernel that built it (whose status words a call reads back)
 
@@ -770,7 +770,7 @@ def call_outputs(b: Any, dtype: DType, ptrs: Sequence[int], out: Any, op: int, l
         n = next(n for n, p in zip("qkv", ptrs) if p & 15)
         raise ValueError(f"{n}: expected a 16-byte aligned data pointer")
     if out is None:
-        out = b.new_out() if b.new_out is not None else b.alloc(b.out_shape, dtype)
+        out = b.new_out()
         op = out.data_ptr() if is_torch else out.data.ptr
     else:
         if op & 15:
@@ -782,6 +782,6 @@ def call_outputs(b: Any, dtype: DType, ptrs: Sequence[int], out: Any, op: int, l
     lp = 0
     if b.lse_shape is not None:
         if lse is None:
-            lse = b.new_lse() if b.new_lse is not None else b.alloc(b.lse_shape, DType.FP32)
+            lse = b.new_lse()
         lp = lse.data_ptr() if is_torch else lse.data.ptr  # (a caller's: checked like q at the binding)
     return out, op, lse, lp

@@ -36,7 +36,7 @@ from attngen.plan.op_plan import OpPlan
 from attngen.runtime import binder
 from attngen.runtime.binder import (MAX_BINDINGS, POOL, SIG_FNS, ArgBuffer, ArrayView, Launch, TmaSlot, allocator, bind_sizes, capturing,
                                     check_dtype, check_lse, contiguous_view, cu_function, external_stream, input_fields, launch_stream,
-                                    load_functions, pack_fields, seq_strides, stride_fields, torch_current_stream, torch_sig, view)
+                                    load_functions, pack_fields, seq_strides, stride_fields, torch_sig, view)
 from attngen.ir.nodes import DType, NormKind, NormTarget, Variant
 from attngen.plan.bwd import o_norm_inputs, training_variant  # noqa: F401 (the torch op's, from here)
 from attngen.plan.bwd import BwdEngine, choose_engine, learnable, norm_params, unsupported, wg_tma_maps
@@ -166,7 +166,6 @@ class BwdBinding:
     delta: int  # the index of ws_delta among the workspaces
     array_slots: list[int]  # per call array (q, k, v, o, dO, lse, runtime inputs): its pointer's slot
     grad_slots: list[int]  # dq, dk, dv
-    grad_shapes: list[tuple[int, ...]]
     ws_slots: list[int]
     ws_specs: list[tuple[int, DType]]  # (elements, dtype) a workspace, from the pool
     param_slots: list[tuple[int, str, tuple[int, ...]]]  # (slot, input, shape) of each gradient in `wrt`
@@ -176,7 +175,7 @@ class BwdBinding:
     is_torch: bool
     alloc: Any
     pool_keys: tuple[tuple[Any, ...], ...]
-    grad_new: tuple[Any, ...] = ()  # torch: dq, dk, dv's allocation calls (`binder.maker`), built once a binding
+    grad_new: tuple[Any, ...] = ()  # dq, dk, dv's allocation calls (`binder.maker`), built once a binding
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -261,11 +260,11 @@ def bind_backward(bk: BackwardKernels, var: Variant, arrays: tuple[Any, ...], in
     return BwdBinding(
         args=args, launches=launches, pre=next(i for i, kern in enumerate(op.kernels) if kern.func == "ag_bwd_pre"),
         delta=list(ws).index("ws_delta"), array_slots=[slots[n] for n in call], grad_slots=[slots[n] for n in ("dq", "dk", "dv")],
-        grad_shapes=[a.shape for a in (aq, ak, av)], ws_slots=[slots[n] for n in ws], ws_specs=list(ws.values()),
+        ws_slots=[slots[n] for n in ws], ws_specs=list(ws.values()),
         pool_keys=POOL.keys((aq.is_torch, dev, sp), list(ws.values())),
         param_slots=[(slots[f"grad_{n}"], n, shape) for n, shape in params], tmaps=tmaps, aligned=aligned,
         dtype=var.dtype, is_torch=aq.is_torch, alloc=alloc,
-        grad_new=tuple(binder.maker(alloc, a.shape, var.dtype) for a in (aq, ak, av)) if aq.is_torch else ())
+        grad_new=tuple(binder.maker(alloc, a.shape, var.dtype) for a in (aq, ak, av)))
 
 
 def _workspaces(var: Variant, op: OpPlan, B: int, Lq: int, Lk: int) -> dict[str, tuple[int, DType]]:
@@ -296,12 +295,9 @@ def _run(b: BwdBinding, ptrs: list[int], dlse: Any, sp: int) -> tuple[Any, ...]:
     alloc, is_torch = b.alloc, b.is_torch
     fresh = capturing(sp)  # under graph capture: the graph's own buffers, not the pool's
     with POOL.stream_lock(sp):
-        if b.grad_new:
-            # Each gradient its own allocation: the dispatched op (torch.compile) may not return
-            # outputs that alias one another, as slices of one tensor would.
-            grads = [new() for new in b.grad_new]
-        else:
-            grads = [alloc(shape, b.dtype) for shape in b.grad_shapes]
+        # Each gradient its own allocation: the dispatched op (torch.compile) may not return
+        # outputs that alias one another, as slices of one tensor would.
+        grads = [new() for new in b.grad_new]
         ws = [alloc((n,), dt) for n, dt in b.ws_specs] if fresh else POOL.take(b.pool_keys, b.ws_specs, alloc)
         params = {name: alloc(shape, DType.FP32, True) for _, name, shape in b.param_slots} if b.param_slots else {}
         with b.lock:
@@ -397,7 +393,7 @@ def backward(
         raise ValueError("backward: expected CuPy arrays or torch CUDA tensors")
     sigs, ptrs = sig
     is_torch = SIG_FNS.get(type(q)) is torch_sig
-    sp = torch_current_stream(sigs[0][3]) if stream is None and is_torch else launch_stream(stream, is_torch, sigs[0][3])
+    sp = launch_stream(stream, is_torch, sigs[0][3])
     key = (sigs, sp, wrt, positions)
     b = bk.bindings.get(key)
     if b is None:

@@ -136,7 +136,7 @@ class DecodeKernel:
             raise ValueError("q, k, v: expected CuPy arrays or torch CUDA tensors")
         sigs, ptrs = sig
         is_torch = SIG_FNS.get(type(q)) is torch_sig
-        sp = torch_current_stream(sigs[0][3]) if stream is None and is_torch else launch_stream(stream, is_torch, sigs[0][3])
+        sp = launch_stream(stream, is_torch, sigs[0][3])
         out_sig = lse_sig = None
         op = 0
         if out is not None:

@@ -83,8 +83,6 @@ _OPS: dict[tuple[Variant, str], "AttnOp"] = {}
 _NAMES: dict[str, tuple[Variant, str]] = {}
 
 _TORCH_DTYPES = {d: getattr(torch, d.info.torch) for d in ATTENTION_DTYPES}
-# The decode options (splits, ctas, fused, check_pages) `_launch` passes a call without a paged cache
-_NO_PAGE_CHECK = (None, None, None, False)
 
 
 def _cpu_backend(q: torch.Tensor) -> bool:
@@ -109,6 +107,22 @@ def _eager(q: Any) -> bool:
     return (not torch.compiler.is_compiling() and type(q) is torch.Tensor and not q.is_meta and not _cpu_backend(q)
             and not torch._C._len_torch_dispatch_stack() and not torch._C._len_torch_function_stack()
             and torch._C._functorch.peek_interpreter_stack() is None and torch._C._get_tracing_state() is None)
+
+
+def _forward_call(kern: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: dict[str, Any], check_inputs: bool) -> Any:
+    """A forward kernel's call as the op makes it. No host sync inside the op: nan_check is always
+    deferred; input checks are read back at the call except under CUDA-graph capture (where a sync
+    is not allowed)."""
+    defer = not (check_inputs and kern.plan.problem.sorted_inputs and not torch.cuda.is_current_stream_capturing())
+    return kern._run(q, k, v, None, None, None, check_inputs, inputs, defer)
+
+
+def _decode_call(kern: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: dict[str, Any], check_inputs: bool) -> Any:
+    """A decode kernel's call as the op makes it: its promise check is the paged cache's page check,
+    read back at the call (a sync) except under CUDA-graph capture, as the forward's input checks are."""
+    check = bool(check_inputs) and kern.variant.page_size is not None
+    defer = not (check and not torch.cuda.is_current_stream_capturing())
+    return kern._run(q, k, v, None, None, None, (None, None, None, check), inputs, defer)
 
 
 def route(kern: Any, q: Any) -> Any:
@@ -231,15 +245,8 @@ class AttnOp:
         inputs = dict(zip(names, arrays))
         kern = route(kern, q)
         if isinstance(kern, DecodeKernel):
-            # The decode family's promise check is the paged cache's page check, read back at the
-            # call (a sync) except under CUDA-graph capture, as the forward's input checks are.
-            check = bool(check_inputs) and kern.variant.page_size is not None
-            defer = not (check and not torch.cuda.is_current_stream_capturing())
-            return kern._run(q, k, v, None, None, None, (None, None, None, check), inputs, defer)
-        # No host sync inside the op: nan_check is always deferred; input checks are read back at
-        # the call except under CUDA-graph capture (where a sync is not allowed).
-        defer = not (check_inputs and kern.plan.problem.sorted_inputs and not torch.cuda.is_current_stream_capturing())
-        return kern._run(q, k, v, None, None, None, check_inputs, inputs, defer)
+            return _decode_call(kern, q, k, v, inputs, check_inputs)
+        return _forward_call(kern, q, k, v, inputs, check_inputs)
 
     # ------------------------------------------------------------------------------------------
     # attngen::<name>
@@ -472,9 +479,8 @@ class AttnOp:
             kern = self._kernel or self.kernel()
             if isinstance(kern, Dispatch) and q.dim() == 4:
                 dec = kern.ready_decode(q.shape[2] if self._bhsd else q.shape[1])
-                if dec is not None and dec.variant.page_size is None:
-                    # a decode step (no page check): the decode kernels' own call, deferred as `_launch` makes it
-                    return dec._run(q, k, v, None, None, None, _NO_PAGE_CHECK, dict(zip(self.input_names, inputs)) if inputs else {}, True)
+                if dec is not None:  # a decode step whose length is planned: `_launch`'s call, without `route`
+                    return _decode_call(dec, q, k, v, dict(zip(self.input_names, inputs)) if inputs else {}, check_inputs)
             return self._launch(kern, q, k, v, inputs, self.input_names, check_inputs)
         if grad:
             o, lse = self.fwd_op(q, k, v, *inputs, check_inputs=check_inputs, deterministic=deterministic)[:2]
@@ -492,10 +498,9 @@ class _Train(torch.autograd.Function):
                 v: torch.Tensor, *arrays: torch.Tensor) -> Any:
         if op.o_norm:
             out = op._train_forward(q, k, v, arrays, check_inputs)
-        else:  # (`_train_launch` on CUDA tensors, minus its frames: the forward kernel's own call)
-            kern = op._train_kernel or op.train_kernel()
-            defer = not (check_inputs and kern.plan.problem.sorted_inputs and not torch.cuda.is_current_stream_capturing())
-            out = kern._run(q, k, v, None, None, None, check_inputs, dict(zip(op.input_names, arrays)) if arrays else {}, defer)
+        else:  # (`_train_launch` on CUDA tensors, without its CPU and routing steps: a forward kernel)
+            out = _forward_call(op._train_kernel or op.train_kernel(), q, k, v, dict(zip(op.input_names, arrays)) if arrays else {},
+                                check_inputs)
         o, lse = out[0], out[1]
         ctx.op, ctx.deterministic = op, deterministic
         # Unused outputs' gradients arrive as None (no zero tensors made); backward fills dO.

@@ -41,7 +41,7 @@ def test_backward_run_gives_each_gradient_its_own_allocation(monkeypatch):
         return torch.empty(shape, dtype=torch.bfloat16)
 
     grad_new = tuple(binder.maker(alloc, sh, DType.BF16) for sh in shapes)
-    b = types.SimpleNamespace(aligned=(), alloc=alloc, is_torch=True, dtype=DType.BF16, grad_shapes=shapes, grad_new=grad_new, ws_specs=[], pool_keys=(), param_slots=[], args=args,
+    b = types.SimpleNamespace(aligned=(), alloc=alloc, is_torch=True, dtype=DType.BF16, grad_new=grad_new, ws_specs=[], pool_keys=(), param_slots=[], args=args,
                               array_slots=[0], grad_slots=[1, 2, 3], ws_slots=[], tmaps=[], launches=["pre", "main"], pre=0,
                               delta=0, lock=threading.Lock())
     dq, dk, dv, params = bwd._run(b, [0x1000], None, 0)
